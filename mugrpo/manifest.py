@@ -1,0 +1,60 @@
+"""Stage manifests: written last, the commit point of a stage; reading through one verifies every file."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from mugrpo.layout import RunLayout
+from mugrpo.storage import ChecksumError, Store
+from schemas import FileRecord, JobManifest, StageManifest
+
+
+def write_manifest(store: Store, manifest: StageManifest) -> str:
+    """Write the manifest of ``manifest.stage`` atomically. Call it after every file of the stage is written."""
+    layout = RunLayout(manifest.run_id)
+    return store.write_bytes(layout.stage_manifest(manifest.stage), manifest.model_dump_json(indent=2).encode())
+
+
+def read_manifest(store: Store, run_id: str, stage: int) -> StageManifest | None:
+    """The manifest of a stage, or None if the stage is not committed."""
+    rel = RunLayout(run_id).stage_manifest(stage)
+    if not store.exists(rel):
+        return None
+    return StageManifest.model_validate_json(store.read_bytes(rel))
+
+
+def write_job_manifest(store: Store, manifest: JobManifest) -> str:
+    """Write a job's manifest atomically; call it after every file of the job is written (its commit point)."""
+    rel = RunLayout(manifest.run_id).job_manifest(manifest.stage, manifest.job)
+    return store.write_bytes(rel, manifest.model_dump_json(indent=2).encode())
+
+
+def read_job_manifest(store: Store, run_id: str, stage: int, job: str) -> JobManifest | None:
+    """A job's manifest, or None if that job has not committed."""
+    rel = RunLayout(run_id).job_manifest(stage, job)
+    if not store.exists(rel):
+        return None
+    return JobManifest.model_validate_json(store.read_bytes(rel))
+
+
+def verify_manifest(store: Store, manifest: StageManifest | JobManifest) -> None:
+    """Check the sha256 of every file the manifest lists. Raises ChecksumError or FileNotFoundError naming the file."""
+    layout = RunLayout(manifest.run_id)
+    for rec in manifest.files:
+        store.read_bytes(layout.abs(rec.path), expected_sha256=rec.sha256)
+
+
+def new_manifest(run_id: str, stage: int, files: list[FileRecord], **fields) -> StageManifest:
+    """A complete-status manifest stamped now (UTC)."""
+    return StageManifest(run_id=run_id, stage=stage, created_at=datetime.now(UTC), files=files, **fields)
+
+
+__all__ = [
+    "ChecksumError",
+    "new_manifest",
+    "read_job_manifest",
+    "read_manifest",
+    "verify_manifest",
+    "write_job_manifest",
+    "write_manifest",
+]

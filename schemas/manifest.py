@@ -1,0 +1,76 @@
+"""The stage manifest: written last, it is the commit point of a stage (design.md, "Storage layout")."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pyarrow as pa
+from pydantic import BaseModel, Field
+
+MANIFEST_VERSION = 1
+
+
+class FileRecord(BaseModel):
+    """One committed file, relative to the run directory."""
+
+    path: str = Field(description="Path relative to the run directory, e.g. 'rollouts/stage=0/shard=00000.parquet'.")
+    sha256: str = Field(description="Hex sha256 of the file's bytes.")
+    bytes: int = Field(ge=0)
+    rows: int | None = Field(default=None, description="Row count for Parquet files.")
+
+
+class StageTimings(BaseModel):
+    """Wall-clock seconds, in the columns of the Mu-GRPO paper's Table 1 (T_roll = t_gen, T_total)."""
+
+    t_gen: float = 0.0
+    t_train: float = 0.0
+    t_eval: float = 0.0
+    t_switch: float = Field(0.0, description="Job start, engine start and weight load, summed over the stage's jobs.")
+    t_total: float = 0.0
+
+
+class JobManifest(BaseModel):
+    """What one job (generate, train or eval) of a stage committed; written last by the job."""
+
+    manifest_version: int = MANIFEST_VERSION
+    run_id: str
+    stage: int = Field(ge=0)
+    job: str = Field(description="generate | train | eval")
+    created_at: datetime
+    files: list[FileRecord]
+    counts: dict[str, int] = Field(default_factory=dict)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    timings: dict[str, float] = Field(default_factory=dict, description="Seconds: switch (start + load), work, total.")
+
+
+class StageManifest(BaseModel):
+    """Everything a stage committed. Its existence means the stage is complete."""
+
+    manifest_version: int = MANIFEST_VERSION
+    run_id: str
+    stage: int = Field(ge=0)
+    status: str = "complete"
+    created_at: datetime
+    files: list[FileRecord]
+    counts: dict[str, int] = Field(default_factory=dict)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    timings: StageTimings = Field(default_factory=StageTimings)
+
+
+#: Flattened form of a manifest used by the SQL ``stages`` view.
+STAGE_VIEW_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string()),
+        pa.field("stage", pa.int32()),
+        pa.field("status", pa.string()),
+        pa.field("created_at", pa.timestamp("us", tz="UTC")),
+        pa.field("num_files", pa.int32()),
+        pa.field("counts", pa.map_(pa.string(), pa.int64())),
+        pa.field("metrics", pa.map_(pa.string(), pa.float64())),
+        pa.field("t_gen", pa.float64()),
+        pa.field("t_train", pa.float64()),
+        pa.field("t_eval", pa.float64()),
+        pa.field("t_switch", pa.float64()),
+        pa.field("t_total", pa.float64()),
+    ]
+)

@@ -1,0 +1,105 @@
+"""Arrow schemas for the rollout, train-step and eval tables (design.md, "Rollout row")."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+META_TABLE = b"mugrpo.table"
+META_VERSION = b"mugrpo.schema_version"
+
+_ts = pa.timestamp("us", tz="UTC")
+
+#: One row per sampled response. A group (all G samples of one prompt) never spans two shards.
+ROLLOUT_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("stage", pa.int32(), nullable=False),
+        pa.field("policy_version", pa.int64(), nullable=False),  # optimizer updates before generation
+        pa.field("prompt_id", pa.string(), nullable=False),  # content hash of the prompt row
+        pa.field("sample_idx", pa.int32(), nullable=False),  # 0..G-1 within the group
+        pa.field("group_size", pa.int32(), nullable=False),
+        pa.field("prompt_text", pa.string(), nullable=False),
+        pa.field("prompt_token_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("response_text", pa.string(), nullable=False),
+        pa.field("response_token_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("behavior_logprobs", pa.list_(pa.float32()), nullable=False),  # one per response token
+        pa.field("finish_reason", pa.string(), nullable=False),  # "stop" | "length"
+        pa.field("num_tokens", pa.int32(), nullable=False),  # response tokens
+        pa.field("reward", pa.float32(), nullable=False),
+        pa.field("reward_components", pa.map_(pa.string(), pa.float32()), nullable=False),
+        pa.field("reward_status", pa.string(), nullable=False),  # "ok" | "timeout" | "error: ..."
+        pa.field("ground_truth", pa.string(), nullable=False),
+        pa.field("extracted_answer", pa.string()),
+        pa.field("advantage", pa.float32(), nullable=False),  # group-normalized
+        pa.field("zero_variance", pa.bool_(), nullable=False),  # all rewards of the group equal
+        pa.field("temperature", pa.float32(), nullable=False),
+        pa.field("top_p", pa.float32(), nullable=False),
+        pa.field("seed", pa.int64(), nullable=False),
+        pa.field("engine", pa.string(), nullable=False),
+        pa.field("created_at", _ts, nullable=False),
+    ]
+)
+
+#: One row per optimizer update.
+TRAIN_STEP_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("stage", pa.int32(), nullable=False),
+        pa.field("update", pa.int64(), nullable=False),  # global optimizer update index (1-based, after the step)
+        pa.field("stage_update", pa.int64(), nullable=False),  # update index within the stage (1-based)
+        pa.field("policy_loss", pa.float64(), nullable=False),
+        pa.field("loss", pa.float64(), nullable=False),
+        pa.field("clip_frac_low", pa.float64()),
+        pa.field("clip_frac_high", pa.float64()),
+        pa.field("veto_token_frac", pa.float64()),
+        pa.field("veto_response_frac", pa.float64()),
+        pa.field("trigger_count", pa.float64()),
+        pa.field("ratio_mean", pa.float64()),
+        pa.field("ratio_max", pa.float64()),
+        pa.field("ratio_mean_neg_adv", pa.float64()),  # E[ratio | A<0]
+        pa.field("approx_kl_behavior", pa.float64()),
+        pa.field("kl_ref", pa.float64()),
+        pa.field("entropy", pa.float64()),
+        pa.field("grad_norm", pa.float64(), nullable=False),
+        pa.field("lr", pa.float64(), nullable=False),
+        pa.field("num_sequences", pa.int64(), nullable=False),
+        pa.field("num_tokens", pa.int64(), nullable=False),  # response tokens in the update
+        pa.field("seconds", pa.float64(), nullable=False),
+        pa.field("tokens_per_second", pa.float64(), nullable=False),
+        pa.field("staleness", pa.int64(), nullable=False),  # updates since the rollouts' behavior policy
+        pa.field("mean_reward", pa.float64()),
+        pa.field("created_at", _ts, nullable=False),
+    ]
+)
+
+#: One row per evaluation sample.
+EVAL_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("stage", pa.int32(), nullable=False),  # policy of stage k (stage=K is the final policy)
+        pa.field("benchmark", pa.string(), nullable=False),
+        pa.field("prompt_id", pa.string(), nullable=False),
+        pa.field("sample_idx", pa.int32(), nullable=False),
+        pa.field("k", pa.int32(), nullable=False),
+        pa.field("prompt_text", pa.string(), nullable=False),
+        pa.field("response_text", pa.string(), nullable=False),
+        pa.field("num_tokens", pa.int32(), nullable=False),
+        pa.field("finish_reason", pa.string(), nullable=False),
+        pa.field("ground_truth", pa.string(), nullable=False),
+        pa.field("extracted_answer", pa.string()),
+        pa.field("correct", pa.bool_(), nullable=False),
+        pa.field("reward_status", pa.string(), nullable=False),
+        pa.field("temperature", pa.float32(), nullable=False),
+        pa.field("top_p", pa.float32(), nullable=False),
+        pa.field("created_at", _ts, nullable=False),
+    ]
+)
+
+TABLES: dict[str, pa.Schema] = {
+    "rollouts": ROLLOUT_SCHEMA,
+    "train_steps": TRAIN_STEP_SCHEMA,
+    "evals": EVAL_SCHEMA,
+}
+
+#: Current version of each table's schema. Readers accept exactly these versions.
+SCHEMA_VERSIONS: dict[str, int] = {"rollouts": 1, "train_steps": 1, "evals": 1}

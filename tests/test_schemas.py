@@ -1,0 +1,72 @@
+"""Schemas: Parquet round trip with version metadata, and refusal of unknown versions or wrong tables."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from mugrpo.storage import Store
+from mugrpo.tables import SchemaError, read_table, table_from_rows, write_table
+from schemas import META_VERSION, ROLLOUT_SCHEMA, SCHEMA_VERSIONS, TABLES
+
+
+def rollout_rows(n: int = 3) -> list[dict]:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    return [
+        dict(
+            run_id="r", stage=0, policy_version=0, prompt_id="p0", sample_idx=i, group_size=n,
+            prompt_text="q", prompt_token_ids=[1, 2], response_text="a", response_token_ids=[5, 2],
+            behavior_logprobs=[-0.5, -0.25], finish_reason="stop", num_tokens=2, reward=float(i),
+            reward_components={"math_correctness": float(i), "format": 1.0}, reward_status="ok",
+            ground_truth="4", extracted_answer=None if i == 0 else "4", advantage=0.5 * i, zero_variance=False,
+            temperature=1.0, top_p=1.0, seed=7, engine="transformers", created_at=now,
+        )
+        for i in range(n)
+    ]
+
+
+def test_rollout_round_trip_keeps_types_and_values(tmp_path):
+    store = Store(str(tmp_path))
+    rows = rollout_rows()
+    rec = write_table(store, "r/rollouts/stage=0/shard=00000.parquet", table_from_rows(rows, "rollouts"), "rollouts")
+    assert rec.rows == 3 and len(rec.sha256) == 64
+    back = read_table(store, "r/rollouts/stage=0/shard=00000.parquet", "rollouts", expected_sha256=rec.sha256)
+    assert back.schema.remove_metadata().equals(ROLLOUT_SCHEMA)
+    got = back.to_pylist()
+    assert got[2]["behavior_logprobs"] == [-0.5, -0.25]
+    assert dict(got[1]["reward_components"]) == {"math_correctness": 1.0, "format": 1.0}
+    assert got[0]["extracted_answer"] is None
+    assert back.column("prompt_token_ids").type == pa.list_(pa.int32())
+
+
+def test_every_table_has_a_version():
+    assert set(TABLES) == set(SCHEMA_VERSIONS)
+
+
+def test_unknown_version_is_refused_with_the_file_named(tmp_path):
+    store = Store(str(tmp_path))
+    rel = "r/rollouts/stage=0/shard=00000.parquet"
+    write_table(store, rel, table_from_rows(rollout_rows(), "rollouts"), "rollouts")
+    table = pq.read_table(tmp_path / rel)
+    meta = dict(table.schema.metadata)
+    meta[META_VERSION] = b"999"
+    pq.write_table(table.replace_schema_metadata(meta), tmp_path / rel)
+    with pytest.raises(SchemaError, match=r"shard=00000\.parquet.*schema version '999' is not supported"):
+        read_table(store, rel, "rollouts")
+
+
+def test_wrong_table_or_missing_column_is_refused(tmp_path):
+    store = Store(str(tmp_path))
+    rel = "r/x.parquet"
+    write_table(store, rel, table_from_rows(rollout_rows(), "rollouts"), "rollouts")
+    with pytest.raises(SchemaError, match="expected a mugrpo 'train_steps' table"):
+        read_table(store, rel, "train_steps")
+    bad = table_from_rows(rollout_rows(), "rollouts").drop_columns(["advantage"])
+    with pytest.raises(SchemaError, match="advantage"):
+        write_table(store, "r/y.parquet", bad, "rollouts")
+    pq.write_table(pa.table({"a": [1]}), tmp_path / "r/plain.parquet")
+    with pytest.raises(SchemaError, match="file says 'nothing'"):
+        read_table(store, "r/plain.parquet", "rollouts")
