@@ -1,0 +1,20 @@
+"""Verifiable rewards: a registry of reward components and a batch scorer with per-item timeouts.
+
+Importing this package registers the built-in components ``math_correctness`` and ``format``.
+"""
+
+from mugrpo.rewards import components as _components  # noqa: F401  (registers the built-ins)
+from mugrpo.rewards.config import RewardConfig
+from mugrpo.rewards.registry import REWARD_FUNCTIONS, RewardFn, RewardInput, get_reward_fn, register_reward
+from mugrpo.rewards.scorer import RewardResult, RewardScorer
+
+__all__ = [
+    "REWARD_FUNCTIONS",
+    "RewardConfig",
+    "RewardFn",
+    "RewardInput",
+    "RewardResult",
+    "RewardScorer",
+    "get_reward_fn",
+    "register_reward",
+]

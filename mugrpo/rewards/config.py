@@ -1,0 +1,67 @@
+"""Configuration of the verifiable reward."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from mugrpo.rewards.registry import get_reward_fn
+
+__all__ = ["RewardConfig"]
+
+
+class RewardConfig(BaseModel):
+    """Which reward components to combine, and how verification runs.
+
+    The total reward of a response is ``sum(weight * component)`` over ``components``.
+
+    Default ``{"math_correctness": 1.0, "format": 0.1}``: correctness is the verifiable reward of RLVR
+    (the Mu-GRPO, ConSPO, AGPO and replay-buffer papers train on answer correctness); the small format
+    bonus gives a learning signal to a policy that rarely boxes its answer (SmolLM2-135M boxes 0-6% at
+    first, so correctness alone leaves most groups zero-variance). Once every response of a group is
+    boxed, the bonus is the same constant for the whole group and cancels in group-normalised advantages.
+    Use ``{"math_correctness": 1.0}`` to reproduce the papers' pure correctness reward.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    components: dict[str, float] = Field(
+        default_factory=lambda: {"math_correctness": 1.0, "format": 0.1},
+        description="Registered reward component name -> weight; the reward is the weighted sum. Project "
+        "default (not from a paper): correctness 1.0 plus a 0.1 boxed-answer format bonus.",
+    )
+    verify_timeout_s: float = Field(
+        5.0,
+        gt=0.0,
+        description="Wall-clock limit (seconds) for scoring ONE response in a worker process; an item over it "
+        "gets reward 0 and status 'timeout', and its worker is killed and replaced. 5 s is math-verify's own "
+        "default per comparison.",
+    )
+    num_workers: int = Field(
+        2, ge=1, description="Worker processes that score responses in parallel (one item per worker at a time)."
+    )
+    start_method: Literal["spawn", "forkserver"] = Field(
+        "spawn",
+        description="multiprocessing start method of the workers. Never 'fork': the parent holds torch (thread "
+        "pools, possibly CUDA) state that a forked child inherits in a broken state. 'spawn' works everywhere; "
+        "'forkserver' starts replacements faster on Linux.",
+    )
+    worker_start_timeout_s: float = Field(
+        120.0,
+        gt=0.0,
+        description="How long a new worker may take to import its modules and report ready before the scorer "
+        "raises (a broken environment, not a slow item).",
+    )
+
+    @field_validator("components")
+    @classmethod
+    def _known_components(cls, components: dict[str, float]) -> dict[str, float]:
+        if not components:
+            raise ValueError("components must name at least one reward component")
+        for name, weight in components.items():
+            get_reward_fn(name)  # raises ValueError listing the registered names
+            if not math.isfinite(weight):
+                raise ValueError(f"weight of reward component {name!r} must be finite, got {weight!r}")
+        return components

@@ -1,0 +1,110 @@
+"""Batch reward scoring: every configured component of every response, in parallel worker processes."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from functools import partial
+
+from mugrpo.answers import extract_answer
+from mugrpo.rewards.config import RewardConfig
+from mugrpo.rewards.pool import TimeoutPool
+from mugrpo.rewards.registry import RewardFn, RewardInput, get_reward_fn
+
+__all__ = ["RewardResult", "RewardScorer"]
+
+
+@dataclass(frozen=True, slots=True)
+class RewardResult:
+    """Reward of one response, as stored in its rollout row."""
+
+    reward: float
+    """Weighted sum of the components; 0.0 unless ``status == "ok"``."""
+    components: dict[str, float] = field(default_factory=dict)
+    """Unweighted value of every configured component (all 0.0 unless ``status == "ok"``)."""
+    extracted_answer: str | None = None
+    """The predicted answer graded (:func:`mugrpo.answers.extract_answer`); None if the response has none."""
+    status: str = "ok"
+    """``"ok"``, ``"timeout"`` (over ``verify_timeout_s``) or ``"error: <ExcType>: <message>"``."""
+
+
+def _score_components(
+    task: tuple[RewardInput, str | None], components: tuple[tuple[str, RewardFn], ...]
+) -> dict[str, float]:
+    """Worker side: every component of one response (unweighted)."""
+    item, answer = task
+    return {name: float(fn(item, answer)) for name, fn in components}
+
+
+def _init_worker() -> None:
+    """Worker start-up: quiet math-verify's one-time "timeout disabled" warning (our pool enforces the limit)."""
+    for name in ("math_verify.parser", "math_verify.grader"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+class RewardScorer:
+    """Scores batches of responses with the weighted reward of :class:`RewardConfig`.
+
+    Owns a :class:`~mugrpo.rewards.pool.TimeoutPool` of ``config.num_workers`` processes (started on
+    construction); use it as a context manager so the workers stop with it::
+
+        with RewardScorer(RewardConfig()) as scorer:
+            results = scorer.score([RewardInput(response_text, gold), ...])
+
+    A response whose scoring exceeds ``verify_timeout_s``, or raises, gets reward 0 and status
+    ``"timeout"`` / ``"error: ..."``; the batch and the scorer carry on.
+    """
+
+    def __init__(self, config: RewardConfig | None = None) -> None:
+        self.config = config or RewardConfig()
+        components = tuple((name, get_reward_fn(name)) for name in self.config.components)
+        self._pool = TimeoutPool(
+            partial(_score_components, components=components),
+            self.config.num_workers,
+            start_method=self.config.start_method,
+            initializer=_init_worker,
+            start_timeout_s=self.config.worker_start_timeout_s,
+        )
+
+    @property
+    def num_workers_replaced(self) -> int:
+        """Workers killed and replaced so far (after a timeout or a crash)."""
+        return self._pool.num_replaced
+
+    def wait_ready(self) -> None:
+        """Block until every worker process has started; call it early to fail fast on a broken environment.
+
+        Raises:
+            RuntimeError: a worker could not start within ``config.worker_start_timeout_s``.
+        """
+        self._pool.wait_ready()
+
+    def score(self, batch: list[RewardInput]) -> list[RewardResult]:
+        """Reward of each response of ``batch``, in order; items run in parallel across the workers.
+
+        Raises:
+            RuntimeError: the scorer is closed, or a worker could not start (a broken environment).
+        """
+        answers = [extract_answer(item.response_text) for item in batch]
+        outcomes = self._pool.map(list(zip(batch, answers, strict=True)), self.config.verify_timeout_s)
+        weights = self.config.components
+        results = []
+        for answer, outcome in zip(answers, outcomes, strict=True):
+            if outcome.ok:
+                values = outcome.value
+                reward = sum(weights[name] * values[name] for name in weights)
+            else:
+                values = dict.fromkeys(weights, 0.0)
+                reward = 0.0
+            results.append(RewardResult(float(reward), values, answer, outcome.status))
+        return results
+
+    def close(self) -> None:
+        """Stop the worker processes. Idempotent."""
+        self._pool.close()
+
+    def __enter__(self) -> RewardScorer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
