@@ -71,6 +71,114 @@ def data_check(
             console.print(f"  first: {problems[0].question[:80]!r} -> gold {problems[0].ground_truth!r}", markup=False)
 
 
+def _prefect_env() -> None:
+    """Defaults for Prefect's temporary local server on a small machine (set before Prefect is imported)."""
+    import os
+
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
+
+
+def split_run(run: str, root: str | None) -> tuple[str, str]:
+    """``RUN`` is a run id (with --root, default 'runs') or a run folder/URL ``ROOT/RUN_ID``."""
+    if root is None and "/" in run.rstrip("/"):
+        parent, _, run_id = run.rstrip("/").rpartition("/")
+        return parent, run_id
+    return root or "runs", run
+
+
+def _execute(cfg) -> None:
+    _prefect_env()
+    from flows.run import run_flow
+    from mugrpo.runs import ConfigMismatchError, open_store
+
+    uri = open_store(cfg).uri(cfg.run.id)
+    console.print(f"[bold]run {cfg.run.id}[/bold] lives at {uri}")
+    console.print(f"  watch it:  mugrpo status {uri}    (or the Prefect UI: `prefect server start`)")
+    console.print(f"  query it:  mugrpo sql {uri} \"SELECT stage, avg(reward) FROM rollouts GROUP BY ALL\"")
+    try:
+        result = run_flow(config=cfg.to_json_dict())
+    except ConfigMismatchError as e:
+        err.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
+    console.print(f"[green]run {cfg.run.id} complete[/green] in {result['seconds']:.0f} s: {uri}")
+    if result["final_eval"]:
+        console.print("  final policy: " + "  ".join(f"{k}={v:.3f}" for k, v in sorted(result["final_eval"].items())))
+    console.print(f"  report:    mugrpo report {uri}")
+
+
+@app.command("run")
+def run_cmd(
+    config: Path = typer.Argument(..., help="YAML config, e.g. configs/gsm8k-smollm2.yaml."),
+    overrides: list[str] | None = OverridesArg,
+):
+    """Start a run, or continue it if its run.id already exists (committed work is skipped).
+
+    Each stage is a Prefect flow: generate -> train -> eval -> manifest. Prefect's temporary local server starts by
+    itself unless PREFECT_API_URL points at a server.
+    """
+    _execute(_load(config, overrides))
+
+
+@app.command("resume")
+def resume_cmd(
+    run: str = typer.Argument(..., help="Run id (with --root) or run folder/URL ROOT/RUN_ID."),
+    root: str | None = typer.Option(None, help="Storage root holding the run (default: runs)."),
+):
+    """Continue a run with the config stored in its run.json."""
+    from mugrpo.runs import load_run_config
+
+    root, run_id = split_run(run, root)
+    try:
+        cfg = load_run_config(root, run_id)
+    except FileNotFoundError as e:
+        err.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
+    _execute(cfg)
+
+
+@app.command("status")
+def status_cmd(
+    run: str = typer.Argument(..., help="Run id (with --root) or run folder/URL ROOT/RUN_ID."),
+    root: str | None = typer.Option(None, help="Storage root holding the run (default: runs)."),
+):
+    """Show what a run has committed, what is left, and the timings of each stage."""
+    from rich.table import Table
+
+    from mugrpo.runs import load_run_config, open_store, run_status
+
+    root, run_id = split_run(run, root)
+    try:
+        cfg = load_run_config(root, run_id)
+    except FileNotFoundError as e:
+        err.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
+    st = run_status(open_store(cfg), cfg)
+    table = Table(title=f"run {st.run_id} ({st.uri})")
+    for col in ("stage", "state", "generate", "train", "eval", "shards", "checkpoints", "mean reward",
+                "T_gen s", "T_train s", "T_eval s", "T_switch s", "T_total s"):
+        table.add_column(col, justify="right")
+    mark = {True: "done", False: "-"}
+    for s in st.stages:
+        m = s.manifest
+        t = m.timings if m else None
+        reward = m.metrics.get("generate/mean_reward") if m else None
+        table.add_row(
+            str(s.stage),
+            "committed" if s.committed else "pending",
+            *(mark[s.jobs[j]] for j in ("generate", "train", "eval")),
+            str(s.shards_written), str(s.checkpoints), f"{reward:.3f}" if reward is not None else "-",
+            *((f"{getattr(t, f):.1f}" if t else "-") for f in ("t_gen", "t_train", "t_eval", "t_switch", "t_total")),
+        )
+    console.print(table)
+    left = [s.stage for s in st.stages if not s.committed]
+    console.print(
+        "complete" if st.complete
+        else f"left: stages {left or 'none'}{'' if st.final_eval else ' + final eval'} -> mugrpo resume {st.uri}"
+    )
+
+
 def main() -> None:  # pragma: no cover - console entry
     app()
 

@@ -1,0 +1,99 @@
+"""The stage flow: generate -> train -> eval -> stage manifest (the commit point).
+
+A stage whose manifest exists is skipped; inside a stage each job resumes from what it committed, so re-running
+a stage after preemption loses and duplicates nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prefect import flow, get_run_logger, tags
+from prefect.artifacts import create_markdown_artifact
+from tasks.jobs import run_job
+
+from mugrpo.config import Config, config_from_dict
+from mugrpo.manifest import read_job_manifest, read_manifest
+from mugrpo.runs import commit_stage, job_env, open_store, write_job_specs
+from schemas import StageManifest, StageTimings
+
+#: The job-reported seconds of real work, by job kind; the rest of a job's wall time is switching overhead.
+WORK_TIMING = {"generate": "gen", "train": "train", "eval": "eval"}
+
+
+def job_python(cfg: Config, job: str) -> str | None:
+    """The interpreter configured for a job kind (e.g. a separate vLLM virtualenv for generation)."""
+    return {"generate": cfg.generation.python, "train": cfg.train.python, "eval": cfg.eval.python}[job]
+
+
+def launch(cfg: Config, job: str, spec_url: str, stage: int) -> float:
+    """Run one job through the launcher task with the config's retries and timeout; returns its wall seconds."""
+    orch = cfg.orchestration
+    task = run_job.with_options(
+        name=f"{job}-stage-{stage}",
+        retries=orch.retries,
+        retry_delay_seconds=orch.retry_delay_s,
+        tags=[f"run:{cfg.run.id}", f"stage:{stage}", f"job:{job}"],
+    )
+    t0 = time.monotonic()
+    task(job, spec_url, python=job_python(cfg, job), env=job_env(cfg), timeout_s=orch.job_timeout_s,
+         launcher=orch.launcher)
+    return time.monotonic() - t0
+
+
+def switch_seconds(cfg: Config, stage: int, job: str, wall: float) -> float:
+    """T_switch of a job: its wall time minus the work it reports (process start, imports, engine/weights load)."""
+    m = read_job_manifest(open_store(cfg), cfg.run.id, stage, job)
+    work = m.timings.get(WORK_TIMING[job], 0.0) if m else 0.0
+    return max(wall - work, 0.0)
+
+
+def stage_table(manifest: StageManifest) -> str:
+    """Markdown summary of a committed stage: counts, reward, accuracy and timings (Table 1 columns)."""
+    t = manifest.timings
+    lines = [
+        f"### Stage {manifest.stage} of run `{manifest.run_id}`",
+        "",
+        "| metric | value |",
+        "|---|---|",
+        *(f"| {k} | {v} |" for k, v in sorted(manifest.counts.items())),
+        *(f"| {k} | {v:.4g} |" for k, v in sorted(manifest.metrics.items())),
+        f"| T_gen (s) | {t.t_gen:.1f} |",
+        f"| T_train (s) | {t.t_train:.1f} |",
+        f"| T_eval (s) | {t.t_eval:.1f} |",
+        f"| T_switch (s) | {t.t_switch:.1f} |",
+        f"| T_total (s) | {t.t_total:.1f} |",
+    ]
+    return "\n".join(lines)
+
+
+@flow(name="mugrpo-stage", log_prints=True)
+def stage_flow(config: dict[str, Any], stage: int) -> dict[str, Any]:
+    """Run (or resume) stage ``stage`` of the run described by ``config`` (a resolved config dict)."""
+    cfg = config_from_dict(config, source="stage_flow(config)")
+    logger = get_run_logger()
+    store = open_store(cfg)
+    done = read_manifest(store, cfg.run.id, stage)
+    if done is not None:
+        logger.info("stage %d already committed: skipping", stage)
+        return done.model_dump(mode="json")
+    with tags(f"run:{cfg.run.id}", f"stage:{stage}"):
+        t0 = time.monotonic()
+        urls = write_job_specs(cfg, stage)
+        walls, switch = {}, 0.0
+        for job in ("generate", "train", "eval"):
+            if job in urls:
+                walls[job] = launch(cfg, job, urls[job], stage)
+                switch += switch_seconds(cfg, stage, job, walls[job])
+        timings = StageTimings(
+            t_gen=walls.get("generate", 0.0), t_train=walls.get("train", 0.0), t_eval=walls.get("eval", 0.0),
+            t_switch=switch, t_total=time.monotonic() - t0,
+        )
+        manifest = commit_stage(cfg, stage, timings)
+    create_markdown_artifact(
+        markdown=stage_table(manifest), key=f"{cfg.run.id.lower().replace('_', '-').replace('.', '-')}-stage-{stage}",
+        description=f"mugrpo run {cfg.run.id}, stage {stage}",
+    )
+    logger.info("stage %d committed in %.1f s", stage, timings.t_total)
+    return manifest.model_dump(mode="json")

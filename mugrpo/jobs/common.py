@@ -1,0 +1,99 @@
+"""What every job shares: its spec file, the store, the behavior policy on local disk, timing and console output."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, TypeVar
+
+import fsspec
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from rich.console import Console
+
+from mugrpo.storage import Store
+
+#: Process start as seen by the job (set at import of this module, i.e. right after the interpreter started).
+PROCESS_START = time.monotonic()
+
+console = Console(stderr=True)
+
+S = TypeVar("S", bound="JobSpec")
+
+
+class JobSpec(BaseModel):
+    """Fields every job spec carries: where the run lives and which stage the job works on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    root: str = Field(description="Run root URL (local folder or s3://...).")
+    storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options (no secrets).")
+    run_id: str
+    stage: int = Field(ge=0)
+    seed: int = 0
+
+    def store(self) -> Store:
+        return Store(self.root, self.storage_options)
+
+
+def load_spec(url: str, cls: type[S]) -> S:
+    """Read and validate a JSON job spec from a path or fsspec URL.
+
+    Raises:
+        SystemExit(2): the file is missing or invalid; the message names the file and the bad fields.
+    """
+    raw_opts = os.environ.get("MUGRPO_STORAGE_OPTIONS", "")
+    opts = json.loads(raw_opts) if raw_opts and "://" in url and not url.startswith("file://") else {}
+    try:
+        with fsspec.open(url, "rb", **opts) as f:
+            raw = f.read()
+    except FileNotFoundError:
+        console.print(f"[red]job spec {url} does not exist[/red]")
+        raise SystemExit(2) from None
+    try:
+        return cls.model_validate_json(raw)
+    except ValidationError as e:
+        console.print(f"[red]invalid job spec {url}:\n{e}[/red]")
+        raise SystemExit(2) from None
+
+
+def derive_seed(*parts: Any) -> int:
+    """A 63-bit seed derived from ``parts`` (e.g. run seed, stage, shard) with sha256: stable across processes."""
+    digest = hashlib.sha256("/".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def local_policy_dir(store: Store, rel: str) -> Path:
+    """A local folder holding the committed HF policy at ``rel``: the folder itself on a local store, else a
+    verified download into a cache folder keyed by the store URL and path.
+
+    Raises:
+        FileNotFoundError: the policy folder was never committed (no ``_COMPLETE`` marker).
+    """
+    if not store.is_complete_dir(rel):
+        raise FileNotFoundError(f"policy {store.uri(rel)} is not committed (no _COMPLETE marker)")
+    local = store.local_path(rel)
+    if local is not None:
+        return local
+    cache_root = Path(os.environ.get("MUGRPO_CACHE", Path(tempfile.gettempdir()) / "mugrpo-cache"))
+    key = hashlib.sha256(store.uri(rel).encode()).hexdigest()[:16]
+    dest = cache_root / key
+    if not (dest / ".verified").exists():
+        store.download_dir(rel, dest)
+        (dest / ".verified").touch()
+    return dest
+
+
+def since_start() -> float:
+    """Seconds since this job process started (used for the switch-overhead timing T_switch)."""
+    return time.monotonic() - PROCESS_START
+
+
+def fail(message: str, code: int = 1) -> None:
+    """Print a clear error and exit the job with ``code``."""
+    console.print(f"[red]error:[/red] {message}")
+    sys.exit(code)

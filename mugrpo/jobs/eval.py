@@ -1,0 +1,178 @@
+"""The evaluation job: avg@k and pass@k of one policy on each configured benchmark.
+
+    python -m mugrpo.jobs.eval SPEC          # SPEC: path or URL of an EvalSpec JSON
+
+Writes one Parquet file per benchmark, ``evals/stage={k}/{benchmark}.parquet`` (one row per sample), skipping
+benchmarks already written (resume), then the job manifest with avg@k / pass@k per benchmark. ``stage`` names the
+policy evaluated: policies/stage={k} (stage K is the final policy).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import UTC, datetime
+
+from pydantic import Field
+
+from mugrpo.config import BenchmarkConfig
+from mugrpo.data import load_problems
+from mugrpo.engines.base import SamplingParams
+from mugrpo.jobs.common import JobSpec, console, derive_seed, fail, load_spec, local_policy_dir, since_start
+from mugrpo.layout import RunLayout
+from mugrpo.manifest import read_job_manifest, write_job_manifest
+from mugrpo.metrics import avg_at_k, mean_pass_at_k
+from mugrpo.prompts import PromptConfig, encode_prompt, render_prompt
+from mugrpo.rewards import RewardConfig, RewardInput, RewardScorer
+from mugrpo.storage import sha256_bytes
+from mugrpo.tables import read_table, table_from_rows, write_table
+from schemas import FileRecord, JobManifest
+
+
+class EvalSpec(JobSpec):
+    """Which policy to evaluate on which benchmarks, and how."""
+
+    policy_dir: str = Field(description="Store path of the policy (HF dir), usually policies/stage={k}.")
+    benchmarks: list[BenchmarkConfig]
+    prompt: PromptConfig = Field(default_factory=PromptConfig)
+    engine: str = "transformers"
+    engine_kwargs: dict = Field(default_factory=dict)
+    dtype: str = "float32"
+    verify_timeout_s: float = 5.0
+    reward_workers: int = 2
+
+    @classmethod
+    def from_config(cls, cfg, stage: int) -> EvalSpec:
+        """The eval spec of policy ``stage`` for run config ``cfg``."""
+        return cls(
+            root=cfg.run.root,
+            storage_options=cfg.run.storage_options,
+            run_id=cfg.run.id,
+            stage=stage,
+            seed=cfg.run.seed,
+            policy_dir=RunLayout(cfg.run.id).policy_dir(stage),
+            benchmarks=cfg.eval.benchmarks,
+            prompt=cfg.data.prompt,
+            engine=cfg.generation.engine,
+            engine_kwargs=cfg.generation.engine_kwargs,
+            dtype=cfg.model.dtype,
+            verify_timeout_s=cfg.reward.verify_timeout_s,
+            reward_workers=cfg.reward.num_workers,
+        )
+
+
+def _bench_rows(spec: EvalSpec, bench: BenchmarkConfig, tokenizer, engine, scorer) -> list[dict]:
+    problems, report = load_problems(bench.dataset)
+    problems = problems[: bench.num_prompts] if bench.num_prompts else problems
+    texts = [render_prompt(tokenizer, p.question, spec.prompt) for p in problems]
+    params = SamplingParams(
+        temperature=bench.temperature,
+        top_p=bench.top_p,
+        max_new_tokens=bench.max_new_tokens,
+        n=bench.k,
+        seed=derive_seed(spec.seed, "eval", spec.stage, bench.dataset.name),
+    )
+    groups = engine.generate([encode_prompt(tokenizer, t) for t in texts], params)
+    flat = [(p, t, i, s) for p, t, samples in zip(problems, texts, groups, strict=True) for i, s in enumerate(samples)]
+    results = scorer.score([RewardInput(s.text, p.ground_truth) for p, _, _, s in flat])
+    now = datetime.now(UTC)
+    return [
+        {
+            "run_id": spec.run_id,
+            "stage": spec.stage,
+            "benchmark": bench.dataset.name,
+            "prompt_id": p.prompt_id,
+            "sample_idx": i,
+            "k": bench.k,
+            "prompt_text": t,
+            "response_text": s.text,
+            "num_tokens": len(s.response_token_ids),
+            "finish_reason": s.finish_reason,
+            "ground_truth": p.ground_truth,
+            "extracted_answer": r.extracted_answer,
+            "correct": r.status == "ok" and r.components.get("math_correctness", 0.0) >= 1.0,
+            "reward_status": r.status,
+            "temperature": bench.temperature,
+            "top_p": bench.top_p,
+            "created_at": now,
+        }
+        for (p, t, i, s), r in zip(flat, results, strict=True)
+    ]
+
+
+def bench_metrics(rows: list[dict], k: int) -> dict[str, float]:
+    """avg@k and pass@k of one benchmark's rows (grouped by prompt_id)."""
+    by_prompt: dict[str, list[bool]] = {}
+    for r in rows:
+        by_prompt.setdefault(r["prompt_id"], []).append(bool(r["correct"]))
+    groups = list(by_prompt.values())
+    return {f"avg@{k}": avg_at_k(groups), f"pass@{k}": mean_pass_at_k(groups, k)}
+
+
+def run_eval(spec: EvalSpec) -> JobManifest:
+    """Evaluate (or finish evaluating) one policy; returns the job manifest."""
+    from transformers import AutoTokenizer
+
+    from mugrpo.engines import make_engine
+
+    t_start = since_start()
+    store = spec.store()
+    layout = RunLayout(spec.run_id)
+    done = read_job_manifest(store, spec.run_id, spec.stage, "eval")
+    if done is not None:
+        console.print(f"eval policy {spec.stage}: already committed")
+        return done
+    todo = [b for b in spec.benchmarks if not store.exists(layout.eval_file(spec.stage, b.dataset.name))]
+    t_switch = t_eval = 0.0
+    if todo:
+        policy = local_policy_dir(store, spec.policy_dir)
+        tokenizer = AutoTokenizer.from_pretrained(policy)
+        engine = make_engine(spec.engine, policy, dtype=spec.dtype, seed=spec.seed, **spec.engine_kwargs)
+        scorer = RewardScorer(
+            RewardConfig(components={"math_correctness": 1.0}, verify_timeout_s=spec.verify_timeout_s,
+                         num_workers=spec.reward_workers)
+        )
+        t_switch = since_start() - t_start
+        t0 = time.monotonic()
+        try:
+            for bench in todo:
+                console.print(f"eval policy {spec.stage}: {bench.dataset.name} ...")
+                rows = _bench_rows(spec, bench, tokenizer, engine, scorer)
+                write_table(store, layout.eval_file(spec.stage, bench.dataset.name), table_from_rows(rows, "evals"),
+                            "evals")
+        finally:
+            scorer.close()
+            engine.close()
+        t_eval = time.monotonic() - t0
+
+    files, metrics, counts = [], {}, {}
+    for bench in spec.benchmarks:
+        name = bench.dataset.name
+        rel = layout.eval_file(spec.stage, name)
+        data = store.read_bytes(rel)
+        rows = read_table(store, rel, "evals").to_pylist()
+        files.append(FileRecord(path=layout.rel(rel), sha256=sha256_bytes(data), bytes=len(data), rows=len(rows)))
+        for key, value in bench_metrics(rows, bench.k).items():
+            metrics[f"{name}/{key}"] = value
+        counts[f"{name}/samples"] = len(rows)
+        console.print(
+            f"eval policy {spec.stage}: {name:<10} n={len(rows) // bench.k:<4} k={bench.k} "
+            + "  ".join(f"{k}={v:.3f}" for k, v in bench_metrics(rows, bench.k).items())
+        )
+    manifest = JobManifest(
+        run_id=spec.run_id, stage=spec.stage, job="eval", created_at=datetime.now(UTC), files=files,
+        counts=counts, metrics=metrics, timings={"switch": t_switch, "eval": t_eval, "total": since_start() - t_start},
+    )
+    write_job_manifest(store, manifest)
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        fail("usage: python -m mugrpo.jobs.eval SPEC (an EvalSpec JSON path or URL)", 2)
+    run_eval(load_spec(argv[0], EvalSpec))
+
+
+if __name__ == "__main__":
+    main()

