@@ -1,0 +1,266 @@
+"""Read-only DuckDB views over the Parquet tables and manifests of one run or a root of runs.
+
+    from mugrpo.sql import connect
+    with connect("runs/exp1") as cat:                       # or connect("s3://bucket/runs", {"endpoint_url": ...})
+        cat.arrow("SELECT stage, avg(reward) FROM rollouts GROUP BY stage ORDER BY stage")
+
+Views (one set per connection, over the files committed when it was opened; :func:`connect` again to see new ones):
+
+- ``rollouts``, ``train_steps``, ``evals``: the Parquet files as written (``schemas.tables``), read with Hive
+  partitioning so ``stage`` is an INTEGER column; token lists stay ``INTEGER[]``/``FLOAT[]`` lists.
+- ``stages``: one row per committed stage manifest (``schemas.STAGE_VIEW_SCHEMA``).
+- ``runs``: one row per run: ``run.json`` fields (NULL when it is absent) and counts of committed stages and files.
+
+A view over a table with no file yet is empty but has the table's columns, so queries never fail for lack of data.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+from pydantic import TypeAdapter, ValidationError
+
+from mugrpo.sql.discover import TABLE_FILES, Target, TargetError, resolve_target
+from mugrpo.sql.readonly import (
+    PROTOCOL,
+    ReadOnlyFileSystem,
+    SqlError,
+    check_statements,
+    lock_down,
+    sql_string,
+)
+from mugrpo.sql.redact import Redactor
+from schemas import STAGE_VIEW_SCHEMA, TABLES, StageManifest
+
+log = logging.getLogger(__name__)
+
+#: One row per run (the ``runs`` view; ``config`` is exposed as DuckDB JSON).
+RUNS_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string()),
+        pa.field("uri", pa.string()),  # the run folder's URL (no credentials)
+        pa.field("created_at", pa.timestamp("us", tz="UTC")),  # run.json "created_at"
+        pa.field("code_version", pa.string()),  # run.json "code_version"
+        pa.field("config", pa.string()),  # run.json "config" (else the whole document), JSON text
+        pa.field("stages_committed", pa.int32()),  # stage manifests present
+        pa.field("last_stage", pa.int32()),  # highest committed stage, NULL if none
+        pa.field("rollout_files", pa.int32()),
+        pa.field("train_step_files", pa.int32()),
+        pa.field("eval_files", pa.int32()),
+    ]
+)
+
+#: Every view a catalog defines, in the order ``.tables`` lists them.
+VIEWS = ("rollouts", "train_steps", "evals", "stages", "runs")
+#: Prefix of the registered Arrow tables behind the manifest views and empty placeholders. The database holds no
+#: base table at all, so even a data-modifying CTE (``WITH x AS (INSERT ...) SELECT``) has nothing to write to.
+_INTERNAL = "_mugrpo"
+_datetime = TypeAdapter(datetime | None)
+
+
+def _read_all(target: Target, rels: list[str]) -> dict[str, bytes]:
+    """Bytes of each file (one concurrent batch on S3)."""
+    if not rels:
+        return {}
+    store = target.store
+    full = {store.full(r): r for r in rels}
+    data = store.fs.cat(list(full), on_error="raise")
+    return {full[p]: b for p, b in data.items()}
+
+
+def _stage_rows(target: Target) -> pa.Table:
+    rels = [rel for files in target.runs.values() for rel in files.manifests.values()]
+    rows = []
+    for rel, data in sorted(_read_all(target, rels).items()):
+        try:
+            m = StageManifest.model_validate_json(data)
+        except ValidationError as e:
+            raise TargetError(f"{target.store.uri(rel)} is not a valid stage manifest: {e}") from None
+        rows.append(
+            {
+                "run_id": m.run_id,
+                "stage": m.stage,
+                "status": m.status,
+                "created_at": m.created_at,
+                "num_files": len(m.files),
+                "counts": list(m.counts.items()),
+                "metrics": list(m.metrics.items()),
+                **m.timings.model_dump(),
+            }
+        )
+    return pa.Table.from_pylist(rows, schema=STAGE_VIEW_SCHEMA)
+
+
+def _run_rows(target: Target) -> pa.Table:
+    run_json = _read_all(target, [f.run_json for f in target.runs.values() if f.run_json])
+    rows = []
+    for run_id, files in target.runs.items():
+        doc: dict[str, Any] = {}
+        created_at = None
+        if files.run_json:
+            where = target.store.uri(files.run_json)
+            try:
+                doc = json.loads(run_json[files.run_json])
+                created_at = _datetime.validate_python(doc.get("created_at"))
+            except (json.JSONDecodeError, AttributeError, ValidationError) as e:
+                raise TargetError(
+                    f"{where} is not a valid run.json (a JSON object with an ISO created_at): {e}"
+                ) from None
+        code_version = doc.get("code_version")
+        config = doc.get("config", doc) if doc else None
+        stages = sorted(files.manifests)
+        rows.append(
+            {
+                "run_id": run_id,
+                "uri": target.store.uri(run_id),
+                "created_at": created_at,
+                "code_version": None if code_version is None else str(code_version),
+                "config": None if config is None else json.dumps(config, sort_keys=True),
+                "stages_committed": len(stages),
+                "last_stage": stages[-1] if stages else None,
+                "rollout_files": len(files.tables["rollouts"]),
+                "train_step_files": len(files.tables["train_steps"]),
+                "eval_files": len(files.tables["evals"]),
+            }
+        )
+    return pa.Table.from_pylist(rows, schema=RUNS_SCHEMA)
+
+
+def _register(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table) -> str:
+    """Expose an Arrow table to SQL under an internal name (read-only: DuckDB cannot insert into it); returns it."""
+    internal = f"{_INTERNAL}_{name}"
+    con.register(internal, table)
+    return internal
+
+
+def _parquet_source(paths: list[str]) -> str:
+    files = ", ".join(sql_string(f"{PROTOCOL}://{p}") for p in paths)
+    # The files also hold a `stage` column; Hive partitioning types the folder's value the same way.
+    return f"read_parquet([{files}], hive_partitioning = true, hive_types = {{'stage': INTEGER}})"
+
+
+class RunCatalog:
+    """A locked, read-only DuckDB connection with the views of one target. Build it with :func:`connect`.
+
+    Attributes:
+        target: the resolved target (store, runs and their files).
+        duckdb_connection: the underlying connection. Using it directly skips the statement check, but DuckDB's
+            own locks (see :mod:`mugrpo.sql.readonly`) still refuse every write.
+    """
+
+    def __init__(self, target: Target, con: duckdb.DuckDBPyConnection, redact: Redactor):
+        self.target = target
+        self.duckdb_connection = con
+        self._redact = redact
+
+    @property
+    def run_ids(self) -> list[str]:
+        """Runs in the target, sorted."""
+        return list(self.target.runs)
+
+    def views(self) -> dict[str, list[tuple[str, str]]]:
+        """``{view: [(column, DuckDB type), ...]}`` for every view."""
+        out = {}
+        for view in VIEWS:
+            rel = self.duckdb_connection.sql(f"SELECT * FROM {view}")
+            out[view] = [(c, str(t)) for c, t in zip(rel.columns, rel.types, strict=True)]
+        return out
+
+    def _error(self, e: BaseException) -> SqlError:
+        return SqlError(self._redact(str(e)))
+
+    def statements(self, query: str) -> list[duckdb.Statement]:
+        """The statements of ``query``, after the read-only check (raises ReadOnlyQueryError / SqlError)."""
+        return check_statements(self.duckdb_connection, query)
+
+    def sql(self, query: str) -> duckdb.DuckDBPyRelation:
+        """Run one read-only statement; returns DuckDB's relation (lazy: rows are read when fetched).
+
+        Raises:
+            ReadOnlyQueryError: the statement is not a query.
+            SqlError: several statements, or it does not parse or bind. Messages never contain credentials.
+        """
+        statements = self.statements(query)
+        if len(statements) != 1:
+            raise SqlError(f"expected one statement, got {len(statements)}; run them one at a time")
+        return self._relation(statements[0])
+
+    def _relation(self, statement: duckdb.Statement) -> duckdb.DuckDBPyRelation:
+        try:
+            return self.duckdb_connection.sql(statement)
+        except (duckdb.Error, OSError) as e:
+            raise self._error(e) from None
+
+    def arrow(self, query: str) -> pa.Table:
+        """Run one read-only statement and return its result as an Arrow table (same errors as :meth:`sql`)."""
+        return self._fetch(self.sql(query))
+
+    def _fetch(self, rel: duckdb.DuckDBPyRelation) -> pa.Table:
+        try:
+            return rel.to_arrow_table()
+        except (duckdb.Error, OSError) as e:
+            raise self._error(e) from None
+
+    def run_script(self, query: str) -> list[tuple[str, pa.Table]]:
+        """Run every statement of ``query`` in order; ``[(statement text, result)]``. All are checked first."""
+        return [(st.query.strip(), self._fetch(self._relation(st))) for st in self.statements(query)]
+
+    def close(self) -> None:
+        self.duckdb_connection.close()
+
+    def __enter__(self) -> RunCatalog:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"RunCatalog({self.target.url!r}, runs={self.run_ids})"
+
+
+def connect(target: str, storage_options: dict[str, Any] | None = None) -> RunCatalog:
+    """Open a read-only SQL catalog over a run folder or a root of runs (local path or fsspec URL).
+
+    Args:
+        target: ``ROOT/RUN_ID`` (one run) or ``ROOT`` (every run below it), e.g. ``runs/exp1``, ``s3://bucket/runs``.
+        storage_options: fsspec options for S3 etc. (``endpoint_url``, ``key``, ``secret``...). Credentials are
+            never written into SQL, errors or logs; prefer the environment (``AWS_ACCESS_KEY_ID``...).
+
+    Returns:
+        a :class:`RunCatalog` whose views are ``rollouts``, ``train_steps``, ``evals``, ``stages`` and ``runs``.
+
+    Raises:
+        TargetError: the target is missing, holds no run, or a manifest/run.json is invalid.
+    """
+    redact = Redactor(storage_options)
+    try:
+        tgt = resolve_target(target, storage_options)
+    except TargetError as e:
+        raise TargetError(redact(str(e))) from None
+    except (OSError, ValueError) as e:
+        raise TargetError(redact(f"cannot open {target}: {e}")) from None
+    con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+    try:
+        con.register_filesystem(ReadOnlyFileSystem(path=tgt.store.root, fs=tgt.store.fs))
+        con.execute("SET parquet_metadata_cache = true")  # files are immutable once committed
+        for table in TABLE_FILES:
+            paths = [p for files in tgt.runs.values() for p in files.tables[table]]
+            source = _parquet_source(paths) if paths else _register(con, f"empty_{table}", TABLES[table].empty_table())
+            con.execute(f"CREATE VIEW {table} AS SELECT * FROM {source}")
+        con.execute(f"CREATE VIEW stages AS SELECT * FROM {_register(con, 'stages', _stage_rows(tgt))}")
+        runs = _register(con, "runs", _run_rows(tgt))
+        con.execute(f"CREATE VIEW runs AS SELECT * REPLACE (config::JSON AS config) FROM {runs}")
+        lock_down(con, f"{PROTOCOL}://{tgt.scope}/" if tgt.scope else f"{PROTOCOL}://")
+    except TargetError:
+        con.close()
+        raise
+    except (duckdb.Error, OSError) as e:
+        con.close()
+        raise TargetError(redact(f"cannot open {target}: {e}")) from None
+    log.debug("sql catalog over %s: runs %s", tgt.url, list(tgt.runs))
+    return RunCatalog(tgt, con, redact)
