@@ -50,6 +50,14 @@ def config_show(
     console.print(yaml.safe_dump(cfg.to_json_dict(), sort_keys=False), end="", markup=False, highlight=False)
 
 
+@config_app.command("reference")
+def config_reference_cmd():
+    """Print the config reference (every key with type, default and description) as Markdown."""
+    from mugrpo.config_docs import config_reference
+
+    console.print(config_reference(), markup=False, highlight=False, soft_wrap=True)
+
+
 @data_app.command("check")
 def data_check(
     config: Path | None = typer.Argument(None, help="YAML config whose train and eval datasets to load."),
@@ -177,6 +185,25 @@ def status_cmd(
         "complete" if st.complete
         else f"left: stages {left or 'none'}{'' if st.final_eval else ' + final eval'} -> mugrpo resume {st.uri}"
     )
+
+
+@app.command("report")
+def report_cmd(
+    run: str = typer.Argument(..., help="Run folder or URL ROOT/RUN_ID (or a run id with --root)."),
+    root: str | None = typer.Option(None, help="Storage root holding the run (default: runs)."),
+    out: Path | None = typer.Option(None, help="Write the HTML here instead of {run}/report.html in storage."),
+):
+    """Write the run's self-contained HTML report: Table-1-style stage summary, plots, lengths, file paths."""
+    from mugrpo.report import write_report
+    from mugrpo.runs import load_run_config
+
+    root, run_id = split_run(run, root)
+    try:
+        opts = load_run_config(root, run_id).run.storage_options
+    except FileNotFoundError:
+        opts = {}
+    where = write_report(f"{root.rstrip('/')}/{run_id}", opts, str(out) if out else None)
+    console.print(f"report: {where}")
 
 
 def main() -> None:  # pragma: no cover - console entry

@@ -23,6 +23,23 @@ COMPLETE_MARKER = "_COMPLETE"
 TMP_TAG = ".tmp-"
 
 
+def _fault_pause(rel: str) -> None:
+    """Fault injection for crash tests: with ``MUGRPO_FAULT_PAUSE="SUBSTRING:SECONDS"`` set, a write whose path
+    contains SUBSTRING pauses between writing its temporary file and the rename, so a test can SIGKILL the process
+    in the middle of a commit. Unset (always, outside tests), this does nothing.
+    """
+    spec = os.environ.get("MUGRPO_FAULT_PAUSE")
+    if not spec:
+        return
+    needle, _, seconds = spec.rpartition(":")
+    if needle and needle in rel:
+        import sys
+        import time
+
+        print(f"MUGRPO_FAULT_PAUSE {rel}", file=sys.stderr, flush=True)
+        time.sleep(float(seconds))
+
+
 def sha256_bytes(data: bytes) -> str:
     """Hex sha256 of ``data``."""
     return hashlib.sha256(data).hexdigest()
@@ -85,6 +102,7 @@ class Store:
                     f.write(data)
                     f.flush()
                     os.fsync(f.fileno())
+                _fault_pause(rel)
                 os.replace(tmp, path)
             else:
                 self.fs.pipe_file(path, data)  # one PUT: all-or-nothing on S3

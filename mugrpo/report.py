@@ -1,0 +1,238 @@
+"""The run report: one self-contained HTML file (inline SVG plots, no scripts, no network).
+
+It holds a per-stage table in the style of the Mu-GRPO paper's Table 1 (accuracy per benchmark, T_roll, T_train,
+T_total), reward and accuracy against wall-clock time and against updates, E[ratio | A<0] and the veto fraction
+against updates, response-length statistics, and the paths of the Parquet files. Data comes through the read-only
+SQL catalog (:mod:`mugrpo.sql`), the same views users query.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from mugrpo.sql import connect  # noqa: E402
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1100px;color:#222}
+h1{font-size:1.6rem} h2{font-size:1.2rem;margin-top:2rem;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;margin:.5rem 0;font-size:.9rem} td,th{border:1px solid #ccc;padding:.25rem .5rem}
+th{background:#f3f3f3} td.num{text-align:right;font-variant-numeric:tabular-nums}
+.plots{display:flex;flex-wrap:wrap;gap:1rem} figure{margin:0} figcaption{font-size:.85rem;color:#555}
+code{font-size:.85rem} .muted{color:#777}
+"""
+
+
+@dataclass
+class ReportData:
+    run_id: str
+    uri: str
+    created_at: str | None
+    stages: list[dict]
+    rollouts_by_stage: list[dict]
+    steps: list[dict]
+    evals: list[dict]
+    files: list[str]
+
+
+def _rows(cat, query: str) -> list[dict]:
+    return cat.arrow(query).to_pylist()
+
+
+def collect(target: str, storage_options: dict | None = None) -> ReportData:
+    """Query everything the report shows from one run folder (local path or URL)."""
+    with connect(target, storage_options) as cat:
+        if len(cat.run_ids) != 1:
+            raise ValueError(f"{target} holds {len(cat.run_ids)} runs; give one run folder (ROOT/RUN_ID)")
+        run_id = cat.run_ids[0]
+        runs = _rows(cat, "SELECT * FROM runs")
+        stages = _rows(cat, "SELECT stage, t_gen, t_train, t_eval, t_switch, t_total FROM stages ORDER BY stage")
+        by_stage = _rows(
+            cat,
+            """SELECT stage, count(*) AS rollouts, avg(reward) AS mean_reward,
+                      avg(CASE WHEN reward_components['math_correctness'] >= 1 THEN 1 ELSE 0 END) AS accuracy,
+                      avg(CASE WHEN reward_components['format'] > 0 THEN 1 ELSE 0 END) AS boxed_rate,
+                      avg(num_tokens) AS mean_len, quantile_cont(num_tokens, 0.5) AS p50_len,
+                      quantile_cont(num_tokens, 0.9) AS p90_len, max(num_tokens) AS max_len,
+                      avg(CASE WHEN finish_reason = 'length' THEN 1 ELSE 0 END) AS truncated,
+                      avg(CASE WHEN zero_variance THEN 1 ELSE 0 END) AS zero_var_frac,
+                      min(policy_version) AS policy_version
+               FROM rollouts GROUP BY stage ORDER BY stage""",
+        )
+        steps = _rows(
+            cat,
+            """SELECT "update", stage, loss, ratio_mean, ratio_mean_neg_adv, veto_token_frac, veto_response_frac,
+                      clip_frac_high, approx_kl_behavior, grad_norm, mean_reward, tokens_per_second, staleness
+               FROM train_steps ORDER BY "update" """,
+        )
+        evals = _rows(
+            cat,
+            """SELECT stage, benchmark, count(DISTINCT prompt_id) AS problems, max(k) AS k,
+                      avg(CASE WHEN correct THEN 1.0 ELSE 0.0 END) AS avg_at_k
+               FROM evals GROUP BY stage, benchmark ORDER BY stage, benchmark""",
+        )
+        uri = cat.target.url
+    files = _parquet_files(target, storage_options, run_id)
+    return ReportData(run_id, uri, str(runs[0].get("created_at")) if runs else None, stages, by_stage, steps, evals,
+                      files)
+
+
+def _parquet_files(target: str, storage_options: dict | None, run_id: str) -> list[str]:
+    """URIs of every committed Parquet file of the run (rollouts, train steps, evals), in layout order."""
+    from mugrpo.layout import RunLayout
+    from mugrpo.storage import Store
+
+    parent = target.rstrip("/").rpartition("/")[0] or "."
+    store = Store(parent, storage_options)
+    layout = RunLayout(run_id)
+    out = []
+    for table in ("rollouts", "train_steps", "evals"):
+        folder = f"{layout.run_dir}/{table}"
+        for part in store.listdir(folder):
+            out += [store.uri(f"{folder}/{part}/{n}") for n in store.listdir(f"{folder}/{part}") if n.endswith(".parquet")]
+    return out
+
+
+def _svg(fig) -> str:
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Creator": None, "Date": None})
+    plt.close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg"):]
+
+
+def _plot(title: str, series: list[tuple[str, list[float], list[float]]], xlabel: str, ylabel: str) -> str:
+    fig, ax = plt.subplots(figsize=(5.0, 3.2))
+    for label, xs, ys in series:
+        if xs:
+            ax.plot(xs, ys, marker="o", markersize=3, label=label)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if len(series) > 1:
+        ax.legend(fontsize=7)
+    return f'<figure class="plot">{_svg(fig)}<figcaption>{html.escape(title)}</figcaption></figure>'
+
+
+def _table(headers: list[str], rows: list[list]) -> str:
+    def cell(v):
+        if isinstance(v, float):
+            return f'<td class="num">{v:.3f}</td>'
+        if isinstance(v, int):
+            return f'<td class="num">{v}</td>'
+        return f"<td>{html.escape(str(v))}</td>"
+
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(cell(v) for v in r) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def render(data: ReportData) -> str:
+    """The report's HTML for collected data."""
+    timing = {s["stage"]: s for s in data.stages}
+    benches = sorted({e["benchmark"] for e in data.evals})
+    acc = {(e["stage"], e["benchmark"]): e for e in data.evals}
+    policies = sorted({e["stage"] for e in data.evals} | set(timing))
+    # Cumulative wall clock: the policy of stage k exists once stages 0..k-1 are done.
+    clock, t = {}, 0.0
+    for k in sorted(timing):
+        clock[k] = t
+        t += timing[k]["t_total"] or 0.0
+    clock.setdefault(max(timing) + 1 if timing else 0, t)
+    updates = {r["stage"]: r["policy_version"] for r in data.rollouts_by_stage}
+    per_stage_updates = (max(s["update"] for s in data.steps) / max(len(timing), 1)) if data.steps else 0
+
+    def policy_updates(k: int) -> float:
+        return updates.get(k, k * per_stage_updates)
+
+    table1 = []
+    for k in policies:
+        tm = timing.get(k, {})
+        row = [f"stage {k}" if k in timing else f"final (policy {k})"]
+        for b in benches:
+            e = acc.get((k, b))
+            row.append(e["avg_at_k"] if e else "-")
+        row += [tm.get("t_gen", "-"), tm.get("t_train", "-"), tm.get("t_switch", "-"), tm.get("t_total", "-")]
+        table1.append(row)
+    head1 = ["policy"] + [f"{b} avg@k" for b in benches] + ["T_roll s", "T_train s", "T_switch s", "T_total s"]
+
+    rs = data.rollouts_by_stage
+    plots = [
+        _plot("Training reward vs wall clock", [("mean reward", [clock.get(r["stage"], 0) for r in rs],
+                                                 [r["mean_reward"] for r in rs])], "seconds", "reward"),
+        _plot("Training reward vs updates", [
+            ("rollouts (per stage)", [policy_updates(r["stage"]) for r in rs], [r["mean_reward"] for r in rs]),
+            ("minibatch", [s["update"] for s in data.steps], [s["mean_reward"] for s in data.steps]),
+        ], "optimizer updates", "reward"),
+        _plot("Accuracy vs wall clock", [(b, [clock.get(k, 0) for k in policies if (k, b) in acc],
+                                          [acc[(k, b)]["avg_at_k"] for k in policies if (k, b) in acc])
+                                         for b in benches], "seconds", "avg@k"),
+        _plot("Accuracy vs updates", [(b, [policy_updates(k) for k in policies if (k, b) in acc],
+                                       [acc[(k, b)]["avg_at_k"] for k in policies if (k, b) in acc])
+                                      for b in benches], "optimizer updates", "avg@k"),
+        _plot("E[ratio | A<0] vs updates", [("E[ratio | A<0]", [s["update"] for s in data.steps],
+                                             [s["ratio_mean_neg_adv"] for s in data.steps])],
+              "optimizer updates", "ratio"),
+        _plot("Veto fraction vs updates", [
+            ("tokens", [s["update"] for s in data.steps], [s["veto_token_frac"] for s in data.steps]),
+            ("responses", [s["update"] for s in data.steps], [s["veto_response_frac"] for s in data.steps]),
+        ], "optimizer updates", "fraction vetoed"),
+        _plot("Response length by stage", [
+            ("mean", [r["stage"] for r in rs], [r["mean_len"] for r in rs]),
+            ("p90", [r["stage"] for r in rs], [r["p90_len"] for r in rs]),
+        ], "stage", "tokens"),
+    ]
+    lengths = _table(
+        ["stage", "rollouts", "mean reward", "boxed rate", "accuracy", "mean len", "p50", "p90", "max",
+         "truncated", "zero-var groups"],
+        [[r["stage"], r["rollouts"], r["mean_reward"], r["boxed_rate"], r["accuracy"], r["mean_len"],
+          r["p50_len"], r["p90_len"], r["max_len"], r["truncated"], r["zero_var_frac"]] for r in rs],
+    )
+    files = "".join(f"<li><code>{html.escape(f)}</code></li>" for f in data.files)
+    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>mugrpo report: {html.escape(data.run_id)}</title>
+<style>{CSS}</style></head><body>
+<h1>mugrpo run <code>{html.escape(data.run_id)}</code></h1>
+<p class="muted">Stored at <code>{html.escape(data.uri)}</code>; created {html.escape(str(data.created_at))};
+report generated {now}.</p>
+<h2>Per-stage summary (Mu-GRPO Table 1 style)</h2>
+<p>Accuracy (avg@k) of the behavior policy of each stage and of the final policy; T_roll is generation wall time,
+T_switch the job start, engine start and weight-load overhead inside it and the other jobs.</p>
+{_table(head1, table1)}
+<h2>Plots</h2>
+<div class="plots">{''.join(plots)}</div>
+<h2>Rollouts and response lengths</h2>
+{lengths}
+<h2>Parquet files</h2>
+<p>Plain Hive-partitioned Parquet: query them with <code>mugrpo sql</code>, the DuckDB CLI, pandas, polars or
+pyarrow.</p>
+<ul>{files}</ul>
+</body></html>
+"""
+
+
+def write_report(target: str, storage_options: dict | None = None, out: str | None = None) -> str:
+    """Build the report of run folder ``target`` and write it to ``out`` (default: ``{run}/report.html`` in the
+    run's storage, written atomically). Returns where it was written."""
+    from mugrpo.storage import Store
+
+    data = collect(target, storage_options)
+    page = render(data).encode()
+    if out is not None:
+        with open(out, "wb") as f:
+            f.write(page)
+        return out
+    parent, _, run_id = target.rstrip("/").rpartition("/")
+    store = Store(parent or ".", storage_options)
+    rel = f"{run_id}/report.html"
+    store.write_bytes(rel, page)
+    return store.uri(rel)

@@ -1,0 +1,63 @@
+"""The HTML report: self-contained (no scripts, no network), rendered by headless Chromium with its plots."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_sql import write_run
+
+from mugrpo.report import collect, write_report
+from mugrpo.storage import Store
+
+PLOTS = 7
+
+
+def chromium() -> str:
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is missing: .ci/run installs it (apt-get install chromium)")
+        pytest.skip("headless Chromium is not installed (apt-get install chromium); CI installs it")
+    return path
+
+
+HEADLESS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def test_report_content(tmp_path: Path):
+    write_run(Store(str(tmp_path)), "r1")
+    data = collect(str(tmp_path / "r1"))
+    assert data.run_id == "r1" and data.stages and data.steps and data.evals
+    out = Path(write_report(str(tmp_path / "r1")))
+    assert out == tmp_path / "r1" / "report.html"
+    page = out.read_text()
+    assert page.count("<svg") == PLOTS
+    assert "<script" not in page
+    assert re.search(r'(src|href)\s*=\s*["\']?(https?:)?//', page) is None  # nothing to fetch: no network needed
+    for heading in ("Per-stage summary", "E[ratio | A&lt;0] vs updates", "Veto fraction vs updates",
+                    "Response length by stage", "Parquet files"):
+        assert heading in page
+    assert "rollouts/stage=0/" in page and ".parquet" in page
+
+
+def test_report_renders_in_headless_chromium(tmp_path: Path):
+    exe = chromium()
+    write_run(Store(str(tmp_path)), "r1")
+    out = Path(write_report(str(tmp_path / "r1"), out=str(tmp_path / "report.html")))
+    profile = tmp_path / "profile"
+    dom = subprocess.run([exe, *HEADLESS, f"--user-data-dir={profile}", "--dump-dom", out.as_uri()],
+                         capture_output=True, text=True, timeout=180)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert dom.stdout.count("<svg") == PLOTS  # every plot is in the rendered DOM
+    assert "Per-stage summary" in dom.stdout
+    shot = tmp_path / "shot.png"
+    res = subprocess.run([exe, *HEADLESS, f"--user-data-dir={profile}", f"--screenshot={shot}",
+                          "--window-size=1200,2400", out.as_uri()], capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0 and shot.exists(), res.stderr[-2000:]
+    assert shot.stat().st_size > 20_000  # a page of plots, not a blank screen
