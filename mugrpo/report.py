@@ -26,7 +26,7 @@ h1{font-size:1.6rem} h2{font-size:1.2rem;margin-top:2rem;border-bottom:1px solid
 table{border-collapse:collapse;margin:.5rem 0;font-size:.9rem} td,th{border:1px solid #ccc;padding:.25rem .5rem}
 th{background:#f3f3f3} td.num{text-align:right;font-variant-numeric:tabular-nums}
 .plots{display:flex;flex-wrap:wrap;gap:1rem} figure{margin:0} figcaption{font-size:.85rem;color:#555}
-code{font-size:.85rem} .muted{color:#777}
+code{font-size:.85rem} h1 code{font-size:inherit} .muted{color:#777}
 """
 
 
@@ -96,7 +96,8 @@ def _parquet_files(target: str, storage_options: dict | None, run_id: str) -> li
     for table in ("rollouts", "train_steps", "evals"):
         folder = f"{layout.run_dir}/{table}"
         for part in store.listdir(folder):
-            out += [store.uri(f"{folder}/{part}/{n}") for n in store.listdir(f"{folder}/{part}") if n.endswith(".parquet")]
+            names = [n for n in store.listdir(f"{folder}/{part}") if n.endswith(".parquet")]
+            out += [store.uri(f"{folder}/{part}/{n}") for n in names]
     return out
 
 
@@ -119,7 +120,7 @@ def _plot(title: str, series: list[tuple[str, list[float], list[float]]], xlabel
     ax.grid(alpha=0.3)
     if len(series) > 1:
         ax.legend(fontsize=7)
-    return f'<figure class="plot">{_svg(fig)}<figcaption>{html.escape(title)}</figcaption></figure>'
+    return f'<figure class="plot" aria-label="{html.escape(title)}">{_svg(fig)}</figure>'
 
 
 def _table(headers: list[str], rows: list[list]) -> str:

@@ -371,6 +371,15 @@ def test_cli_parquet_export_keeps_lists_and_refuses_the_target(root: Path, tmp_p
     assert tree_digest(root) == before
 
 
+def test_cli_runs_statements_in_order_and_reports_the_failing_one(root: Path):
+    result = run_cli(str(root), "SELECT 41 + 1 AS answer; SELECT no_such_column FROM rollouts; SELECT 2 AS never")
+    assert result.exit_code == 1
+    assert result.stdout.splitlines()[2].strip() == "42" and "never" not in result.stdout
+    assert "no_such_column" in result.stderr
+    two = run_cli(str(root), "--parquet", str(root.parent / "x.parquet"), "SELECT 1; SELECT 2")
+    assert two.exit_code == 1 and "one statement" in two.stderr and not (root.parent / "x.parquet").exists()
+
+
 def test_shell_reads_piped_statements(root: Path):
     script = (
         ".tables\n"
@@ -409,7 +418,7 @@ def test_every_query_of_the_docs_page_runs(root: Path):
 SECRET = "s3cr3t-Do-Not-Leak-9f8e7d"
 
 
-def test_s3_root_is_queried_through_s3fs_and_credentials_never_leak(s3_root, caplog):
+def test_s3_root_is_queried_through_s3fs_and_credentials_never_leak(s3_root, caplog, tmp_path: Path):
     url, opts = s3_root
     opts = {**opts, "key": "AKIAMUGRPOTEST", "secret": SECRET}
     store = Store(url, opts)
@@ -420,19 +429,11 @@ def test_s3_root_is_queried_through_s3fs_and_credentials_never_leak(s3_root, cap
         got = cat.arrow("SELECT stage, count(*) AS n, avg(reward) AS r FROM rollouts GROUP BY ALL ORDER BY ALL")
         assert got.to_pylist() == [{"stage": 0, "n": 12, "r": 0.25}, {"stage": 1, "n": 12, "r": 0.5}]
         assert cat.arrow("SELECT count(*) FROM stages").column(0).to_pylist() == [2]
-    single = run_cli(
-        f"{url}/grpo",
-        "-o",
-        f"endpoint_url={opts['endpoint_url']}",
-        "-o",
-        "key=AKIAMUGRPOTEST",
-        "-o",
-        f"secret={SECRET}",
-        "-f",
-        "csv",
-        "SELECT count(*) AS n FROM rollouts",
-    )
-    assert single.exit_code == 0, single.stderr and single.stdout == "n\n24\n"
+    secret_opts = ["-o", "key=AKIAMUGRPOTEST", "-o", f"secret={SECRET}"]
+    endpoint = ["-o", f"endpoint_url={opts['endpoint_url']}"]
+    single = run_cli(f"{url}/grpo", *endpoint, *secret_opts, "-f", "csv", "SELECT count(*) AS n FROM rollouts")
+    assert single.exit_code == 0, single.stderr
+    assert single.stdout == "n\n24\n"
 
     # A corrupted shard makes queries fail: the error names the file but never the credentials.
     layout = RunLayout("grpo")
@@ -440,17 +441,10 @@ def test_s3_root_is_queried_through_s3fs_and_credentials_never_leak(s3_root, cap
     with connect(url, opts) as cat, pytest.raises(SqlError) as failure:
         cat.arrow("SELECT avg(reward) FROM rollouts")
     assert "shard=00000.parquet" in str(failure.value) and SECRET not in str(failure.value)
-    broken = run_cli(
-        url,
-        "-o",
-        f"endpoint_url={opts['endpoint_url']}",
-        "-o",
-        f"secret={SECRET}",
-        "-o",
-        "key=AKIAMUGRPOTEST",
-        "SELECT avg(reward) FROM rollouts",
-    )
-    assert broken.exit_code == 1 and "Error" in broken.stderr
+    config = tmp_path / "run.yaml"  # storage options from a run config (credentials stay in the environment)
+    config.write_text(f"run:\n  storage_options:\n    endpoint_url: {opts['endpoint_url']}\n")
+    broken = run_cli(url, "--config", str(config), *secret_opts, "SELECT avg(reward) FROM rollouts")
+    assert broken.exit_code == 1 and "shard=00000.parquet" in broken.stderr
     assert SECRET not in broken.output and SECRET not in caplog.text
 
 

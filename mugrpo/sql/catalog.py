@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -206,9 +207,14 @@ class RunCatalog:
         except (duckdb.Error, OSError) as e:
             raise self._error(e) from None
 
-    def run_script(self, query: str) -> list[tuple[str, pa.Table]]:
-        """Run every statement of ``query`` in order; ``[(statement text, result)]``. All are checked first."""
-        return [(st.query.strip(), self._fetch(self._relation(st))) for st in self.statements(query)]
+    def run_script(self, query: str) -> Iterator[tuple[str, pa.Table]]:
+        """Check every statement of ``query`` now (raises as :meth:`sql`), then run them in order as iterated.
+
+        Yields:
+            (statement text, result) per statement; a failing one raises SqlError when reached.
+        """
+        statements = self.statements(query)
+        return ((st.query.strip(), self._fetch(self._relation(st))) for st in statements)
 
     def close(self) -> None:
         self.duckdb_connection.close()

@@ -15,6 +15,8 @@ from mugrpo.sql.catalog import VIEWS, RunCatalog, connect
 from mugrpo.sql.discover import TargetError
 from mugrpo.sql.output import FORMATS, RenderOptions, export_parquet, render
 from mugrpo.sql.readonly import SqlError
+from mugrpo.sql.redact import SECRET_KEY_HINTS
+from mugrpo.storage import StorageError
 
 SHELL_HELP = """Statements end with ';'. Commands:
   .tables            list the views
@@ -25,6 +27,7 @@ SHELL_HELP = """Statements end with ';'. Commands:
 
 
 def _parse_options(pairs: list[str] | None) -> dict:
+    """``KEY=VALUE`` pairs; values are YAML (``anon=true``), except credentials, which stay strings verbatim."""
     import yaml
 
     opts: dict = {}
@@ -32,7 +35,7 @@ def _parse_options(pairs: list[str] | None) -> dict:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise typer.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--storage-option")
-        opts[key] = yaml.safe_load(value)
+        opts[key] = value if any(h in key.lower() for h in SECRET_KEY_HINTS) else yaml.safe_load(value)
     return opts
 
 
@@ -61,18 +64,21 @@ class _Session:
         self.catalog, self.fmt, self.opts, self.out, self.err = catalog, fmt, opts, out, err
 
     def run(self, query: str, parquet: str | None = None, storage_options: dict | None = None) -> bool:
-        """Run every statement of ``query`` and print (or export) the results; False after printing an error."""
+        """Run every statement of ``query`` and print each result (or export the one result to ``parquet``).
+
+        Returns False after printing an error; nothing runs if any statement is refused.
+        """
         try:
-            results = self.catalog.run_script(query)
-        except SqlError as e:
-            self.err.write(f"Error: {e}\n")
-            return False
-        for _, table in results:
             if parquet:
+                table = self.catalog.arrow(query)  # exactly one statement
                 export_parquet(table, parquet, storage_options)
                 self.err.write(f"wrote {table.num_rows} rows to {parquet}\n")
-            else:
+                return True
+            for _, table in self.catalog.run_script(query):
                 render(table, self.fmt, self.out, self.opts)
+        except (SqlError, StorageError, OSError, ValueError) as e:
+            self.err.write(f"Error: {e}\n")
+            return False
         return True
 
     def command(self, line: str) -> bool | None:

@@ -116,6 +116,7 @@ def resolve_target(target: str, storage_options: dict[str, Any] | None = None) -
     opts = dict(storage_options or {})
     url = str(target).rstrip("/") or "/"
     fs, path = fsspec.core.url_to_fs(url, **opts)
+    fs.invalidate_cache()  # listings cached by an earlier catalog in this process may miss new files
     if not fs.isdir(path):  # checked before Store(), which would create a missing local folder
         raise TargetError(f"{url} does not exist or is not a folder")
     below = {posixpath.basename(p.rstrip("/")) for p in fs.ls(path, detail=False)}
