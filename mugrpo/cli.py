@@ -206,6 +206,15 @@ def report_cmd(
     console.print(f"report: {where}")
 
 
+def _register_subsystems() -> None:
+    from mugrpo.sql.cli import register_cli as register_sql
+
+    register_sql(app)
+
+
+_register_subsystems()
+
+
 def main() -> None:  # pragma: no cover - console entry
     app()
 
