@@ -1,0 +1,186 @@
+"""Per-token log-probs (and entropies) of target tokens without materializing full-vocabulary fp32 logits.
+
+A [B*T, V] fp32 logits tensor is the largest activation of an LLM policy-gradient step (2048 tokens x 49152
+vocab = 403 MB, and autograd keeps several such tensors). :func:`token_logprobs_from_hidden` projects the final
+hidden states through the LM head one chunk of tokens at a time, keeps one log-sum-exp per token, and recomputes
+each chunk's logits in backward, so peak extra memory is O(chunk_size x V).
+
+Both functions divide logits by the sampling temperature first: the behavior log-probs stored with a rollout are
+log-probs of the tempered distribution softmax(z / temperature); the importance ratio needs the same quantity.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+
+def _check_temperature(temperature: float) -> None:
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+
+
+def token_logprobs_from_logits(
+    logits: torch.Tensor,
+    target_ids: torch.Tensor,
+    temperature: float = 1.0,
+    *,
+    return_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log softmax(logits / temperature)[target] per token: the simple path, for small vocabularies or tests.
+
+    Args:
+        logits: [B, T, V] logits (any float dtype); ``logits[:, t]`` must be the prediction of
+            ``target_ids[:, t]`` (shift a causal LM's logits by one position before calling).
+        target_ids: [B, T] int token ids in [0, V).
+        temperature: sampling temperature (> 0) the logits are divided by.
+        return_entropy: also return the entropy of softmax(logits / temperature).
+
+    Returns:
+        (logprobs [B, T] fp32, entropy [B, T] fp32 in nats or None). Differentiable in ``logits``.
+
+    Raises:
+        ValueError: bad shapes or temperature.
+    """
+    _check_temperature(temperature)
+    if logits.dim() != 3 or target_ids.shape != logits.shape[:2]:
+        raise ValueError(
+            f"expected logits [B, T, V] and target_ids [B, T], got {tuple(logits.shape)} and {tuple(target_ids.shape)}"
+        )
+    scaled = logits.float() / temperature
+    log_normalizer = torch.logsumexp(scaled, dim=-1)
+    logprobs = scaled.gather(-1, target_ids.long().unsqueeze(-1)).squeeze(-1) - log_normalizer
+    if not return_entropy:
+        return logprobs, None
+    entropy = log_normalizer - (torch.softmax(scaled, dim=-1) * scaled).sum(dim=-1)
+    return logprobs, entropy
+
+
+def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
+    """[n, H] x [V, H] -> [n, V] fp32 tempered logits (matmul in the inputs' dtype, like an LM head)."""
+    logits = (hidden @ weight.t()).float()
+    return logits.div_(temperature) if temperature != 1.0 else logits
+
+
+class _ChunkedTokenLogprobs(torch.autograd.Function):
+    """Chunked log p(target) and entropy; saves only inputs + one log-sum-exp per token for backward."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, chunk_size, temperature, with_entropy):
+        num_tokens = hidden.shape[0]
+        logprobs = torch.empty(num_tokens, dtype=torch.float32, device=hidden.device)
+        log_normalizer = torch.empty_like(logprobs)
+        entropy = torch.empty_like(logprobs) if with_entropy else logprobs.new_empty(0)
+        for start in range(0, num_tokens, chunk_size):
+            rows = slice(start, start + chunk_size)
+            logits = _chunk_logits(hidden[rows], weight, temperature)
+            lse = torch.logsumexp(logits, dim=-1)
+            log_normalizer[rows] = lse
+            logprobs[rows] = logits.gather(-1, targets[rows].unsqueeze(-1)).squeeze(-1) - lse
+            if with_entropy:
+                entropy[rows] = lse - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
+        ctx.save_for_backward(hidden, weight, targets, log_normalizer)
+        ctx.chunk_size, ctx.temperature, ctx.with_entropy = chunk_size, temperature, with_entropy
+        ctx.set_materialize_grads(False)
+        if not with_entropy:
+            ctx.mark_non_differentiable(entropy)
+        return logprobs, entropy
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_logprobs, grad_entropy):
+        hidden, weight, targets, log_normalizer = ctx.saved_tensors
+        need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        grad_weight = None
+        if need_weight:
+            grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        if grad_logprobs is None and (grad_entropy is None or not ctx.with_entropy):
+            return _zeros_or_none(grad_hidden), _cast_or_none(grad_weight, weight), None, None, None, None
+        for start in range(0, hidden.shape[0], ctx.chunk_size):
+            rows = slice(start, start + ctx.chunk_size)
+            # log p over the vocabulary, then p; d log p_y / dz = onehot(y) - p.
+            log_p = _chunk_logits(hidden[rows], weight, ctx.temperature)
+            log_p.sub_(log_normalizer[rows].unsqueeze(-1))
+            probs = log_p.exp()
+            grad_z = torch.zeros_like(probs)
+            if grad_logprobs is not None:
+                g = grad_logprobs[rows].float()
+                grad_z.sub_(probs * g.unsqueeze(-1))
+                grad_z.scatter_add_(-1, targets[rows].unsqueeze(-1), g.unsqueeze(-1))
+            if grad_entropy is not None and ctx.with_entropy:
+                # H = -sum p log p;  dH/dz_j = -p_j (log p_j + H).
+                ent = -(probs * log_p).sum(dim=-1, keepdim=True)
+                grad_z.sub_(log_p.add_(ent).mul_(probs).mul_(grad_entropy[rows].float().unsqueeze(-1)))
+            if ctx.temperature != 1.0:
+                grad_z.div_(ctx.temperature)
+            if need_hidden:
+                grad_hidden[rows] = grad_z.to(weight.dtype) @ weight
+            if need_weight:
+                grad_weight.addmm_(grad_z.t(), hidden[rows].float())
+        return grad_hidden, _cast_or_none(grad_weight, weight), None, None, None, None
+
+
+def _zeros_or_none(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return tensor.zero_() if tensor is not None else None
+
+
+def _cast_or_none(grad: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
+    return grad.to(like.dtype) if grad is not None else None
+
+
+def token_logprobs_from_hidden(
+    hidden: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+    target_ids: torch.Tensor,
+    *,
+    chunk_size: int = 1024,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log softmax(hidden @ W^T / temperature)[target] per token, computed chunk by chunk.
+
+    Equal (to fp32 rounding) to ``token_logprobs_from_logits(hidden @ W.T, ...)`` in value and gradient, but
+    the [B*T, V] logits never exist at once: peak extra memory is a few chunk_size x V fp32 buffers in forward
+    and backward. Differentiable in ``hidden`` and ``lm_head_weight`` (a custom autograd function that
+    recomputes each chunk's logits in backward; double backward is not supported).
+
+    Args:
+        hidden: [B, T, H] final hidden states (after the final norm); ``hidden[:, t]`` must be the state that
+            predicts ``target_ids[:, t]`` (for a causal LM, the position before the target).
+        lm_head_weight: [V, H] LM head (output embedding) weight, no bias; with tied embeddings pass the input
+            embedding weight and its gradient accumulates as usual.
+        target_ids: [B, T] int token ids in [0, V).
+        chunk_size: tokens per chunk (>= 1); memory per chunk ~ 3 x chunk_size x V x 4 bytes.
+        temperature: sampling temperature (> 0) the logits are divided by.
+        return_entropy: also return per-token entropy of the tempered distribution (differentiable too).
+
+    Returns:
+        (logprobs [B, T] fp32, entropy [B, T] fp32 in nats or None).
+
+    Raises:
+        ValueError: bad shapes, chunk size, temperature, or a target id outside [0, V) (checking it syncs the
+            device once per call).
+    """
+    _check_temperature(temperature)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if hidden.dim() != 3 or lm_head_weight.dim() != 2 or hidden.shape[-1] != lm_head_weight.shape[-1]:
+        raise ValueError(
+            f"expected hidden [B, T, H] and lm_head_weight [V, H], got {tuple(hidden.shape)} and "
+            f"{tuple(lm_head_weight.shape)}"
+        )
+    if target_ids.shape != hidden.shape[:2]:
+        raise ValueError(f"target_ids has shape {tuple(target_ids.shape)}, expected {tuple(hidden.shape[:2])}")
+    batch, tokens, width = hidden.shape
+    targets = target_ids.reshape(-1).long()
+    vocab = lm_head_weight.shape[0]
+    if targets.numel():
+        low, high = int(targets.min()), int(targets.max())
+        if low < 0 or high >= vocab:
+            raise ValueError(f"target_ids must lie in [0, {vocab}), got min {low}, max {high}")
+    flat_hidden = hidden.reshape(batch * tokens, width)
+    logprobs, entropy = _ChunkedTokenLogprobs.apply(
+        flat_hidden, lm_head_weight, targets, chunk_size, temperature, return_entropy
+    )
+    return logprobs.view(batch, tokens), entropy.view(batch, tokens) if return_entropy else None

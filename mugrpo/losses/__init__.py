@@ -1,0 +1,76 @@
+"""Policy losses: pure tensor functions registered by name (design.md, "Algorithms").
+
+Usage::
+
+    from mugrpo.losses import LossContext, PolicyLossConfig, compute_policy_loss
+
+    out = compute_policy_loss(logprobs, behavior_logprobs, advantages, response_mask,
+                              PolicyLossConfig(name="mu_grpo"),
+                              context=LossContext(global_num_tokens=tokens_in_update))
+    out.loss.backward()
+
+Built-in losses: ``grpo``, ``mu_grpo``, ``gspo``. Add one with ``@register_policy_loss("name")``.
+"""
+
+from mugrpo.losses import clipped, gspo  # noqa: F401  (importing registers the built-in losses)
+from mugrpo.losses.aggregation import AGGREGATIONS, aggregate_token_values
+from mugrpo.losses.clipped import clipped_surrogate, grpo_loss, mu_grpo_loss
+from mugrpo.losses.config import AggMode, KLEstimator, PolicyLossConfig, VetoScope
+from mugrpo.losses.gspo import gspo_loss, sequence_log_ratio
+from mugrpo.losses.interface import LossContext, LossOutput, PolicyLossFn
+from mugrpo.losses.kl import KL_ESTIMATORS, kl_estimate
+from mugrpo.losses.metrics import MetricStat, merge_stats, reduce_metrics
+from mugrpo.losses.pipeline import (
+    PreparedBatch,
+    TokenSurrogate,
+    apply_veto,
+    finalize_loss,
+    importance_ratio,
+    prepare_batch,
+)
+from mugrpo.losses.registry import (
+    POLICY_LOSSES,
+    UnknownPolicyLossError,
+    compute_policy_loss,
+    get_policy_loss,
+    register_policy_loss,
+    registered_policy_losses,
+)
+from mugrpo.losses.veto import VETO_SCOPES, VetoInfo, negative_advantage_veto_mask
+
+__all__ = [
+    "AGGREGATIONS",
+    "KL_ESTIMATORS",
+    "POLICY_LOSSES",
+    "VETO_SCOPES",
+    "AggMode",
+    "KLEstimator",
+    "LossContext",
+    "LossOutput",
+    "MetricStat",
+    "PolicyLossConfig",
+    "PolicyLossFn",
+    "PreparedBatch",
+    "TokenSurrogate",
+    "UnknownPolicyLossError",
+    "VetoInfo",
+    "VetoScope",
+    "aggregate_token_values",
+    "apply_veto",
+    "clipped_surrogate",
+    "compute_policy_loss",
+    "finalize_loss",
+    "get_policy_loss",
+    "grpo_loss",
+    "gspo_loss",
+    "importance_ratio",
+    "kl_estimate",
+    "merge_stats",
+    "mu_grpo_loss",
+    "negative_advantage_veto_mask",
+    "prepare_batch",
+    "reduce_metrics",
+    "register_policy_loss",
+    "registered_policy_losses",
+    "sequence_log_ratio",
+]

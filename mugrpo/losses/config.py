@@ -1,0 +1,123 @@
+"""Configuration of a policy loss (one pydantic model shared by every registered loss)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+VetoScope = Literal["trigger", "suffix", "non_trigger_suffix", "sequence"]
+KLEstimator = Literal["k1", "k2", "k3"]
+
+
+class PolicyLossConfig(BaseModel):
+    """Hyper-parameters of a policy loss; ``name`` selects the loss from the registry.
+
+    Unpublished choices (papers.md, "What is not published") and how they are settled here:
+
+    * ``veto_delta``: Mu-GRPO (arXiv 2605.17570) gives rho < 1e-4 only as an example; 1e-4 is the default.
+    * ``veto_scope``: the paper compares four scopes and reports that suffix (S_kappa), non-trigger suffix
+      (H_kappa) and whole sequence (S_seq) are stable while trigger-only (T) still collapses; it does not say
+      which scope its headline runs use. Default ``"suffix"``.
+    * The suffix S_kappa is read literally as "all tokens after kappa, exclusive": the first trigger itself
+      stays in the loss. Its gradient is rho * A * grad(log pi) with rho < delta, i.e. at most delta * |A| per
+      unit of grad(log pi), so masking it or not changes the gradient by a negligible amount.
+    * Vetoed tokens contribute zero loss but stay in the normalizer of the aggregation, so the normalizer is
+      known before the forward pass and global counts (``LossContext.global_num_tokens``) stay exact.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(
+        default="mu_grpo",
+        description="Registry key of the policy loss: grpo (PPO/GRPO clipped surrogate), mu_grpo (Mu-GRPO "
+        "relaxed clipping + negative-advantage veto, arXiv 2605.17570), gspo (sequence-level ratio, "
+        "arXiv 2507.18071), or any loss registered with register_policy_loss.",
+    )
+    eps_low: float = Field(
+        default=0.2,
+        ge=0.0,
+        lt=1.0,
+        description="Lower clip range of grpo/gspo: ratio clipped below at 1 - eps_low (PPO, arXiv 1707.06347; "
+        "GRPO, arXiv 2402.03300). GSPO's paper uses 3e-4 for its sequence-level ratio.",
+    )
+    eps_high: float = Field(
+        default=0.2,
+        ge=0.0,
+        description="Upper clip range of grpo/gspo: ratio clipped above at 1 + eps_high. eps_high > eps_low is "
+        "DAPO's clip-higher (arXiv 2503.14476, 0.28 vs 0.2). GSPO's paper uses 4e-4.",
+    )
+    ratio_min: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="Lower bound of Mu-GRPO's relaxed clip range (arXiv 2605.17570: [0, 5]); 0 means the ratio "
+        "is never clipped from below.",
+    )
+    ratio_max: float = Field(
+        default=5.0,
+        ge=1.0,
+        description="Upper bound of Mu-GRPO's relaxed clip range (arXiv 2605.17570: [0, 5], vs PPO's 1.2).",
+    )
+    dual_clip_c: float | None = Field(
+        default=None,
+        gt=1.0,
+        description="Dual-clip constant c > 1 (Ye et al. 2020, arXiv 1912.09729): for A < 0 the per-token loss "
+        "is capped at -c * A, bounding the push-down of tokens with a huge ratio. None disables it. The replay "
+        "buffer re-implementation (papers.md) uses c = 10. Applies to grpo and mu_grpo.",
+    )
+    veto_enabled: bool | None = Field(
+        default=None,
+        description="Negative-advantage veto of Mu-GRPO (arXiv 2605.17570). None means the loss's own default: "
+        "on for mu_grpo, off for grpo (True gives the 'GRPO + veto' ablation). gspo is sequence-level and "
+        "rejects True.",
+    )
+    veto_delta: float = Field(
+        default=1e-4,
+        gt=0.0,
+        lt=1.0,
+        description="Trigger threshold delta of the veto: a token of an A < 0 response with importance ratio "
+        "rho_t < delta is a trigger (arXiv 2605.17570 gives 1e-4 as an example; the exact value is unpublished).",
+    )
+    veto_scope: VetoScope = Field(
+        default="suffix",
+        description="Tokens the veto removes (arXiv 2605.17570): trigger (T: trigger tokens only; the paper finds "
+        "it still collapses), suffix (S_kappa: tokens after the first trigger kappa, kappa excluded), "
+        "non_trigger_suffix (H_kappa = S_kappa minus triggers), sequence (S_seq: the whole response). The paper "
+        "reports suffix and non-trigger suffix both stable and does not say which it used.",
+    )
+    agg_mode: AggMode = Field(
+        default="token-mean",
+        description="How per-token losses become a scalar: token-mean (DAPO, arXiv 2503.14476; Mu-GRPO's "
+        "token-mean over unmasked tokens), seq-mean-token-mean (GRPO, arXiv 2402.03300; GSPO's sequence "
+        "objective), seq-mean-token-sum, seq-mean-token-sum-norm (Dr. GRPO, arXiv 2503.20783: token sum over a "
+        "constant max_response_len).",
+    )
+    kl_coef: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="Coefficient of the KL penalty to a reference policy (GRPO, arXiv 2402.03300). 0 skips it "
+        "entirely (no reference log-probs needed); DAPO and Dr. GRPO drop it.",
+    )
+    kl_estimator: KLEstimator = Field(
+        default="k3",
+        description="Per-token estimator of KL(pi_theta || pi_ref) (Schulman 2020, 'Approximating KL "
+        "divergence'): k1 = -log r, k2 = (log r)^2 / 2, k3 = (r - 1) - log r with r = pi_ref / pi_theta. GRPO "
+        "uses k3.",
+    )
+    tis_cap: float | None = Field(
+        default=None,
+        gt=0.0,
+        description="Truncated importance sampling cap C for the sampler-vs-trainer mismatch (Yao et al. 2025, "
+        "'Your efficient RL framework secretly brings you off-policy RL training'): the importance ratio uses the "
+        "trainer's recomputed behavior log-probs and each token's loss is weighted by "
+        "min(pi_behav_trainer / pi_behav_sampler, C). None disables it. Needs "
+        "LossContext.trainer_behavior_logprobs.",
+    )
+
+    @model_validator(mode="after")
+    def _check_clip_ranges(self) -> PolicyLossConfig:
+        if self.ratio_min >= self.ratio_max:
+            raise ValueError(f"ratio_min ({self.ratio_min}) must be < ratio_max ({self.ratio_max})")
+        return self

@@ -1,0 +1,82 @@
+"""The explicit I/O of a policy loss: optional context in, loss + reducible metrics out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from mugrpo.losses.config import PolicyLossConfig
+from mugrpo.losses.metrics import MetricStat
+
+
+@dataclass(frozen=True)
+class LossContext:
+    """Optional inputs of a policy loss beyond the four core tensors (all fields may be None).
+
+    Attributes:
+        global_num_tokens: response tokens (summed ``response_mask``) of the whole optimizer update, over all
+            micro-batches and data-parallel ranks. Used by ``token-mean``; with it, summing the micro-batch
+            losses gives the loss of the whole update regardless of how it was split.
+        global_num_seqs: non-empty responses of the whole update (rows with at least one response token).
+            Used by the ``seq-mean-*`` modes, for the same reason.
+        max_response_len: the constant token normalizer of ``seq-mean-token-sum-norm`` (Dr. GRPO,
+            arXiv 2503.20783: the generation budget). Defaults to the padded length T of the batch, which
+            varies with padding: set it to the sampler's max_tokens.
+        ref_logprobs: [B, T] log-probs of the reference policy; required when ``kl_coef > 0``.
+        entropy: [B, T] per-token entropy of pi_theta (nats); only reported as a metric.
+        trainer_behavior_logprobs: [B, T] the trainer's recomputation of the behavior policy's log-probs;
+            required when ``tis_cap`` is set (truncated importance sampling).
+        group_index: [B] int group id of each response (one prompt = one group). Not used by the built-in
+            losses; carried for group-wise losses (ConSPO, arXiv 2605.12969).
+    """
+
+    global_num_tokens: float | None = None
+    global_num_seqs: float | None = None
+    max_response_len: int | None = None
+    ref_logprobs: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+    trainer_behavior_logprobs: torch.Tensor | None = None
+    group_index: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("global_num_tokens", "global_num_seqs", "max_response_len"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"LossContext.{name} must be > 0 when given, got {value}")
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    """Result of a policy loss.
+
+    Attributes:
+        loss: scalar tensor to call ``backward()`` on (policy surrogate + ``kl_coef`` * KL penalty).
+        stats: metric name -> :class:`MetricStat` (a detached total, a count and how to reduce them). Keeping
+            totals and counts, not ratios, lets a trainer combine micro-batches and ranks exactly: see
+            :func:`mugrpo.losses.metrics.reduce_metrics`.
+    """
+
+    loss: torch.Tensor
+    stats: dict[str, MetricStat] = field(default_factory=dict)
+
+    @property
+    def metrics(self) -> dict[str, torch.Tensor]:
+        """Detached scalar value of each metric for this call alone."""
+        return {name: stat.value() for name, stat in self.stats.items()}
+
+
+class PolicyLossFn(Protocol):
+    """Signature every registered policy loss implements (design.md, "Algorithms")."""
+
+    def __call__(
+        self,
+        logprobs: torch.Tensor,
+        behavior_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        response_mask: torch.Tensor,
+        config: PolicyLossConfig,
+        *,
+        context: LossContext | None = None,
+    ) -> LossOutput: ...
