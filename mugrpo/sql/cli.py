@@ -7,21 +7,18 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import typer
 
-from mugrpo.sql.catalog import VIEWS, RunCatalog, connect
-from mugrpo.sql.discover import TargetError
-from mugrpo.sql.output import FORMATS, RenderOptions, export_parquet, render
-from mugrpo.sql.readonly import SqlError
-from mugrpo.sql.redact import SECRET_KEY_HINTS
-from mugrpo.storage import StorageError
+if TYPE_CHECKING:  # the command imports DuckDB and pyarrow when it runs, so `mugrpo --help` stays fast
+    from mugrpo.sql.catalog import RunCatalog
+    from mugrpo.sql.output import RenderOptions
 
 SHELL_HELP = """Statements end with ';'. Commands:
   .tables            list the views
   .schema [VIEW]     columns and types of a view (all views without an argument)
-  .format NAME       output format: {formats}
+  .format NAME       output format: table, csv or json
   .help              this text
   .quit / .exit      leave (or end of input)"""
 
@@ -29,6 +26,8 @@ SHELL_HELP = """Statements end with ';'. Commands:
 def _parse_options(pairs: list[str] | None) -> dict:
     """``KEY=VALUE`` pairs; values are YAML (``anon=true``), except credentials, which stay strings verbatim."""
     import yaml
+
+    from mugrpo.sql.redact import SECRET_KEY_HINTS
 
     opts: dict = {}
     for pair in pairs or []:
@@ -68,6 +67,10 @@ class _Session:
 
         Returns False after printing an error; nothing runs if any statement is refused.
         """
+        from mugrpo.sql.output import export_parquet, render
+        from mugrpo.sql.readonly import SqlError
+        from mugrpo.storage import StorageError
+
         try:
             if parquet:
                 table = self.catalog.arrow(query)  # exactly one statement
@@ -83,12 +86,15 @@ class _Session:
 
     def command(self, line: str) -> bool | None:
         """Handle a dot command; None means quit."""
+        from mugrpo.sql.catalog import VIEWS
+        from mugrpo.sql.output import FORMATS
+
         name, _, arg = line.strip().partition(" ")
         arg = arg.strip().rstrip(";")
         if name in (".quit", ".exit"):
             return None
         if name == ".help":
-            self.out.write(SHELL_HELP.format(formats=", ".join(sorted(FORMATS))) + "\n")
+            self.out.write(SHELL_HELP + "\n")
         elif name == ".tables":
             self.out.write("  ".join(VIEWS) + "\n")
         elif name == ".schema":
@@ -141,7 +147,7 @@ class _Session:
 def sql_command(
     target: str = typer.Argument(..., help="A run folder (ROOT/RUN_ID) or a root of runs; local path or s3://..."),
     query: str | None = typer.Argument(None, help="SQL to run; omit it to read statements from stdin (a shell)."),
-    fmt: str = typer.Option("table", "--format", "-f", help=f"Output format: {', '.join(sorted(FORMATS))}."),
+    fmt: str = typer.Option("table", "--format", "-f", help="Output format: table, csv or json."),
     parquet: str | None = typer.Option(None, "--parquet", help="Write the result to this Parquet file instead."),
     storage_option: list[str] | None = typer.Option(
         None, "--storage-option", "-o", help="fsspec option KEY=VALUE (e.g. endpoint_url=http://127.0.0.1:9000)."
@@ -156,6 +162,10 @@ def sql_command(
 
         mugrpo sql runs/exp1 "SELECT stage, avg(reward) FROM rollouts GROUP BY ALL ORDER BY stage"
     """
+    from mugrpo.sql.catalog import connect
+    from mugrpo.sql.discover import TargetError
+    from mugrpo.sql.output import FORMATS, RenderOptions
+
     if fmt not in FORMATS:
         raise typer.BadParameter(f"{fmt!r} is not one of {', '.join(sorted(FORMATS))}", param_hint="--format")
     options = {**(_config_options(config) if config else {}), **_parse_options(storage_option)}
