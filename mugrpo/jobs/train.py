@@ -1,0 +1,64 @@
+"""The training job: ``train.updates_per_stage`` optimizer updates of the policy on a stage's static rollouts,
+with checkpoints and exact resume (design.md, second half of a stage).
+
+    python -m mugrpo.jobs.train SPEC      # SPEC: path or fsspec URL of a TrainSpec JSON (jobs/stage=k/train.spec.json)
+
+The same code runs on one CPU, one GPU and several GPUs through accelerate (the launcher sets the processes up;
+the job reads nothing else from it):
+
+    # CPU (one process; the tests and the benchmark run this)
+    python -m mugrpo.jobs.train runs/my-run/jobs/stage=0/train.spec.json
+
+    # one GPU (plain python picks the GPU up too; add --mixed_precision bf16 for bf16 autocast, or set
+    # train.mixed_precision in the config)
+    accelerate launch --num_processes 1 -m mugrpo.jobs.train SPEC
+
+    # several GPUs, data parallel (DDP): each rank takes a share of every minibatch; the loss is normalized by
+    # the whole minibatch's counts, so results do not depend on the number of GPUs
+    accelerate launch --multi_gpu --num_processes 4 -m mugrpo.jobs.train SPEC
+
+    # several GPUs, sharded (FSDP): parameters, gradients and AdamW state sharded over ranks; checkpoints and the
+    # published policy are gathered to full state dicts on rank 0
+    accelerate launch --use_fsdp --num_processes 4 --fsdp_version 2 \\
+        --fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP --fsdp_transformer_layer_cls_to_wrap LlamaDecoderLayer \\
+        --fsdp_state_dict_type FULL_STATE_DICT -m mugrpo.jobs.train SPEC
+
+(``LlamaDecoderLayer`` for Llama/SmolLM2; ``Qwen2DecoderLayer`` for Qwen2.5, etc. An ``s3://`` SPEC needs the
+store's credentials in the environment; ``MUGRPO_STORAGE_OPTIONS`` may carry JSON fsspec options for reading it.)
+
+Exit codes: 0 done (or already committed), 2 bad spec or bad rollouts, 3 NaN/inf loss or gradient (the
+minibatch's prompt ids are in ``jobs/stage=k/train.nonfinite.json``; the last checkpoint is intact).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from transformers.utils import logging as hf_logging
+
+from mugrpo.jobs.common import fail, load_spec
+from mugrpo.storage import ChecksumError
+from mugrpo.tables import SchemaError
+from mugrpo.trainer.data import RolloutDataError
+from mugrpo.trainer.loop import run_training
+from mugrpo.trainer.spec import TrainSpec
+from mugrpo.trainer.step import NonFiniteError
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI entry point: ``python -m mugrpo.jobs.train SPEC``."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        fail("usage: python -m mugrpo.jobs.train SPEC_PATH_OR_URL", 2)
+    spec = load_spec(args[0], TrainSpec)
+    hf_logging.disable_progress_bar()  # the job draws its own progress bar
+    try:
+        run_training(spec)
+    except (RolloutDataError, SchemaError, ChecksumError) as e:
+        fail(f"train stage {spec.stage}: bad rollouts: {e}", 2)
+    except NonFiniteError as e:
+        fail(f"train stage {spec.stage}: stopped, no checkpoint written for this update: {e}", 3)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+"""Training checkpoints: written atomically, loaded without unpickling anything from storage.
+
+A checkpoint of stage k after stage update n lives at ``checkpoints/stage=k/step=n`` (:class:`RunLayout`)::
+
+    model/               HF dir of the policy (config, model.safetensors, generation config, tokenizer)
+    optimizer.pt         AdamW state dict keyed by parameter name; read with torch.load(weights_only=True)
+    rng.safetensors      torch CPU (and CUDA) generator states, one set per data-parallel rank
+    trainer_state.json   update counters, data cursor, LR schedule, Python and NumPy RNG states (JSON, no pickle)
+    _COMPLETE            written last by Store.upload_dir: a folder without it is ignored and replaced
+
+The files are first written to a local temporary folder, then uploaded file by file (each atomic) with the marker
+last, so a SIGKILL at any moment leaves either a complete checkpoint or one that resume ignores.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from mugrpo.layout import RunLayout, parse_checkpoint_step
+from mugrpo.storage import COMPLETE_MARKER, Store
+
+MODEL_DIR = "model"
+OPTIMIZER_FILE = "optimizer.pt"
+RNG_FILE = "rng.safetensors"
+STATE_FILE = "trainer_state.json"
+CHECKPOINT_FORMAT = 1
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """This process's RNG states: torch CPU/CUDA generators (tensors), NumPy and Python ``random`` (JSON-able)."""
+    np_state = np.random.get_state()
+    py_state = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "python": [py_state[0], list(py_state[1]), py_state[2]],
+    }
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Inverse of :func:`capture_rng_state`."""
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+
+
+@dataclass
+class LoadedCheckpoint:
+    """A checkpoint read back from storage.
+
+    Attributes:
+        step: the stage update it was taken after.
+        model_dir: local HF dir of the policy weights (load it with :func:`mugrpo.models.load_policy`).
+        optimizer_state: the optimizer state dict (tensors and plain Python values only).
+        trainer_state: the JSON state (counters, data cursor, LR schedule).
+        rng_states: one :func:`capture_rng_state` dict per data-parallel rank.
+    """
+
+    step: int
+    model_dir: Path
+    optimizer_state: dict[str, Any]
+    trainer_state: dict[str, Any]
+    rng_states: list[dict[str, Any]]
+
+
+def write_checkpoint(
+    store: Store,
+    rel: str,
+    *,
+    save_model: Any,
+    optimizer_state: dict[str, Any],
+    trainer_state: dict[str, Any],
+    rng_states: list[dict[str, Any]],
+    tmp_root: str | None = None,
+) -> dict[str, str]:
+    """Write a checkpoint folder at ``rel`` atomically (local temp folder, upload, ``_COMPLETE`` last).
+
+    Args:
+        save_model: ``fn(local_dir)`` writing the policy as an HF dir (safetensors) into ``local_dir``.
+        optimizer_state: state dict of tensors and plain values (saved with torch.save, read with weights_only).
+        trainer_state: JSON-able dict.
+        rng_states: per-rank :func:`capture_rng_state` dicts (rank order).
+        tmp_root: parent of the local temporary folder (default: the system temp dir).
+
+    Returns:
+        {file name: sha256} of the uploaded files.
+    """
+    if store.exists(rel):  # an uncommitted leftover of a killed run: replace it whole
+        store.delete(rel, recursive=True)
+    tmp = Path(tempfile.mkdtemp(prefix="mugrpo-ckpt-", dir=tmp_root))
+    try:
+        save_model(tmp / MODEL_DIR)
+        torch.save(optimizer_state, tmp / OPTIMIZER_FILE)
+        tensors: dict[str, torch.Tensor] = {}
+        json_rng = []
+        for rank, state in enumerate(rng_states):
+            tensors[f"rank{rank}.torch"] = state["torch"]
+            for device, cuda_state in enumerate(state["cuda"]):
+                tensors[f"rank{rank}.cuda{device}"] = cuda_state
+            json_rng.append({"numpy": state["numpy"], "python": state["python"], "cuda_devices": len(state["cuda"])})
+        save_file(tensors, str(tmp / RNG_FILE))
+        payload = {"format": CHECKPOINT_FORMAT, **trainer_state, "rng": json_rng}
+        (tmp / STATE_FILE).write_text(json.dumps(payload, indent=2, sort_keys=True))
+        return store.upload_dir(tmp, rel, meta={"step": trainer_state.get("stage_update")})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def read_checkpoint(store: Store, rel: str, local_dir: Path) -> LoadedCheckpoint:
+    """Download a committed checkpoint into ``local_dir`` (verifying every sha256) and read it.
+
+    Nothing is unpickled: tensors come from safetensors or ``torch.load(weights_only=True)``, the rest from JSON.
+
+    Raises:
+        FileNotFoundError: ``rel`` is not a committed checkpoint.
+        mugrpo.storage.ChecksumError: a file differs from the marker's checksum.
+        ValueError: an unknown checkpoint format.
+    """
+    store.download_dir(rel, local_dir)
+    state = json.loads((local_dir / STATE_FILE).read_text())
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{store.uri(rel)}: checkpoint format {state.get('format')!r} is not {CHECKPOINT_FORMAT}")
+    tensors = load_file(str(local_dir / RNG_FILE))
+    rng_states = []
+    for rank, extra in enumerate(state.pop("rng")):
+        rng_states.append(
+            {
+                "torch": tensors[f"rank{rank}.torch"],
+                "cuda": [tensors[f"rank{rank}.cuda{d}"] for d in range(extra["cuda_devices"])],
+                "numpy": extra["numpy"],
+                "python": extra["python"],
+            }
+        )
+    optimizer_state = torch.load(local_dir / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
+    return LoadedCheckpoint(
+        step=int(state["stage_update"]),
+        model_dir=local_dir / MODEL_DIR,
+        optimizer_state=optimizer_state,
+        trainer_state=state,
+        rng_states=rng_states,
+    )
+
+
+def checkpoint_steps(store: Store, layout: RunLayout, stage: int, *, complete: bool = True) -> list[int]:
+    """Sorted stage updates of the checkpoints of ``stage`` that are committed (or, with complete=False, not)."""
+    folder = layout.checkpoints_dir(stage)
+    steps = []
+    for name in store.listdir(folder):
+        step = parse_checkpoint_step(name)
+        if step is not None and store.is_complete_dir(layout.checkpoint_dir(stage, step)) == complete:
+            steps.append(step)
+    return sorted(steps)
+
+
+def latest_checkpoint(store: Store, layout: RunLayout, stage: int) -> int | None:
+    """The stage update of the latest committed checkpoint of ``stage``, or None."""
+    steps = checkpoint_steps(store, layout, stage)
+    return steps[-1] if steps else None
+
+
+def prune_checkpoints(store: Store, layout: RunLayout, stage: int, keep: int) -> list[int]:
+    """Delete all but the ``keep`` latest committed checkpoints of ``stage``; returns the deleted steps.
+
+    The marker goes first, so a folder whose deletion is interrupted is an uncommitted one, never a torn
+    committed one.
+    """
+    doomed = checkpoint_steps(store, layout, stage)[:-keep] if keep > 0 else []
+    for step in doomed:
+        rel = layout.checkpoint_dir(stage, step)
+        store.delete(f"{rel}/{COMPLETE_MARKER}")
+        store.delete(rel, recursive=True)
+    return doomed
+
+
+def read_optimizer_state(store: Store, rel: str) -> dict[str, Any]:
+    """Only the optimizer state of the committed checkpoint ``rel``, verified against the marker's sha256.
+
+    Raises:
+        FileNotFoundError: ``rel`` is not a committed checkpoint.
+        mugrpo.storage.ChecksumError: ``optimizer.pt`` differs from the marker's checksum.
+    """
+    if not store.is_complete_dir(rel):
+        raise FileNotFoundError(f"{store.uri(rel)} is not a committed checkpoint")
+    marker = store.read_json(f"{rel}/{COMPLETE_MARKER}")
+    data = store.read_bytes(f"{rel}/{OPTIMIZER_FILE}", expected_sha256=marker["files"][OPTIMIZER_FILE])
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)

@@ -1,0 +1,275 @@
+"""The trainer's data source: committed rollouts read through the generation job's manifest, and a deterministic
+order of minibatches over them.
+
+Minibatch order (design.md, "Resume semantics": same seed -> same data order): the sampling units (single
+responses, or whole groups with ``group_minibatches``) are shuffled once per epoch with a permutation seeded by
+(seed, epoch), and each epoch is cut into ``len(units) // units_per_update`` minibatches (the remainder of an
+epoch is left out, like ``drop_last``; a different remainder each epoch). Update ``u`` therefore draws a
+minibatch that is a pure function of ``(seed, u)``: the data cursor of a checkpoint is just the number of updates
+done plus a fingerprint of the rollout set that checks the data did not change under a resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mugrpo.layout import RunLayout
+from mugrpo.manifest import read_job_manifest
+from mugrpo.storage import Store
+from mugrpo.tables import read_table
+
+#: Rollout columns the trainer reads.
+ROLLOUT_COLUMNS = [
+    "stage",
+    "policy_version",
+    "prompt_id",
+    "sample_idx",
+    "prompt_token_ids",
+    "response_token_ids",
+    "behavior_logprobs",
+    "num_tokens",
+    "reward",
+    "advantage",
+    "zero_variance",
+    "temperature",
+]
+
+
+class RolloutDataError(ValueError):
+    """The committed rollouts cannot be trained on (missing manifest, bad row, nothing left to train on)."""
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One response of a group, as the trainer needs it.
+
+    ``temperature`` is the temperature of the distribution the behavior log-probs are log-probs of: the
+    sampling temperature, or 1.0 for greedy rollouts (T = 0), whose engines report the T = 1 policy
+    (:mod:`mugrpo.engines.base`).
+    """
+
+    stage: int
+    policy_version: int
+    prompt_id: str
+    sample_idx: int
+    prompt_token_ids: list[int]
+    response_token_ids: list[int]
+    behavior_logprobs: list[float]
+    reward: float
+    advantage: float
+    temperature: float
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.response_token_ids)
+
+
+@dataclass
+class RolloutSet:
+    """The rollouts of the stages a training job draws from, sorted by (stage, prompt_id, sample_idx).
+
+    Attributes:
+        rollouts: kept rollouts.
+        groups: row indices of each group (one prompt of one stage), in rollout order.
+        fingerprint: sha256 over the manifests' file checksums and the filter: identifies the data of a resume.
+        counts: rows_read, groups_read, zero_variance_groups_dropped, rows, groups.
+    """
+
+    rollouts: list[Rollout]
+    groups: list[list[int]]
+    fingerprint: str
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def _row_error(where: str, row: dict, message: str) -> RolloutDataError:
+    return RolloutDataError(
+        f"{where}: rollout prompt_id={row['prompt_id']!r} sample_idx={row['sample_idx']}: {message}"
+    )
+
+
+def _to_rollout(row: dict, where: str) -> Rollout:
+    """Validate one rollout row (lengths, finiteness) and convert it."""
+    response, logprobs = row["response_token_ids"], row["behavior_logprobs"]
+    if not len(response) == len(logprobs) == row["num_tokens"]:
+        raise _row_error(
+            where,
+            row,
+            f"{len(response)} response tokens, {len(logprobs)} behavior log-probs and num_tokens={row['num_tokens']} "
+            "must be equal",
+        )
+    if not row["prompt_token_ids"]:
+        raise _row_error(where, row, "empty prompt_token_ids")
+    bad = [i for i, v in enumerate(logprobs) if not math.isfinite(v)]
+    if bad:
+        raise _row_error(where, row, f"behavior_logprobs must be finite; not at token positions {bad[:5]}")
+    for name in ("advantage", "reward"):
+        if not math.isfinite(row[name]):
+            raise _row_error(where, row, f"{name} is {row[name]}")
+    temperature = float(row["temperature"])
+    if not temperature >= 0:
+        raise _row_error(where, row, f"temperature {temperature} is negative")
+    return Rollout(
+        stage=row["stage"],
+        policy_version=row["policy_version"],
+        prompt_id=row["prompt_id"],
+        sample_idx=row["sample_idx"],
+        prompt_token_ids=list(row["prompt_token_ids"]),
+        response_token_ids=list(response),
+        behavior_logprobs=list(logprobs),
+        reward=float(row["reward"]),
+        advantage=float(row["advantage"]),
+        temperature=temperature if temperature > 0 else 1.0,
+    )
+
+
+def load_rollouts(
+    store: Store, run_id: str, stages: list[int], *, skip_zero_variance_groups: bool
+) -> RolloutSet:
+    """Read the committed rollouts of ``stages`` through each stage's generation job manifest.
+
+    Every file is checked against the sha256 the manifest recorded and against the rollout schema and version
+    (:func:`mugrpo.tables.read_table`).
+
+    Raises:
+        RolloutDataError: a stage's generation job has not committed, a row is invalid (named by file, prompt_id
+            and sample_idx), or no rollout is left to train on.
+        mugrpo.tables.SchemaError: a file is not a rollout table of the supported schema version.
+        mugrpo.storage.ChecksumError: a file changed after the manifest was written.
+    """
+    layout = RunLayout(run_id)
+    rows: list[tuple[dict, str]] = []
+    digest = hashlib.sha256(f"skip_zero_variance_groups={skip_zero_variance_groups}".encode())
+    for stage in sorted(set(stages)):
+        manifest = read_job_manifest(store, run_id, stage, "generate")
+        if manifest is None:
+            raise RolloutDataError(
+                f"stage {stage}: the generation job has not committed "
+                f"({store.uri(layout.job_manifest(stage, 'generate'))} does not exist)"
+            )
+        prefix = layout.rel(layout.rollouts_dir(stage)) + "/"
+        for record in sorted(manifest.files, key=lambda r: r.path):
+            if not record.path.startswith(prefix):
+                continue
+            rel = layout.abs(record.path)
+            table = read_table(store, rel, "rollouts", expected_sha256=record.sha256)
+            digest.update(f"{record.path}:{record.sha256}".encode())
+            where = store.uri(rel)
+            rows.extend((row, where) for row in table.select(ROLLOUT_COLUMNS).to_pylist())
+    rows.sort(key=lambda item: (item[0]["stage"], item[0]["prompt_id"], item[0]["sample_idx"]))
+
+    by_group: dict[tuple[int, str], list[tuple[dict, str]]] = {}
+    for row, where in rows:
+        by_group.setdefault((row["stage"], row["prompt_id"]), []).append((row, where))
+    rollouts: list[Rollout] = []
+    groups: list[list[int]] = []
+    dropped = 0
+    for members in by_group.values():
+        if skip_zero_variance_groups and all(row["zero_variance"] for row, _ in members):
+            dropped += 1
+            continue
+        start = len(rollouts)
+        rollouts.extend(_to_rollout(row, where) for row, where in members)
+        groups.append(list(range(start, len(rollouts))))
+    counts = {
+        "rows_read": len(rows),
+        "groups_read": len(by_group),
+        "zero_variance_groups_dropped": dropped,
+        "rows": len(rollouts),
+        "groups": len(groups),
+    }
+    return RolloutSet(rollouts, groups, digest.hexdigest(), counts)
+
+
+class MinibatchOrder:
+    """Which rollouts update ``u`` trains on: a pure function of (seed, u) (see the module docstring).
+
+    Args:
+        units: the sampling units, each a list of rollout indices (one index per unit, or one group per unit).
+        units_per_update: units per minibatch; capped at ``len(units)`` (then every update sees all the data).
+        seed: the data-order seed.
+
+    Raises:
+        RolloutDataError: no units.
+    """
+
+    def __init__(self, units: list[list[int]], units_per_update: int, seed: int):
+        if not units:
+            raise RolloutDataError("no rollouts to train on")
+        self.units = units
+        self.units_per_update = max(1, min(units_per_update, len(units)))
+        self.minibatches_per_epoch = len(units) // self.units_per_update
+        self.seed = seed
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, epoch]))
+        return rng.permutation(len(self.units))
+
+    def position(self, update: int) -> tuple[int, int]:
+        """(epoch, minibatch index within the epoch) of 0-based update ``update``."""
+        return divmod(update, self.minibatches_per_epoch)
+
+    def minibatch(self, update: int) -> list[int]:
+        """Rollout indices of 0-based update ``update``, units in drawn order."""
+        epoch, index = self.position(update)
+        perm = self._permutation(epoch)
+        chosen = perm[index * self.units_per_update : (index + 1) * self.units_per_update]
+        return [i for unit in chosen.tolist() for i in self.units[unit]]
+
+
+def make_minibatch_order(
+    data: RolloutSet, *, rollouts_per_update: int, group_minibatches: bool, seed: int
+) -> MinibatchOrder:
+    """The minibatch order of a training job.
+
+    With ``group_minibatches`` the units are whole groups and a minibatch holds
+    ``max(1, rollouts_per_update // G)`` groups (G the largest group size), as group-wise losses need (ConSPO,
+    arXiv 2605.12969); otherwise the units are single responses.
+    """
+    if group_minibatches:
+        largest = max((len(g) for g in data.groups), default=1)
+        return MinibatchOrder(data.groups, max(1, rollouts_per_update // largest), seed)
+    return MinibatchOrder([[i] for i in range(len(data.rollouts))], rollouts_per_update, seed)
+
+
+def split_minibatch(
+    indices: list[int],
+    data: RolloutSet,
+    *,
+    micro_batch_size: int,
+    rank: int,
+    world_size: int,
+    keep_groups: bool,
+) -> list[list[int]]:
+    """This process's micro-batches of a minibatch.
+
+    Rows (or whole groups with ``keep_groups``) are dealt to the ``world_size`` data-parallel ranks round-robin,
+    then cut into micro-batches of at most ``micro_batch_size`` responses; with ``keep_groups`` a micro-batch
+    holds whole groups (at least one), so a group-wise loss sees each group at once.
+
+    Raises:
+        RolloutDataError: fewer units than ranks (a rank would have nothing to back-propagate).
+    """
+    if keep_groups:
+        group_of = {i: gi for gi, group in enumerate(data.groups) for i in group}
+        units: list[list[int]] = []
+        for i in indices:
+            if units and group_of[units[-1][-1]] == group_of[i]:
+                units[-1].append(i)
+            else:
+                units.append([i])
+    else:
+        units = [[i] for i in indices]
+    if len(units) < world_size:
+        raise RolloutDataError(f"a minibatch of {len(units)} units cannot be split over {world_size} processes")
+    mine = units[rank::world_size]
+    micro: list[list[int]] = []
+    for unit in mine:
+        if micro and len(micro[-1]) + len(unit) <= micro_batch_size:
+            micro[-1].extend(unit)
+        else:
+            micro.append(list(unit))
+    return micro

@@ -1,0 +1,83 @@
+"""The policy as the trainer calls it: token log-probs of the responses, without full-vocabulary logits.
+
+:class:`PolicyTokenLogprobs` wraps an HF causal LM so that one ``forward`` goes through the wrapper that
+accelerate prepares (DDP hooks, FSDP unsharding). It runs the decoder to the final hidden states, keeps only the
+states that predict response tokens, and projects them through the LM head chunk by chunk
+(:func:`mugrpo.logprobs.token_logprobs_from_hidden`), so no [B, L, V] fp32 logits exist.
+
+No attention mask is passed: sequences are right-padded and attention is causal, so a real token never attends
+to padding (padding comes after it) and the padded positions' outputs are never read. This keeps attention on
+the causal fast path (SDPA ``is_causal``) instead of a materialized [B, 1, L, L] mask.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+from mugrpo.logprobs import token_logprobs_from_hidden
+from mugrpo.trainer.batch import TokenBatch
+
+
+class PolicyTokenLogprobs(nn.Module):
+    """``forward(batch) -> (logprobs [B, R], entropy [B, R])`` of a causal LM policy.
+
+    Args:
+        policy: HF causal LM with ``get_decoder()`` (hidden states after the final norm) and an output embedding
+            without bias (Llama, Qwen2, SmolLM2, ...). Tied embeddings are fine.
+        chunk_size: tokens per chunk of the LM-head projection + log-softmax.
+
+    Raises:
+        ValueError: the LM head has a bias (not supported by the chunked log-softmax).
+    """
+
+    def __init__(self, policy: PreTrainedModel, chunk_size: int = 1024):
+        super().__init__()
+        head = policy.get_output_embeddings()
+        if getattr(head, "bias", None) is not None:
+            raise ValueError(f"{type(policy).__name__}'s LM head has a bias; the chunked log-softmax needs none")
+        self.policy = policy
+        self.chunk_size = chunk_size
+
+    def forward(self, batch: TokenBatch, return_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (and entropies) of ``batch.response_ids`` under softmax(logits / T_i) of each row i.
+
+        Returns:
+            logprobs [B, R] fp32 (differentiable), entropy [B, R] fp32 detached in nats, or None. Values at
+            padding positions are finite but meaningless: mask them with ``batch.response_mask``.
+        """
+        hidden = self.policy.get_decoder()(
+            input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False
+        ).last_hidden_state
+        index = batch.response_index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
+        response_hidden = hidden.gather(1, index)  # [B, R, H]
+        weight = self.policy.get_output_embeddings().weight
+        temps = batch.temperatures.tolist()
+        if len(set(temps)) == 1:
+            logprobs, entropy = token_logprobs_from_hidden(
+                response_hidden,
+                weight,
+                batch.response_ids,
+                chunk_size=self.chunk_size,
+                temperature=temps[0],
+                return_entropy=return_entropy,
+            )
+            return logprobs, entropy.detach() if entropy is not None else None
+        # Rows sampled at different temperatures (AGPO's per-prompt temperature): one call per temperature.
+        logprobs = response_hidden.new_zeros(batch.response_ids.shape, dtype=torch.float32)
+        entropy = torch.zeros_like(logprobs) if return_entropy else None
+        for temp in sorted(set(temps)):
+            rows = torch.tensor([i for i, t in enumerate(temps) if t == temp], device=hidden.device)
+            lp, ent = token_logprobs_from_hidden(
+                response_hidden.index_select(0, rows),
+                weight,
+                batch.response_ids.index_select(0, rows),
+                chunk_size=self.chunk_size,
+                temperature=temp,
+                return_entropy=return_entropy,
+            )
+            logprobs = logprobs.index_copy(0, rows, lp)
+            if entropy is not None:
+                entropy = entropy.index_copy(0, rows, ent.detach())
+        return logprobs, entropy

@@ -1,0 +1,419 @@
+"""The training job of one stage, end to end: data, policy, resume, updates, checkpoints, publication, manifest.
+
+Order of commits (each step's files are complete before the next one starts)::
+
+    per checkpoint n:  train_steps part n  ->  checkpoints/stage=k/step=n (marker last)  ->  prune older ones
+    at the end:        policies/stage=k+1 (marker last)  ->  jobs/stage=k/train.manifest.json (the job's commit)
+
+A re-run with the job manifest and the published policy present does nothing; otherwise it resumes from the latest
+committed checkpoint with the same data order, optimizer, LR schedule and RNG state, so on CPU its final weights
+are bitwise those of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import gather_object, set_seed
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+
+from mugrpo.jobs.common import console, derive_seed, local_policy_dir, since_start
+from mugrpo.layout import RunLayout
+from mugrpo.manifest import read_job_manifest, write_job_manifest
+from mugrpo.models import load_policy, load_tokenizer
+from mugrpo.storage import COMPLETE_MARKER, Store
+from mugrpo.trainer.batch import TokenBatch, collate
+from mugrpo.trainer.checkpoint import (
+    capture_rng_state,
+    latest_checkpoint,
+    prune_checkpoints,
+    read_checkpoint,
+    read_optimizer_state,
+    restore_rng_state,
+    write_checkpoint,
+)
+from mugrpo.trainer.data import RolloutSet, load_rollouts, make_minibatch_order, split_minibatch
+from mugrpo.trainer.forward import PolicyTokenLogprobs
+from mugrpo.trainer.optim import build_lr_schedule, build_optimizer
+from mugrpo.trainer.records import delete_parts_after, read_steps, train_step_row, write_steps_part
+from mugrpo.trainer.spec import TrainSpec
+from mugrpo.trainer.step import NonFiniteError, train_update
+from schemas import FileRecord, JobManifest
+
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+_POLICY_PREFIX = "policy."
+
+
+def nonfinite_report_path(layout: RunLayout, stage: int) -> str:
+    """Where a stopped job records the update and prompt ids of a NaN/inf minibatch."""
+    return f"{layout.jobs_dir(stage)}/train.nonfinite.json"
+
+
+def _policy_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Full (unsharded, CPU) state dict of the wrapped policy with HF parameter names (collective under FSDP)."""
+    state = get_model_state_dict(model, options=_FULL)
+    return {k[len(_POLICY_PREFIX) :]: v for k, v in state.items() if k.startswith(_POLICY_PREFIX)}
+
+
+def _inner(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    return getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps the real one
+
+
+def _save_hf_dir(policy, state: dict[str, torch.Tensor], dest: Path, tokenizer=None) -> None:
+    policy.save_pretrained(dest, state_dict=state)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(dest)
+
+
+def _copy_committed_dir(store: Store, src_rel: str, dest_rel: str, meta: dict) -> dict[str, str]:
+    """Re-commit the committed folder ``src_rel`` at ``dest_rel`` (files verified, marker last)."""
+    tmp = Path(tempfile.mkdtemp(prefix="mugrpo-copy-"))
+    try:
+        store.download_dir(src_rel, tmp)
+        return store.upload_dir(tmp, dest_rel, meta=meta)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _file_records(store: Store, layout: RunLayout, rel_dir: str) -> list[FileRecord]:
+    marker = store.read_json(f"{rel_dir}/{COMPLETE_MARKER}")
+    return [
+        FileRecord(path=layout.rel(f"{rel_dir}/{name}"), sha256=digest, bytes=store.size(f"{rel_dir}/{name}"))
+        for name, digest in sorted(marker["files"].items())
+    ]
+
+
+@torch.no_grad()
+def recompute_logprobs(
+    model: PolicyTokenLogprobs, data: RolloutSet, batch_size: int, pad_token_id: int, device: torch.device
+) -> list[torch.Tensor]:
+    """Teacher-forced log-probs of every rollout's response under ``model`` (one [num_tokens] fp32 CPU tensor each):
+    the trainer's own behavior log-probs, for ``recompute_behavior_logprobs`` and truncated IS (``loss.tis_cap``)."""
+    out: list[torch.Tensor] = []
+    for start in range(0, len(data.rollouts), batch_size):
+        chunk = data.rollouts[start : start + batch_size]
+        batch = collate(chunk, [0] * len(chunk), pad_token_id).to(device)
+        logprobs, _ = model(batch, return_entropy=False)
+        out.extend(logprobs[i, : r.num_tokens].float().cpu() for i, r in enumerate(chunk))
+    return out
+
+
+def _pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
+    padded = torch.zeros(len(rows), width, dtype=torch.float32)
+    for i, row in enumerate(rows):
+        padded[i, : row.numel()] = row
+    return padded
+
+
+def _print_summary(spec: TrainSpec, steps, t_switch: float, t_train: float, t_total: float) -> None:
+    table = Table(title=f"train stage {spec.stage}: {steps.num_rows} updates")
+    table.add_column("metric")
+    table.add_column("first", justify="right")
+    table.add_column("last", justify="right")
+    if steps.num_rows:
+        cols = steps.to_pydict()
+        for name in ("loss", "ratio_mean", "ratio_max", "clip_frac_high", "veto_token_frac", "approx_kl_behavior",
+                     "entropy", "grad_norm", "lr", "tokens_per_second"):
+            first, last = cols[name][0], cols[name][-1]
+            table.add_row(name, "-" if first is None else f"{first:.4g}", "-" if last is None else f"{last:.4g}")
+    console.print(table)
+    console.print(f"timings: switch {t_switch:.1f}s, train {t_train:.1f}s, total {t_total:.1f}s")
+
+
+def run_training(spec: TrainSpec) -> JobManifest:
+    """Run (or resume, or skip when already committed) the training job of ``spec.stage``.
+
+    Returns:
+        The job manifest (``jobs/stage=k/train.manifest.json``).
+
+    Raises:
+        NonFiniteError: NaN/inf loss or gradient; the prompt ids are also written to
+            :func:`nonfinite_report_path` and no checkpoint is written for the failed update.
+        mugrpo.trainer.data.RolloutDataError, mugrpo.tables.SchemaError, mugrpo.storage.ChecksumError: bad rollouts.
+        ValueError: a checkpoint made for other data or another LR schedule.
+    """
+    t_start = since_start()
+    store, layout = spec.store(), RunLayout(spec.run_id)
+    train = spec.train
+    done = read_job_manifest(store, spec.run_id, spec.stage, "train")
+    if done is not None and store.is_complete_dir(spec.output_policy_dir):
+        console.print(f"train stage {spec.stage}: already committed ({done.counts.get('updates', 0)} updates)")
+        return done
+
+    accelerator = Accelerator(mixed_precision=train.mixed_precision)
+    main = accelerator.is_main_process
+    data = load_rollouts(
+        store, spec.run_id, spec.rollout_stages, skip_zero_variance_groups=train.skip_zero_variance_groups
+    )
+    console.print(f"train stage {spec.stage}: rollouts {data.counts}")
+    if not data.rollouts:
+        return _finish_without_updates(spec, store, layout, data, t_start)
+    order = make_minibatch_order(
+        data,
+        rollouts_per_update=train.rollouts_per_update,
+        group_minibatches=train.group_minibatches,
+        seed=derive_seed(spec.seed, spec.stage, "train-data-order"),
+    )
+    group_of = {i: g for g, members in enumerate(data.groups) for i in members}
+    total = train.updates_per_stage
+
+    workdir = Path(tempfile.mkdtemp(prefix=f"mugrpo-train-{spec.stage}-"))
+    try:
+        behavior_dir = local_policy_dir(store, spec.policy_dir)
+        tokenizer = load_tokenizer(behavior_dir)
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        start_step = latest_checkpoint(store, layout, spec.stage)
+        ckpt = None
+        if start_step is not None:
+            ckpt = read_checkpoint(store, layout.checkpoint_dir(spec.stage, start_step), workdir / "resume")
+            if ckpt.trainer_state["data_fingerprint"] != data.fingerprint:
+                raise ValueError(
+                    f"checkpoint {store.uri(layout.checkpoint_dir(spec.stage, start_step))} was made for other "
+                    "rollouts (data fingerprint differs); delete the stage's checkpoints to start over"
+                )
+
+        # The trainer's behavior log-probs (mismatch correction) come from the behavior policy, also on resume.
+        trainer_behavior: list[torch.Tensor] | None = None
+        policy, _ = load_policy(behavior_dir)
+        if train.recompute_behavior_logprobs or spec.loss.tis_cap is not None:
+            probe = PolicyTokenLogprobs(policy.to(accelerator.device).eval(), train.logprob_chunk_size)
+            trainer_behavior = recompute_logprobs(probe, data, train.micro_batch_size, pad_id, accelerator.device)
+            if train.recompute_behavior_logprobs:
+                data.rollouts = [
+                    dataclasses.replace(r, behavior_logprobs=lp.tolist())
+                    for r, lp in zip(data.rollouts, trainer_behavior, strict=True)
+                ]
+                trainer_behavior = None
+        if ckpt is not None:
+            policy, _ = load_policy(ckpt.model_dir)
+        policy.config.use_cache = False
+        if train.gradient_checkpointing:
+            policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        policy.train()
+        model = PolicyTokenLogprobs(policy, train.logprob_chunk_size)
+        optimizer = build_optimizer(model.parameters(), train)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        schedule = build_lr_schedule(train, spec.total_updates)
+
+        if ckpt is not None:
+            set_optimizer_state_dict(model, _inner(optimizer), ckpt.optimizer_state, options=_FULL)
+            schedule.load_state_dict(ckpt.trainer_state["lr_schedule"])
+            restore_rng_state(ckpt.rng_states[accelerator.process_index])
+            console.print(f"train stage {spec.stage}: resuming after update {start_step} of {total}")
+        else:
+            start_step = 0
+            set_seed(derive_seed(spec.seed, spec.stage, "train-rng") % 2**32)
+            previous = latest_checkpoint(store, layout, spec.stage - 1) if spec.stage > 0 else None
+            if spec.carry_optimizer_state and previous is not None:
+                prev_rel = layout.checkpoint_dir(spec.stage - 1, previous)
+                set_optimizer_state_dict(model, _inner(optimizer), read_optimizer_state(store, prev_rel), options=_FULL)
+                console.print(f"train stage {spec.stage}: AdamW moments carried over from {store.uri(prev_rel)}")
+        reference = None
+        if spec.loss.kl_coef > 0:
+            ref_policy, _ = load_policy(local_policy_dir(store, spec.reference_policy_dir))
+            reference = PolicyTokenLogprobs(ref_policy.requires_grad_(False), train.logprob_chunk_size)
+            reference = reference.to(accelerator.device).eval()
+        t_switch = since_start()
+
+        if main:
+            delete_parts_after(store, layout, spec.stage, start_step)
+        unwrapped_policy = accelerator.unwrap_model(model).policy
+        pending: list[dict] = []
+        t0 = time.monotonic()
+        with Progress(
+            TextColumn(f"[bold]train[/bold] stage {spec.stage}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("updates  loss {task.fields[loss]:+.4f}  {task.fields[tps]:.0f} tok/s"),
+            TimeElapsedColumn(),
+            console=console,
+            disable=not main,
+        ) as bar:
+            task = bar.add_task("train", total=total, completed=start_step, loss=0.0, tps=0.0)
+            for u in range(start_step + 1, total + 1):
+                indices = order.minibatch(u - 1)
+                micro = split_minibatch(
+                    indices,
+                    data,
+                    micro_batch_size=train.micro_batch_size,
+                    rank=accelerator.process_index,
+                    world_size=accelerator.num_processes,
+                    keep_groups=train.group_minibatches,
+                )
+                batches: list[TokenBatch] = [
+                    collate([data.rollouts[i] for i in mb], [group_of[i] for i in mb], pad_id) for mb in micro
+                ]
+                tis = None
+                if trainer_behavior is not None:
+                    tis = [
+                        _pad_rows([trainer_behavior[i] for i in mb], b.response_ids.shape[1])
+                        for mb, b in zip(micro, batches, strict=True)
+                    ]
+                rollouts = [data.rollouts[i] for i in indices]
+                lr = schedule.apply(optimizer, spec.policy_version + u)
+                try:
+                    result = train_update(
+                        accelerator,
+                        model,
+                        optimizer,
+                        batches,
+                        spec.loss,
+                        global_num_tokens=sum(r.num_tokens for r in rollouts),
+                        global_num_seqs=sum(1 for r in rollouts if r.num_tokens),
+                        max_grad_norm=train.max_grad_norm,
+                        max_response_len=spec.max_response_len,
+                        reference=reference,
+                        trainer_behavior_logprobs=tis,
+                    )
+                except NonFiniteError as e:
+                    if main:
+                        store.write_json(
+                            nonfinite_report_path(layout, spec.stage),
+                            {
+                                "stage": spec.stage,
+                                "stage_update": u,
+                                "update": spec.policy_version + u,
+                                "what": e.what,
+                                "value": str(e.value),
+                                "prompt_ids": sorted({r.prompt_id for r in rollouts}),
+                                "last_checkpoint": latest_checkpoint(store, layout, spec.stage),
+                                "created_at": datetime.now(UTC).isoformat(),
+                            },
+                        )
+                    raise
+                pending.append(
+                    train_step_row(
+                        run_id=spec.run_id,
+                        stage=spec.stage,
+                        stage_update=u,
+                        policy_version=spec.policy_version,
+                        metrics=result.metrics,
+                        grad_norm=result.grad_norm,
+                        lr=lr,
+                        num_sequences=len(rollouts),
+                        num_tokens=result.num_tokens,
+                        seconds=result.seconds,
+                        staleness=spec.policy_version + u - 1 - min(r.policy_version for r in rollouts),
+                        mean_reward=sum(r.reward for r in rollouts) / len(rollouts),
+                    )
+                )
+                bar.update(task, completed=u, loss=result.metrics.get("loss", 0.0),
+                           tps=pending[-1]["tokens_per_second"])
+                if u % train.checkpoint_every == 0 or u == total:
+                    _checkpoint(spec, store, layout, accelerator, model, optimizer, unwrapped_policy, tokenizer,
+                                schedule, data, u, pending)
+                    pending = []
+        t_train = time.monotonic() - t0
+
+        # Publish the policy of the next stage, then commit the job.
+        state = _policy_state_dict(model)
+        if main and not store.is_complete_dir(spec.output_policy_dir):
+            out = workdir / "policy"
+            _save_hf_dir(unwrapped_policy, state, out, tokenizer)
+            meta = {"stage": spec.stage + 1, "policy_version": spec.policy_version + total}
+            store.upload_dir(out, spec.output_policy_dir, meta=meta)
+        accelerator.wait_for_everyone()
+        manifest = None
+        if main:
+            steps, part_records = read_steps(store, layout, spec.stage)
+            if steps.num_rows != total or steps.column("stage_update").to_pylist() != list(range(1, total + 1)):
+                raise RuntimeError(
+                    f"train_steps of stage {spec.stage} hold updates {steps.column('stage_update').to_pylist()}, "
+                    f"expected 1..{total}"
+                )
+            cols = steps.to_pydict()
+            manifest = JobManifest(
+                run_id=spec.run_id,
+                stage=spec.stage,
+                job="train",
+                created_at=datetime.now(UTC),
+                files=part_records + _file_records(store, layout, spec.output_policy_dir),
+                counts={
+                    "updates": total,
+                    "policy_version": spec.policy_version + total,
+                    "tokens": int(sum(cols["num_tokens"])),
+                    "resumed_from": start_step,
+                    **data.counts,
+                },
+                metrics={
+                    "final_loss": float(cols["loss"][-1]),
+                    "mean_ratio_mean": float(sum(cols["ratio_mean"]) / total),
+                    "max_ratio_max": float(max(cols["ratio_max"])),
+                    "mean_veto_token_frac": float(sum(cols["veto_token_frac"]) / total),
+                    "mean_tokens_per_second": float(sum(cols["num_tokens"]) / max(sum(cols["seconds"]), 1e-9)),
+                },
+                timings={"switch": t_switch, "train": t_train, "total": since_start()},
+            )
+            write_job_manifest(store, manifest)
+            _print_summary(spec, steps, t_switch, t_train, since_start())
+        accelerator.wait_for_everyone()
+        return manifest
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _checkpoint(
+    spec, store, layout, accelerator, model, optimizer, unwrapped_policy, tokenizer, schedule, data, step, rows
+):
+    """Commit the train_steps part of updates since the last checkpoint, then the checkpoint of ``step``."""
+    model_state = _policy_state_dict(model)
+    optimizer_state = get_optimizer_state_dict(model, _inner(optimizer), options=_FULL)
+    rng = capture_rng_state()
+    rng_states = gather_object([rng]) if accelerator.num_processes > 1 else [rng]
+    if accelerator.is_main_process:
+        write_steps_part(store, layout, spec.stage, step, rows)
+        write_checkpoint(
+            store,
+            layout.checkpoint_dir(spec.stage, step),
+            save_model=lambda dest: _save_hf_dir(unwrapped_policy, model_state, dest, tokenizer),
+            optimizer_state=optimizer_state,
+            trainer_state={
+                "stage": spec.stage,
+                "stage_update": step,
+                "global_update": spec.policy_version + step,
+                "data_fingerprint": data.fingerprint,
+                "data_cursor": {"next_update": step + 1, "rollouts": len(data.rollouts)},
+                "lr_schedule": schedule.state_dict(),
+            },
+            rng_states=rng_states,
+        )
+        prune_checkpoints(store, layout, spec.stage, spec.keep_checkpoints)
+    accelerator.wait_for_everyone()
+
+
+def _finish_without_updates(spec: TrainSpec, store: Store, layout: RunLayout, data: RolloutSet, t_start: float):
+    """No trainable rollout (every group zero-variance): publish the behavior policy unchanged, commit 0 updates."""
+    console.print(
+        f"[yellow]train stage {spec.stage}: no trainable rollouts ({data.counts}); the policy is published "
+        "unchanged[/yellow]"
+    )
+    if not store.is_complete_dir(spec.output_policy_dir):
+        _copy_committed_dir(
+            store, spec.policy_dir, spec.output_policy_dir,
+            meta={"stage": spec.stage + 1, "policy_version": spec.policy_version},
+        )
+    manifest = JobManifest(
+        run_id=spec.run_id,
+        stage=spec.stage,
+        job="train",
+        created_at=datetime.now(UTC),
+        files=_file_records(store, layout, spec.output_policy_dir),
+        counts={"updates": 0, "policy_version": spec.policy_version, **data.counts},
+        timings={"switch": 0.0, "train": 0.0, "total": since_start() - t_start},
+    )
+    write_job_manifest(store, manifest)
+    return manifest

@@ -1,0 +1,110 @@
+"""AdamW and the learning-rate schedule (linear warmup, then constant, cosine or linear decay).
+
+The learning rate is a pure function of the global update index, so a resumed job recomputes it exactly; the
+schedule's state (the last update it set) is still saved in checkpoints to check that.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+import torch
+
+from mugrpo.config import TrainSection
+
+#: name -> multiplier(progress in [0, 1)) after warmup.
+LR_SCHEDULES: dict[str, Callable[[float], float]] = {}
+
+
+def register_lr_schedule(name: str) -> Callable[[Callable[[float], float]], Callable[[float], float]]:
+    """Decorator adding a post-warmup LR multiplier ``f(progress) -> factor`` under ``name``."""
+
+    def add(fn: Callable[[float], float]) -> Callable[[float], float]:
+        LR_SCHEDULES[name] = fn
+        return fn
+
+    return add
+
+
+@register_lr_schedule("constant")
+def _constant(progress: float) -> float:
+    return 1.0
+
+
+@register_lr_schedule("cosine")
+def _cosine(progress: float) -> float:
+    """Cosine decay to 0 (Loshchilov & Hutter, SGDR, arXiv 1608.03983, Eq. 5 with eta_min = 0)."""
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+@register_lr_schedule("linear")
+def _linear(progress: float) -> float:
+    return 1.0 - progress
+
+
+class LRSchedule:
+    """lr(u) for global update u (1-based).
+
+    lr(u) = lr * u / warmup for u <= warmup (linear warmup, the first update already has a non-zero lr), then
+    lr * f((u - 1 - warmup) / (total - warmup)) with f the named schedule, so the first update after warmup runs
+    at the full lr and the decay reaches 0 just after the last update.
+
+    Args:
+        base_lr: peak learning rate.
+        warmup_updates: warmup length in updates (0 = none).
+        total_updates: horizon of the decay (updates of the whole run).
+        name: a key of :data:`LR_SCHEDULES`.
+
+    Raises:
+        ValueError: unknown name.
+    """
+
+    def __init__(self, base_lr: float, warmup_updates: int, total_updates: int, name: str):
+        if name not in LR_SCHEDULES:
+            raise ValueError(f"unknown lr_schedule {name!r}; known: {', '.join(sorted(LR_SCHEDULES))}")
+        self.base_lr, self.warmup, self.total, self.name = base_lr, warmup_updates, max(1, total_updates), name
+        self.last_update = 0
+
+    def lr(self, update: int) -> float:
+        """Learning rate of 1-based global update ``update``."""
+        if update <= self.warmup:
+            return self.base_lr * update / self.warmup
+        span = max(1, self.total - self.warmup)
+        progress = min(max((update - 1 - self.warmup) / span, 0.0), 1.0)
+        return self.base_lr * LR_SCHEDULES[self.name](progress)
+
+    def apply(self, optimizer: torch.optim.Optimizer, update: int) -> float:
+        """Set the lr of every param group for ``update``; returns it."""
+        lr = self.lr(update)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        self.last_update = update
+        return lr
+
+    def state_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "base_lr": self.base_lr,
+            "warmup": self.warmup,
+            "total": self.total,
+            "last_update": self.last_update,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore the position; raises ValueError if the saved schedule differs from this one."""
+        mine = self.state_dict()
+        diff = {k: (state.get(k), mine[k]) for k in ("name", "base_lr", "warmup", "total") if state.get(k) != mine[k]}
+        if diff:
+            raise ValueError(f"checkpoint LR schedule differs from the spec's (saved, spec): {diff}")
+        self.last_update = int(state["last_update"])
+
+
+def build_optimizer(params: Iterable[torch.nn.Parameter], train: TrainSection) -> torch.optim.AdamW:
+    """AdamW (Loshchilov & Hutter, arXiv 1711.05101) over ``params`` with the section's lr, betas and decay."""
+    return torch.optim.AdamW(params, lr=train.lr, betas=tuple(train.betas), weight_decay=train.weight_decay)
+
+
+def build_lr_schedule(train: TrainSection, total_updates: int) -> LRSchedule:
+    """The LR schedule of ``train`` over ``total_updates`` global updates."""
+    return LRSchedule(train.lr, train.warmup_updates, total_updates, train.lr_schedule)

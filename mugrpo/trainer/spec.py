@@ -1,0 +1,101 @@
+"""The training job's spec: everything ``python -m mugrpo.jobs.train SPEC`` needs, as one JSON document."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from mugrpo.config import Config, TrainSection
+from mugrpo.jobs.common import JobSpec
+from mugrpo.layout import RunLayout
+from mugrpo.losses.config import PolicyLossConfig
+
+
+class TrainSpec(JobSpec):
+    """The training job of one stage (design.md, "Shape"): many optimizer updates on a static rollout set.
+
+    Staleness (Mu-GRPO, arXiv 2605.17570: mu = updates per rollout refresh) of stage update u (1-based) is the
+    number of optimizer updates between the policy that sampled a rollout and the policy being updated:
+    ``(policy_version + u - 1) - rollout.policy_version``; for this stage's own rollouts that is ``u - 1``.
+    """
+
+    policy_version: int = Field(
+        ge=0, description="Global optimizer updates done before this stage (the behavior policy's version)."
+    )
+    policy_dir: str | None = Field(
+        None, description="Store path of the behavior policy (HF dir); None = policies/stage={stage}."
+    )
+    output_policy_dir: str | None = Field(
+        None, description="Store path the trained policy is published to; None = policies/stage={stage + 1}."
+    )
+    rollout_stages: list[int] = Field(
+        default_factory=list,
+        description="Stages whose rollouts to train on; empty = [stage]. More than one stage is the data source a "
+        "rollout-level replay buffer draws from (arXiv 2606.04560).",
+    )
+    reference_policy_dir: str | None = Field(
+        None,
+        description="Store path of the reference policy of the KL penalty; loaded only when loss.kl_coef > 0. "
+        "None = policies/stage=0 (the initial policy, as in GRPO, arXiv 2402.03300).",
+    )
+    max_response_len: int | None = Field(
+        None, ge=1, description="Dr. GRPO's constant normalizer (arXiv 2503.20783): the sampler's max_new_tokens."
+    )
+    total_updates: int | None = Field(
+        None,
+        ge=1,
+        description="Updates of the whole run, the horizon of the cosine/linear LR schedule; None = "
+        "policy_version + train.updates_per_stage (the schedule ends with this stage).",
+    )
+    carry_optimizer_state: bool = Field(
+        True,
+        description="Start AdamW's moments from the previous stage's final checkpoint, so a staged run optimizes "
+        "like one continuous run (verl keeps its optimizer across steps); falls back to fresh moments when that "
+        "checkpoint is gone.",
+    )
+    keep_checkpoints: int = Field(1, ge=1, description="Complete checkpoints kept per stage (older ones deleted).")
+    train: TrainSection = Field(default_factory=TrainSection)
+    loss: PolicyLossConfig = Field(default_factory=PolicyLossConfig)
+
+    @model_validator(mode="after")
+    def _defaults(self) -> TrainSpec:
+        layout = RunLayout(self.run_id)
+        if not self.rollout_stages:
+            self.rollout_stages = [self.stage]
+        bad = [s for s in self.rollout_stages if not 0 <= s <= self.stage]
+        if bad:
+            raise ValueError(f"rollout_stages {bad} must lie in [0, stage={self.stage}]")
+        if self.policy_dir is None:
+            self.policy_dir = layout.policy_dir(self.stage)
+        if self.output_policy_dir is None:
+            self.output_policy_dir = layout.policy_dir(self.stage + 1)
+        if self.reference_policy_dir is None:
+            self.reference_policy_dir = layout.policy_dir(0)
+        if self.total_updates is None:
+            self.total_updates = self.policy_version + self.train.updates_per_stage
+        if self.train.micro_batch_size > self.train.rollouts_per_update:
+            raise ValueError(
+                f"train.micro_batch_size ({self.train.micro_batch_size}) must be <= train.rollouts_per_update "
+                f"({self.train.rollouts_per_update})"
+            )
+        if self.train.recompute_behavior_logprobs and self.rollout_stages != [self.stage]:
+            raise ValueError(
+                "train.recompute_behavior_logprobs recomputes with this stage's behavior policy, so rollout_stages "
+                f"must be [{self.stage}], got {self.rollout_stages}"
+            )
+        return self
+
+    @classmethod
+    def from_config(cls, cfg: Config, stage: int, policy_version: int) -> TrainSpec:
+        """The training spec of stage ``stage`` of run config ``cfg``; the LR schedule spans all stages."""
+        return cls(
+            root=cfg.run.root,
+            storage_options=cfg.run.storage_options,
+            run_id=cfg.run.id,
+            stage=stage,
+            seed=cfg.run.seed,
+            policy_version=policy_version,
+            max_response_len=cfg.generation.sampling.max_new_tokens,
+            total_updates=cfg.run.num_stages * cfg.train.updates_per_stage,
+            train=cfg.train,
+            loss=cfg.loss,
+        )
