@@ -217,8 +217,9 @@ def _summary(rows: list[dict]) -> dict[str, float]:
         "mean_response_tokens": float(np.mean([r["num_tokens"] for r in rows])),
         "length_finish_frac": float(np.mean([r["finish_reason"] == "length" for r in rows])),
     }
-    for name in rows[0]["reward_components"]:
-        metrics[f"mean_{name}"] = float(np.mean([dict(r["reward_components"])[name] for r in rows]))
+    components = [dict(r["reward_components"]) for r in rows]  # Arrow maps read back as (key, value) pairs
+    for name in components[0]:
+        metrics[f"mean_{name}"] = float(np.mean([c[name] for c in components]))
     return metrics
 
 

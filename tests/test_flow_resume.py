@@ -1,0 +1,154 @@
+"""Acceptance for resume (issue 5): a 2-stage tiny run whose whole flow process tree is SIGKILLed at six points
+(during generation, during training, between stages, during the stage manifest write, during stage-1 generation,
+during the final evaluation) and re-run each time completes with exact rollout counts, no duplicated
+(stage, prompt_id, sample_idx), and final weights bitwise equal to an uninterrupted run's.
+
+Runs the real CLI (`mugrpo run`), real Prefect flows on a real local Prefect server, real job subprocesses.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from _prefect import prefect_server  # noqa: F401  (fixture)
+from safetensors.torch import load_file
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+RUN = "tiny"
+
+pytestmark = pytest.mark.slow
+
+
+def tiny_config(root: Path, model_dir: Path) -> dict:
+    return {
+        "run": {"id": RUN, "root": str(root), "seed": 5, "num_stages": 2},
+        "model": {"source": str(model_dir), "max_context": 512},
+        "data": {"train": {"name": "gsm8k", "path": str(DATA / "gsm8k/train.jsonl"), "answer_kind": "gsm8k",
+                           "limit": 40}},
+        "generation": {"prompts_per_stage": 4, "shard_size": 2,
+                       "sampling": {"temperature": 1.0, "max_new_tokens": 6, "n": 2}},
+        "reward": {"components": {"math_correctness": 1.0, "format": 0.5}, "num_workers": 1},
+        "train": {"updates_per_stage": 3, "rollouts_per_update": 4, "micro_batch_size": 2, "checkpoint_every": 1,
+                  "skip_zero_variance_groups": False, "lr": 1e-3},
+        "eval": {"every_stage": False, "benchmarks": [
+            {"dataset": {"name": "gsm8k", "path": str(DATA / "gsm8k/test.jsonl"), "answer_kind": "gsm8k"},
+             "num_prompts": 2, "max_new_tokens": 4}]},
+        "orchestration": {"retries": 0},
+    }
+
+
+def descendants(pid: int) -> list[int]:
+    """All descendant pids of ``pid`` (from /proc), deepest last."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for c in children.get(p, []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the flow process and every process under it (jobs run in their own sessions)."""
+    for pid in [proc.pid, *descendants(proc.pid)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=60)
+
+
+def start_run(config_path: Path, env: dict, log: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "mugrpo.cli", "run", str(config_path)], env=env,
+                            stdout=log.open("ab"), stderr=subprocess.STDOUT)
+
+
+def wait_for(proc: subprocess.Popen, cond, what: str, log: Path, timeout: float = 900) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if proc.poll() is not None:
+            pytest.fail(f"run ended (code {proc.returncode}) before {what}:\n{log.read_text()[-4000:]}")
+        if time.monotonic() > deadline:
+            kill_tree(proc)
+            pytest.fail(f"timed out waiting for {what}:\n{log.read_text()[-4000:]}")
+        time.sleep(0.05)
+
+
+def final_weights(root: Path) -> dict:
+    return load_file(str(root / RUN / "policies" / "stage=2" / "model.safetensors"))
+
+
+def rollout_keys(root: Path) -> Counter:
+    keys: Counter = Counter()
+    for f in sorted((root / RUN / "rollouts").rglob("shard=*.parquet")):
+        t = pq.read_table(f, columns=["prompt_id", "sample_idx"])
+        stage = int(f.parent.name.split("=")[1])
+        keys.update((stage, p, s) for p, s in zip(t["prompt_id"].to_pylist(), t["sample_idx"].to_pylist(), strict=True))
+    return keys
+
+
+def test_sigkill_at_six_points_then_resume_matches_uninterrupted(tmp_path, tiny_model_dir, prefect_server):
+    env = {**os.environ, "PREFECT_API_URL": prefect_server, "PYTHONUNBUFFERED": "1"}
+
+    ref_root = tmp_path / "ref"
+    ref_cfg = tmp_path / "ref.yaml"
+    ref_cfg.write_text(yaml.safe_dump(tiny_config(ref_root, tiny_model_dir)))
+    log = tmp_path / "ref.log"
+    proc = start_run(ref_cfg, env, log)
+    assert proc.wait(timeout=1800) == 0, log.read_text()[-4000:]
+    reference = final_weights(ref_root)
+
+    root = tmp_path / "killed"
+    cfg = tmp_path / "killed.yaml"
+    cfg.write_text(yaml.safe_dump(tiny_config(root, tiny_model_dir)))
+    run = root / RUN
+    kill_points = [
+        ("during generation", lambda: (run / "rollouts/stage=0/shard=00000.parquet").exists(), {}),
+        ("during training", lambda: (run / "checkpoints/stage=0/step=000001/_COMPLETE").exists(), {}),
+        ("between stages", lambda: (run / "stages/stage=0.json").exists(), {}),
+        ("during stage-1 generation", lambda: (run / "rollouts/stage=1/shard=00000.parquet").exists(), {}),
+        ("during the stage manifest write",
+         lambda: any(p.name.startswith(".stage=1.json.tmp-") for p in (run / "stages").glob(".*")),
+         {"MUGRPO_FAULT_PAUSE": "stages/stage=1.json:60"}),
+        ("during the final evaluation", lambda: (run / "jobs/stage=2/eval.spec.json").exists(), {}),
+    ]
+    log = tmp_path / "killed.log"
+    for what, cond, extra in kill_points:
+        proc = start_run(cfg, {**env, **extra}, log)
+        wait_for(proc, cond, what, log)
+        kill_tree(proc)
+        keys = rollout_keys(root)
+        assert set(keys.values()) <= {1}, f"duplicated rollouts after a kill {what}"
+    proc = start_run(cfg, env, log)
+    assert proc.wait(timeout=1800) == 0, log.read_text()[-4000:]
+
+    keys = rollout_keys(root)
+    assert len(keys) == 2 * 4 * 2 and set(keys.values()) == {1}
+    steps = sorted(u for f in (run / "train_steps").rglob("part-*.parquet")
+                   for u in pq.read_table(f, columns=["update"])["update"].to_pylist())
+    assert steps == list(range(1, 7))
+    weights = final_weights(root)
+    assert weights.keys() == reference.keys()
+    for name, tensor in reference.items():
+        assert tensor.equal(weights[name]), f"{name} differs from the uninterrupted run"
+    out = subprocess.run([sys.executable, "-m", "mugrpo.cli", "status", str(run)], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0 and "complete" in out.stdout, out.stdout + out.stderr
