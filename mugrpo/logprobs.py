@@ -62,8 +62,48 @@ def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float
     return logits.div_(temperature) if temperature != 1.0 else logits
 
 
+def _forward_chunk(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One chunk: (log-sum-exp [n], log p(target) [n], entropy [n] or None), via two [n, V] fp32 buffers."""
+    logits = _chunk_logits(hidden, weight, temperature)
+    max_logit = logits.amax(dim=-1, keepdim=True)
+    unnormalized = (logits - max_logit).exp_()
+    partition = unnormalized.sum(dim=-1)
+    lse = max_logit.squeeze(-1) + partition.log()
+    logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    entropy = lse - unnormalized.mul_(logits).sum(dim=-1) / partition if with_entropy else None  # lse - E_p[z]
+    return lse, logprobs, entropy
+
+
+def _grad_logits_chunk(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    lse: torch.Tensor,
+    entropy: torch.Tensor,
+    grad_logprobs: torch.Tensor | None,
+    grad_entropy: torch.Tensor | None,
+) -> torch.Tensor:
+    """d(loss)/d(raw logits) [n, V] fp32 of one chunk, recomputed from its inputs with two [n, V] buffers."""
+    log_p = _chunk_logits(hidden, weight, temperature).sub_(lse.unsqueeze(-1))
+    probs = log_p.exp()
+    grad = None
+    if grad_entropy is not None:
+        # H = -sum_j p_j log p_j;  dH/dz_j = -p_j (log p_j + H).
+        g = grad_entropy.float().unsqueeze(-1)
+        grad = log_p.add_(entropy.unsqueeze(-1)).mul_(probs).mul_(-g)
+    if grad_logprobs is not None:
+        # d log p_y / dz_j = 1[j = y] - p_j.
+        g = grad_logprobs.float().unsqueeze(-1)
+        grad_lp = probs.mul_(-g).scatter_add_(-1, targets.unsqueeze(-1), g)
+        grad = grad_lp if grad is None else grad.add_(grad_lp)
+    return grad.div_(temperature) if temperature != 1.0 else grad  # z = logits / temperature
+
+
 class _ChunkedTokenLogprobs(torch.autograd.Function):
-    """Chunked log p(target) and entropy; saves only inputs + one log-sum-exp per token for backward."""
+    """Chunked log p(target) and entropy; saves the inputs plus two floats per token for backward."""
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, chunk_size, temperature, with_entropy):
@@ -73,13 +113,13 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         entropy = torch.empty_like(logprobs) if with_entropy else logprobs.new_empty(0)
         for start in range(0, num_tokens, chunk_size):
             rows = slice(start, start + chunk_size)
-            logits = _chunk_logits(hidden[rows], weight, temperature)
-            lse = torch.logsumexp(logits, dim=-1)
-            log_normalizer[rows] = lse
-            logprobs[rows] = logits.gather(-1, targets[rows].unsqueeze(-1)).squeeze(-1) - lse
+            lse, chunk_logprobs, chunk_entropy = _forward_chunk(
+                hidden[rows], weight, targets[rows], temperature, with_entropy
+            )
+            log_normalizer[rows], logprobs[rows] = lse, chunk_logprobs
             if with_entropy:
-                entropy[rows] = lse - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
-        ctx.save_for_backward(hidden, weight, targets, log_normalizer)
+                entropy[rows] = chunk_entropy
+        ctx.save_for_backward(hidden, weight, targets, log_normalizer, entropy)
         ctx.chunk_size, ctx.temperature, ctx.with_entropy = chunk_size, temperature, with_entropy
         ctx.set_materialize_grads(False)
         if not with_entropy:
@@ -89,44 +129,32 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_logprobs, grad_entropy):
-        hidden, weight, targets, log_normalizer = ctx.saved_tensors
+        hidden, weight, targets, log_normalizer, entropy = ctx.saved_tensors
+        if not ctx.with_entropy:
+            grad_entropy = None
+        if grad_logprobs is None and grad_entropy is None:
+            return None, None, None, None, None, None
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
-        grad_weight = None
-        if need_weight:
-            grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-        if grad_logprobs is None and (grad_entropy is None or not ctx.with_entropy):
-            return _zeros_or_none(grad_hidden), _cast_or_none(grad_weight, weight), None, None, None, None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
         for start in range(0, hidden.shape[0], ctx.chunk_size):
             rows = slice(start, start + ctx.chunk_size)
-            # log p over the vocabulary, then p; d log p_y / dz = onehot(y) - p.
-            log_p = _chunk_logits(hidden[rows], weight, ctx.temperature)
-            log_p.sub_(log_normalizer[rows].unsqueeze(-1))
-            probs = log_p.exp()
-            grad_z = torch.zeros_like(probs)
-            if grad_logprobs is not None:
-                g = grad_logprobs[rows].float()
-                grad_z.sub_(probs * g.unsqueeze(-1))
-                grad_z.scatter_add_(-1, targets[rows].unsqueeze(-1), g.unsqueeze(-1))
-            if grad_entropy is not None and ctx.with_entropy:
-                # H = -sum p log p;  dH/dz_j = -p_j (log p_j + H).
-                ent = -(probs * log_p).sum(dim=-1, keepdim=True)
-                grad_z.sub_(log_p.add_(ent).mul_(probs).mul_(grad_entropy[rows].float().unsqueeze(-1)))
-            if ctx.temperature != 1.0:
-                grad_z.div_(ctx.temperature)
+            grad_logits = _grad_logits_chunk(
+                hidden[rows],
+                weight,
+                targets[rows],
+                ctx.temperature,
+                log_normalizer[rows],
+                entropy[rows] if ctx.with_entropy else entropy,
+                grad_logprobs[rows] if grad_logprobs is not None else None,
+                grad_entropy[rows] if grad_entropy is not None else None,
+            )
             if need_hidden:
-                grad_hidden[rows] = grad_z.to(weight.dtype) @ weight
+                grad_hidden[rows] = grad_logits.to(weight.dtype) @ weight
             if need_weight:
-                grad_weight.addmm_(grad_z.t(), hidden[rows].float())
-        return grad_hidden, _cast_or_none(grad_weight, weight), None, None, None, None
-
-
-def _zeros_or_none(tensor: torch.Tensor | None) -> torch.Tensor | None:
-    return tensor.zero_() if tensor is not None else None
-
-
-def _cast_or_none(grad: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
-    return grad.to(like.dtype) if grad is not None else None
+                grad_weight.addmm_(grad_logits.t(), hidden[rows].float())
+            del grad_logits  # free this chunk's buffer before the next one is allocated
+        return grad_hidden, grad_weight.to(weight.dtype) if need_weight else None, None, None, None, None
 
 
 def token_logprobs_from_hidden(
@@ -141,7 +169,7 @@ def token_logprobs_from_hidden(
     """log softmax(hidden @ W^T / temperature)[target] per token, computed chunk by chunk.
 
     Equal (to fp32 rounding) to ``token_logprobs_from_logits(hidden @ W.T, ...)`` in value and gradient, but
-    the [B*T, V] logits never exist at once: peak extra memory is a few chunk_size x V fp32 buffers in forward
+    the [B*T, V] logits never exist at once: peak extra memory is two chunk_size x V fp32 buffers in forward
     and backward. Differentiable in ``hidden`` and ``lm_head_weight`` (a custom autograd function that
     recomputes each chunk's logits in backward; double backward is not supported).
 
@@ -151,7 +179,8 @@ def token_logprobs_from_hidden(
         lm_head_weight: [V, H] LM head (output embedding) weight, no bias; with tied embeddings pass the input
             embedding weight and its gradient accumulates as usual.
         target_ids: [B, T] int token ids in [0, V).
-        chunk_size: tokens per chunk (>= 1); memory per chunk ~ 3 x chunk_size x V x 4 bytes.
+        chunk_size: tokens per chunk (>= 1); peak extra memory ~ 2 x chunk_size x V x 4 bytes (+ an fp32 [V, H]
+            weight gradient).
         temperature: sampling temperature (> 0) the logits are divided by.
         return_entropy: also return per-token entropy of the tempered distribution (differentiable too).
 
