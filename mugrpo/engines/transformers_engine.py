@@ -1,0 +1,290 @@
+"""TransformersEngine: batched, KV-cached sampling on a transformers causal LM (the CPU default engine).
+
+Own sampling loop rather than ``model.generate``, so that (a) each response's behavior log-prob is taken from the
+exact distribution its token was drawn from (convention in :mod:`mugrpo.engines.base`), (b) every (prompt, sample)
+draws from its own seeded generator (results do not depend on how rows are batched, up to float round-off), and
+(c) a prompt is prefilled once and its KV cache repeated G times, instead of prefilling G copies.
+
+Per batch of prompts:
+    1. left-pad the prompts, prefill them with position ids ``cumsum(attention_mask) - 1`` and keep only the
+       last position's logits (``logits_to_keep=1``: a full [B, L, V] fp32 logits tensor would be ~GBs);
+    2. repeat logits, KV cache and attention mask G times (``repeat_interleave``: rows of a group are adjacent);
+    3. loop: sample one token per live row, append it and its log-prob, drop rows that emitted a stop token from
+       the batch and the KV cache, feed the rest one token forward.
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from mugrpo.engines.base import (
+    ClosingEngine,
+    Sample,
+    SamplingParams,
+    check_prompts,
+    finish_reason_of,
+    register_engine,
+)
+from mugrpo.models import eos_token_ids, load_policy
+
+
+def _as_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    value = getattr(torch, dtype, None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"dtype must name a torch dtype such as 'float32' or 'bfloat16', got {dtype!r}")
+    return value
+
+
+def cache_kwarg(model: PreTrainedModel) -> str:
+    """Name of the KV-cache argument of ``model.forward``: ``cache`` (transformers >= 5.2x) or ``past_key_values``."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def row_generator(seed: int, prompt_index: int, sample_index: int) -> torch.Generator:
+    """CPU generator of sample ``sample_index`` of prompt ``prompt_index`` (positions within one generate call).
+
+    Streams are derived with numpy's ``SeedSequence`` from (seed, prompt_index, sample_index), so they are
+    independent of each other and of the batch a row lands in.
+    """
+    state = np.random.SeedSequence([seed, prompt_index, sample_index]).generate_state(2, dtype=np.uint32)
+    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+
+
+def top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Set logits outside the top-p nucleus to -inf, with vLLM's rule (so both engines truncate identically).
+
+    Sort ascending; drop a token when the cumulative probability up to and including it is <= 1 - top_p; the most
+    likely token is always kept. Ties at the boundary follow the sort order.
+
+    Args:
+        logits: [R, V] float logits (already divided by the temperature).
+        top_p: nucleus mass in (0, 1].
+
+    Returns:
+        [R, V] logits with the tokens outside the nucleus at -inf (a new tensor).
+    """
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=False)
+    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    drop = cumulative <= 1.0 - top_p
+    drop[:, -1] = False
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+def sample_next_tokens(
+    logits: torch.Tensor,
+    temperatures: torch.Tensor,
+    top_p: float,
+    generators: list[torch.Generator],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row and return it with its behavior log-prob.
+
+    Inverse-CDF sampling from p = softmax(top_p_mask(logits / T)): one uniform u per row from the row's generator,
+    token = first index whose cumulative (unnormalized) weight exceeds u x total weight. The log-prob is
+    ``z_token - max(z) - log(sum(exp(z - max(z))))`` with z the masked scaled logits, i.e. log p(token).
+    Rows with T = 0 are greedy (argmax of the logits) and report ``log_softmax(logits)`` at their token, as vLLM
+    does. One uniform per row keeps the cost at a few passes over [R, V] (no per-element noise).
+
+    Args:
+        logits: [R, V] next-token logits (any float dtype; computed in fp32).
+        temperatures: [R] temperatures >= 0.
+        top_p: nucleus mass in (0, 1]; greedy rows are not truncated.
+        generators: R CPU generators, one per row.
+
+    Returns:
+        (tokens [R] int64, behavior log-probs [R] fp32 in nats).
+    """
+    logits = logits.float()
+    greedy = (temperatures <= 0).to(logits.device)
+    scaled = logits / torch.where(greedy, 1.0, temperatures.to(logits))[:, None]
+    if top_p < 1.0:
+        scaled = torch.where(greedy[:, None], scaled, top_p_mask(scaled, top_p))
+    row_max = scaled.max(dim=-1, keepdim=True).values
+    weights = (scaled - row_max).exp_()
+    cumulative = weights.cumsum(dim=-1)
+    uniforms = torch.cat([torch.rand(1, generator=g) for g in generators]).to(logits.device)
+    targets = (uniforms[:, None] * cumulative[:, -1:]).contiguous()
+    sampled = torch.searchsorted(cumulative, targets, right=True).squeeze(-1).clamp_max(logits.shape[-1] - 1)
+    tokens = torch.where(greedy, scaled.argmax(dim=-1), sampled)
+    log_normalizer = row_max.squeeze(-1) + weights.sum(dim=-1).log()
+    return tokens, scaled.gather(-1, tokens[:, None]).squeeze(-1) - log_normalizer
+
+
+class TransformersEngine(ClosingEngine):
+    """Rollout engine on a transformers causal LM; see the module docstring for the algorithm.
+
+    Build it from an HF dir with :meth:`from_dir` (registry name "transformers"), or on a live in-memory policy
+    with the constructor (the on-policy GRPO baseline samples from the model it trains, with no reload).
+    """
+
+    def __init__(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, batch_size: int = 64
+    ) -> None:
+        """Args:
+        model: causal LM; it is switched to eval mode while generating and restored afterwards.
+        tokenizer: its tokenizer (decodes the responses; gives the EOS id).
+        batch_size: rows (prompts x G) per forward pass; a batch always holds whole groups, so it is
+            rounded up to a multiple of G. Memory is O(batch_size x (prompt + response length)) of KV cache.
+
+        Raises:
+            ValueError: batch_size < 1.
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self._model: PreTrainedModel | None = model
+        self._tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.eos_token_ids = eos_token_ids(model.generation_config, tokenizer)
+        self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
+        self._cache_kwarg = cache_kwarg(model)
+
+    @classmethod
+    def from_dir(
+        cls,
+        model_dir: str | Path,
+        *,
+        dtype: str | torch.dtype = torch.float32,
+        batch_size: int = 64,
+        seed: int | None = None,
+    ) -> TransformersEngine:
+        """Load the policy in ``model_dir`` (HF dir or .gguf) with ``dtype`` and wrap it.
+
+        ``seed`` is accepted for a uniform engine factory signature and unused: this engine seeds each
+        ``generate`` call from ``SamplingParams.seed``, which is what makes resumed shards reproducible.
+        """
+        model, tokenizer = load_policy(model_dir, dtype=_as_dtype(dtype))
+        return cls(model, tokenizer, batch_size=batch_size)
+
+    @property
+    def model(self) -> PreTrainedModel:
+        if self._model is None:
+            raise RuntimeError("this TransformersEngine is closed")
+        return self._model
+
+    def close(self) -> None:
+        """Drop the engine's references to the model (the caller's own references keep it alive)."""
+        self._model = None
+        gc.collect()
+
+    def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[list[Sample]]:
+        """Sample ``params.n`` responses per prompt; see :meth:`mugrpo.engines.base.RolloutEngine.generate`.
+
+        Raises:
+            ValueError: a malformed prompt, or ``params.temperatures`` of the wrong length.
+            RuntimeError: the engine is closed.
+        """
+        check_prompts(prompt_token_ids)
+        temperatures = params.temperatures_for(len(prompt_token_ids))
+        model = self.model
+        was_training = model.training
+        model.eval()
+        prompts_per_batch = max(1, self.batch_size // params.n)
+        results: list[list[Sample]] = []
+        try:
+            with torch.inference_mode():
+                for start in range(0, len(prompt_token_ids), prompts_per_batch):
+                    stop = start + prompts_per_batch
+                    results.extend(
+                        self._generate_batch(prompt_token_ids[start:stop], temperatures[start:stop], start, params)
+                    )
+        finally:
+            model.train(was_training)
+        return results
+
+    def _prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
+        """Left-padded prefill. Returns (last-position logits [P, V], KV cache, attention mask [P, L])."""
+        device = self.model.device
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            attention_mask[row, width - len(prompt) :] = 1
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(
+            input_ids=input_ids.to(device),
+            attention_mask=attention_mask.to(device),
+            position_ids=position_ids.to(device),
+            use_cache=True,
+            **{self._cache_kwarg: cache},
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1, :], cache, attention_mask.to(device)
+
+    def _generate_batch(
+        self, prompts: list[list[int]], temperatures: list[float], first_prompt: int, params: SamplingParams
+    ) -> list[list[Sample]]:
+        group_size = params.n
+        device = self.model.device
+        stop_ids = sorted(set(self.eos_token_ids) | set(params.stop_token_ids))
+        stop_tensor = torch.tensor(stop_ids, dtype=torch.long, device=device)
+
+        logits, cache, attention_mask = self._prefill(prompts)
+        if group_size > 1:
+            logits = logits.repeat_interleave(group_size, dim=0)
+            cache.batch_repeat_interleave(group_size)
+            attention_mask = attention_mask.repeat_interleave(group_size, dim=0)
+        num_rows = len(prompts) * group_size
+        next_position = attention_mask.sum(-1)  # [R] position id of the token about to be fed
+        row_temperatures = torch.tensor(temperatures, dtype=torch.float32).repeat_interleave(group_size)
+        generators = [
+            row_generator(params.seed, first_prompt + row // group_size, row % group_size) for row in range(num_rows)
+        ]
+        tokens: list[list[int]] = [[] for _ in range(num_rows)]
+        logprobs: list[list[float]] = [[] for _ in range(num_rows)]
+        alive = torch.arange(num_rows)  # original row index of each row still in the batch
+
+        for step in range(params.max_new_tokens):
+            alive_list = alive.tolist()
+            next_tokens, next_logprobs = sample_next_tokens(
+                logits, row_temperatures[alive], params.top_p, [generators[r] for r in alive_list]
+            )
+            for row, token, logprob in zip(alive_list, next_tokens.tolist(), next_logprobs.tolist(), strict=True):
+                tokens[row].append(token)
+                logprobs[row].append(logprob)
+            if step == params.max_new_tokens - 1:
+                break
+            keep = ~torch.isin(next_tokens, stop_tensor)
+            if not keep.any():
+                break
+            if not keep.all():
+                index = keep.nonzero().squeeze(-1)
+                cache.batch_select_indices(index)
+                attention_mask, next_position = attention_mask[index], next_position[index]
+                alive, next_tokens = alive[index.cpu()], next_tokens[index]
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(alive), 1)], dim=-1)
+            logits = self.model(
+                input_ids=next_tokens[:, None],
+                attention_mask=attention_mask,
+                position_ids=next_position[:, None],
+                use_cache=True,
+                **{self._cache_kwarg: cache},
+            ).logits[:, -1, :]
+            next_position = next_position + 1
+
+        stop_set = set(stop_ids)
+        samples = [
+            Sample(
+                response_token_ids=tokens[row],
+                behavior_logprobs=logprobs[row],
+                text=self._tokenizer.decode(tokens[row], skip_special_tokens=True),
+                finish_reason=finish_reason_of(tokens[row], stop_set),
+                temperature=float(temperatures[row // group_size]),
+            )
+            for row in range(num_rows)
+        ]
+        return [samples[i : i + group_size] for i in range(0, num_rows, group_size)]
+
+
+register_engine("transformers")(TransformersEngine.from_dir)

