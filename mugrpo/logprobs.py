@@ -57,7 +57,7 @@ def token_logprobs_from_logits(
 
 
 def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
-    """[n, H] x [V, H] -> [n, V] fp32 tempered logits (matmul in the inputs' dtype, like an LM head)."""
+    """[n, H] x [V, H] -> [n, V] fp32 tempered logits (the matmul runs in the inputs' common dtype)."""
     logits = (hidden @ weight.t()).float()
     return logits.div_(temperature) if temperature != 1.0 else logits
 
@@ -102,11 +102,23 @@ def _grad_logits_chunk(
     return grad.div_(temperature) if temperature != 1.0 else grad  # z = logits / temperature
 
 
+def _common_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both operands in their promoted dtype (no copy when they already agree)."""
+    dtype = torch.promote_types(hidden.dtype, weight.dtype)
+    return hidden.to(dtype), weight.to(dtype)
+
+
 class _ChunkedTokenLogprobs(torch.autograd.Function):
     """Chunked log p(target) and entropy; saves the inputs plus two floats per token for backward."""
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, chunk_size, temperature, with_entropy):
+        with torch.autocast(device_type=hidden.device.type, enabled=False):
+            return _ChunkedTokenLogprobs._forward(ctx, hidden, weight, targets, chunk_size, temperature, with_entropy)
+
+    @staticmethod
+    def _forward(ctx, hidden, weight, targets, chunk_size, temperature, with_entropy):
+        compute_hidden, compute_weight = _common_dtype(hidden, weight)
         num_tokens = hidden.shape[0]
         logprobs = torch.empty(num_tokens, dtype=torch.float32, device=hidden.device)
         log_normalizer = torch.empty_like(logprobs)
@@ -114,7 +126,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         for start in range(0, num_tokens, chunk_size):
             rows = slice(start, start + chunk_size)
             lse, chunk_logprobs, chunk_entropy = _forward_chunk(
-                hidden[rows], weight, targets[rows], temperature, with_entropy
+                compute_hidden[rows], compute_weight, targets[rows], temperature, with_entropy
             )
             log_normalizer[rows], logprobs[rows] = lse, chunk_logprobs
             if with_entropy:
@@ -129,19 +141,26 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_logprobs, grad_entropy):
+        device_type = ctx.saved_tensors[0].device.type
+        with torch.autocast(device_type=device_type, enabled=False):
+            return _ChunkedTokenLogprobs._backward(ctx, grad_logprobs, grad_entropy)
+
+    @staticmethod
+    def _backward(ctx, grad_logprobs, grad_entropy):
         hidden, weight, targets, log_normalizer, entropy = ctx.saved_tensors
         if not ctx.with_entropy:
             grad_entropy = None
         if grad_logprobs is None and grad_entropy is None:
             return None, None, None, None, None, None
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        compute_hidden, compute_weight = _common_dtype(hidden, weight)
+        grad_hidden = torch.empty_like(compute_hidden) if need_hidden else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
         for start in range(0, hidden.shape[0], ctx.chunk_size):
             rows = slice(start, start + ctx.chunk_size)
             grad_logits = _grad_logits_chunk(
-                hidden[rows],
-                weight,
+                compute_hidden[rows],
+                compute_weight,
                 targets[rows],
                 ctx.temperature,
                 log_normalizer[rows],
@@ -150,11 +169,13 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
                 grad_entropy[rows] if grad_entropy is not None else None,
             )
             if need_hidden:
-                grad_hidden[rows] = grad_logits.to(weight.dtype) @ weight
+                grad_hidden[rows] = grad_logits.to(compute_weight.dtype) @ compute_weight
             if need_weight:
                 grad_weight.addmm_(grad_logits.t(), hidden[rows].float())
             del grad_logits  # free this chunk's buffer before the next one is allocated
-        return grad_hidden, grad_weight.to(weight.dtype) if need_weight else None, None, None, None, None
+        grad_hidden = grad_hidden.to(hidden.dtype) if need_hidden else None
+        grad_weight = grad_weight.to(weight.dtype) if need_weight else None
+        return grad_hidden, grad_weight, None, None, None, None
 
 
 def token_logprobs_from_hidden(
@@ -171,7 +192,9 @@ def token_logprobs_from_hidden(
     Equal (to fp32 rounding) to ``token_logprobs_from_logits(hidden @ W.T, ...)`` in value and gradient, but
     the [B*T, V] logits never exist at once: peak extra memory is two chunk_size x V fp32 buffers in forward
     and backward. Differentiable in ``hidden`` and ``lm_head_weight`` (a custom autograd function that
-    recomputes each chunk's logits in backward; double backward is not supported).
+    recomputes each chunk's logits in backward; double backward is not supported). The LM-head matmul runs
+    outside autocast, in the common dtype of ``hidden`` and ``lm_head_weight`` (fp32 master weights give an
+    fp32 matmul even under bf16 autocast: precise log-probs, identical in forward and backward).
 
     Args:
         hidden: [B, T, H] final hidden states (after the final norm); ``hidden[:, t]`` must be the state that

@@ -102,6 +102,27 @@ def test_bfloat16_inputs_give_fp32_outputs_close_to_fp32_reference():
     torch.testing.assert_close(lp, _naive(hidden, weight, targets, 1.0)[0], atol=0.1, rtol=0.02)
 
 
+def test_autocast_does_not_change_the_fp32_lm_head_and_mixed_dtypes_promote():
+    """Under bf16 autocast the LM-head matmul still runs in fp32 (same in forward and backward); a bf16 hidden
+    state with an fp32 head is promoted to fp32 and gets a bf16 gradient back."""
+    hidden, weight, targets = _inputs(seed=8)
+    w = weight.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lp, _ = token_logprobs_from_hidden(hidden, w, targets, chunk_size=4)
+    lp.sum().backward()
+    ref_w = weight.clone().requires_grad_()
+    ref_lp, _ = _naive(hidden, ref_w, targets, 1.0)
+    ref_lp.sum().backward()
+    torch.testing.assert_close(lp, ref_lp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(w.grad, ref_w.grad, atol=1e-5, rtol=0)
+
+    h = hidden.bfloat16().requires_grad_()
+    mixed, _ = token_logprobs_from_hidden(h, weight, targets, chunk_size=4)
+    mixed.sum().backward()
+    torch.testing.assert_close(mixed, _naive(hidden.bfloat16().float(), weight, targets, 1.0)[0], atol=1e-5, rtol=0)
+    assert h.grad.dtype == torch.bfloat16
+
+
 def test_matches_a_real_causal_lm_forward():
     """A tiny randomly initialized Llama (no download): chunked log-probs from its hidden states equal the ones from
     its full logits, and the gradient reaches the (tied) embedding the same way."""
