@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 CONFIG ?= configs/gsm8k-smollm2.yaml
 ARGS ?=
 
-.PHONY: install test test-fast demo demo-quick lint bench clean-venv
+.PHONY: install test test-fast demo demo-quick lint docs clean-venv
 
 install: $(STAMP)
 
@@ -39,3 +39,6 @@ lint: $(STAMP)
 
 clean-venv:
 	rm -rf $(VENV)
+
+docs: $(STAMP)
+	{ echo "# Configuration reference"; echo; echo 'Generated from the pydantic models by `mugrpo config reference` (a test keeps this page current).'; echo; $(VENV)/bin/mugrpo config reference; } > docs/config.md

@@ -71,3 +71,10 @@ def test_run_json_drops_credentials():
 @pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "configs").glob("*.yaml")))
 def test_shipped_configs_validate(name: str):
     load_config(REPO / "configs" / name)
+
+
+def test_docs_config_reference_is_current():
+    from mugrpo.config_docs import config_reference
+
+    page = (REPO / "docs" / "config.md").read_text()
+    assert config_reference().strip() in page, "docs/config.md is stale: regenerate it with `mugrpo config reference`"
