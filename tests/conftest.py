@@ -33,7 +33,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm2_dir(request: pytest.FixtureRequest) -> Path:
+def smollm2_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """HF dir of SmolLM2-135M-Instruct (dequantized from the Q4_1 GGUF to fp32), cached across sessions."""
     import transformers
 
@@ -50,7 +50,8 @@ def smollm2_dir(request: pytest.FixtureRequest) -> Path:
         "mtime_ns": stat.st_mtime_ns,
         "transformers": transformers.__version__,
     }
-    cache_root = Path(request.config.cache.mkdir("mugrpo-smollm2-hf"))
+    cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider: convert per session
+    cache_root = Path(cache.mkdir("mugrpo-smollm2-hf")) if cache else tmp_path_factory.mktemp("smollm2-hf")
     model_dir, key_file = cache_root / "model", cache_root / "source.json"
     if not (key_file.is_file() and json.loads(key_file.read_text()) == key and (model_dir / "config.json").is_file()):
         convert_to_hf_dir(gguf, model_dir)

@@ -89,11 +89,13 @@ def sample_next_tokens(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row and return it with its behavior log-prob.
 
-    Inverse-CDF sampling from p = softmax(top_p_mask(logits / T)): one uniform u per row from the row's generator,
-    token = first index whose cumulative (unnormalized) weight exceeds u x total weight. The log-prob is
+    Exponential race (equivalent to sampling from p): token = argmax_v p_v / E_v with E_v = -log(U_v) ~ Exp(1),
+    U drawn from the row's generator; p = softmax(top_p_mask(logits / T)). Unlike inverse-CDF sampling, whose
+    cumulative sum over ~50k tokens moves every boundary when any logit changes by round-off, the race only flips
+    when two keys tie to float precision, so samples survive re-batching. The log-prob is
     ``z_token - max(z) - log(sum(exp(z - max(z))))`` with z the masked scaled logits, i.e. log p(token).
     Rows with T = 0 are greedy (argmax of the logits) and report ``log_softmax(logits)`` at their token, as vLLM
-    does. One uniform per row keeps the cost at a few passes over [R, V] (no per-element noise).
+    does.
 
     Args:
         logits: [R, V] next-token logits (any float dtype; computed in fp32).
@@ -111,10 +113,10 @@ def sample_next_tokens(
         scaled = torch.where(greedy[:, None], scaled, top_p_mask(scaled, top_p))
     row_max = scaled.max(dim=-1, keepdim=True).values
     weights = (scaled - row_max).exp_()
-    cumulative = weights.cumsum(dim=-1)
-    uniforms = torch.cat([torch.rand(1, generator=g) for g in generators]).to(logits.device)
-    targets = (uniforms[:, None] * cumulative[:, -1:]).contiguous()
-    sampled = torch.searchsorted(cumulative, targets, right=True).squeeze(-1).clamp_max(logits.shape[-1] - 1)
+    noise = torch.empty(logits.shape, dtype=torch.float32)
+    for row, generator in enumerate(generators):
+        noise[row].uniform_(generator=generator)
+    sampled = (weights / noise.to(weights.device).log_().neg_()).argmax(dim=-1)
     tokens = torch.where(greedy, scaled.argmax(dim=-1), sampled)
     log_normalizer = row_max.squeeze(-1) + weights.sum(dim=-1).log()
     return tokens, scaled.gather(-1, tokens[:, None]).squeeze(-1) - log_normalizer

@@ -1,0 +1,239 @@
+"""TransformersEngine and the engine contract, on real models (tiny random policy; SmolLM2 where EOS matters)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from mugrpo.engines import ENGINE_REGISTRY, Sample, SamplingParams, make_engine
+from mugrpo.engines.transformers_engine import TransformersEngine, sample_next_tokens, top_p_mask
+from mugrpo.models import load_policy, response_logprobs
+
+QUESTIONS = ["hi", "What is 2 + 2? Explain every step in detail, please.", "x", "Name three prime numbers."]
+# A wide stop set makes the tiny random policy end responses at varied lengths (exercises batch compaction).
+MANY_STOP_IDS = tuple(range(100, 4000))
+
+
+def chat_prompts(tokenizer, questions=QUESTIONS) -> list[list[int]]:
+    texts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
+        for q in questions
+    ]
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir) -> TransformersEngine:
+    return TransformersEngine.from_dir(tiny_model_dir, batch_size=8)
+
+
+@pytest.fixture(scope="module")
+def prompts(engine) -> list[list[int]]:
+    out = chat_prompts(engine._tokenizer)
+    assert len({len(p) for p in out}) > 1, "prompts of different lengths are needed to exercise left padding"
+    return out
+
+
+def flat(groups: list[list[Sample]]) -> list[Sample]:
+    return [s for g in groups for s in g]
+
+
+def max_abs_diff(samples: list[Sample], reference: list[list[float]]) -> float:
+    return max(abs(a - b) for s, ref in zip(samples, reference, strict=True) for a, b in zip(s.behavior_logprobs, ref))
+
+
+# --- contract -------------------------------------------------------------------------------------------------------
+
+
+def test_registry_builds_engines_by_name_and_rejects_unknown(tiny_model_dir):
+    eng = make_engine("transformers", tiny_model_dir, batch_size=4)
+    assert isinstance(eng, TransformersEngine) and eng.batch_size == 4
+    assert {"transformers", "vllm"} <= set(ENGINE_REGISTRY)
+    with pytest.raises(KeyError, match="registered: .*transformers"):
+        make_engine("no-such-engine", tiny_model_dir)
+
+
+def test_sampling_params_validate_and_resolve_per_prompt_temperatures():
+    assert SamplingParams(temperature=0.6).temperatures_for(3) == [0.6, 0.6, 0.6]
+    assert SamplingParams(temperatures=[0.5, 1.2]).temperatures_for(2) == [0.5, 1.2]
+    with pytest.raises(ValueError, match="2 entries but generate got 3 prompts"):
+        SamplingParams(temperatures=[0.5, 1.2]).temperatures_for(3)
+    with pytest.raises(ValidationError, match="temperatures must be >= 0"):
+        SamplingParams(temperatures=[0.5, -1.0])
+    with pytest.raises(ValidationError):
+        SamplingParams(top_p=0.0)
+    with pytest.raises(ValidationError):
+        SamplingParams(group_size=4)  # unknown keys are rejected (config typos)
+
+
+def test_sample_requires_one_logprob_per_token():
+    with pytest.raises(ValueError, match="2 response tokens but 1 behavior log-probs"):
+        Sample([5, 2], [-1.0], "x", "stop", 1.0)
+    with pytest.raises(ValueError, match="finish_reason"):
+        Sample([5], [-1.0], "x", "eos", 1.0)
+
+
+def test_bad_prompts_are_rejected_with_their_index(engine):
+    with pytest.raises(ValueError, match="prompt 1 has no tokens"):
+        engine.generate([[1, 2], []], SamplingParams(n=1, max_new_tokens=2))
+
+
+# --- sampling primitives --------------------------------------------------------------------------------------------
+
+
+def test_top_p_mask_follows_vllm_rule():
+    probs = torch.tensor([[0.05, 0.25, 0.10, 0.60]])
+    kept = torch.isfinite(top_p_mask(probs.log(), 0.7))
+    # ascending cumulative mass: 0.05, 0.15, 0.40, 1.0; drop where <= 1 - 0.7 = 0.3 -> keep 0.25 and 0.60
+    assert kept.tolist() == [[False, True, False, True]]
+    assert torch.isfinite(top_p_mask(probs.log(), 0.01)).sum() == 1  # the top token always survives
+
+
+def test_sampler_matches_the_tempered_distribution_and_reports_its_logprobs():
+    logits = torch.tensor([0.0, 1.0, -1.0, -30.0])
+    rows, temperature = 20000, 0.8
+    generators = [torch.Generator().manual_seed(i) for i in range(rows)]
+    tokens, logprobs = sample_next_tokens(logits.repeat(rows, 1), torch.full((rows,), temperature), 1.0, generators)
+    expected = torch.softmax(logits / temperature, dim=-1)
+    freq = torch.bincount(tokens, minlength=4).double() / rows
+    assert torch.allclose(freq, expected.double(), atol=0.015), (freq, expected)
+    assert torch.allclose(logprobs, torch.log(expected)[tokens], atol=1e-5)
+
+
+def test_sampler_with_top_p_samples_only_the_nucleus_and_renormalizes():
+    logits = torch.tensor([0.0, 1.0, -1.0, -30.0])
+    rows = 4000
+    generators = [torch.Generator().manual_seed(i) for i in range(rows)]
+    tokens, logprobs = sample_next_tokens(logits.repeat(rows, 1), torch.ones(rows), 0.7, generators)
+    probs = torch.softmax(logits, dim=-1)  # 0.245, 0.665, 0.090, ~0: nucleus {0, 1}
+    assert set(tokens.tolist()) == {0, 1}
+    renormalized = probs[:2] / probs[:2].sum()
+    assert torch.allclose(logprobs, renormalized.log()[tokens], atol=1e-5)
+
+
+def test_greedy_rows_take_the_argmax_and_report_untempered_logprobs():
+    logits = torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 1.0]])
+    gens = [torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)]
+    tokens, logprobs = sample_next_tokens(logits, torch.zeros(2), 0.5, gens)
+    assert tokens.tolist() == [1, 0]
+    assert torch.allclose(logprobs, torch.log_softmax(logits, -1)[[0, 1], [1, 0]])
+
+
+# --- TransformersEngine ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_behavior_logprobs_match_a_teacher_forced_forward(engine, prompts, temperature):
+    params = SamplingParams(n=3, max_new_tokens=24, temperature=temperature, seed=5, stop_token_ids=MANY_STOP_IDS)
+    groups = engine.generate(prompts, params)
+    samples = flat(groups)
+    assert [len(g) for g in groups] == [3] * len(prompts)
+    lengths = {s.num_tokens for s in samples}
+    assert len(lengths) > 2, f"responses should end at varied lengths, got {lengths}"
+    reference = response_logprobs(
+        engine.model, [p for p in prompts for _ in range(3)], [s.response_token_ids for s in samples], temperature
+    )
+    assert max_abs_diff(samples, reference) < 1e-4
+    for s in samples:
+        assert all(math.isfinite(x) and x <= 0 for x in s.behavior_logprobs)
+        assert s.temperature == temperature
+        ends_on_stop = s.response_token_ids[-1] in set(MANY_STOP_IDS) | {2}
+        assert s.finish_reason == ("stop" if ends_on_stop else "length")
+        assert s.finish_reason == "stop" or s.num_tokens == 24
+        assert s.text == engine._tokenizer.decode(s.response_token_ids, skip_special_tokens=True)
+
+
+def test_per_prompt_temperatures_are_used_and_recorded(engine, prompts):
+    temps = [0.5, 1.3, 0.9, 1.0]
+    groups = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=10, temperatures=temps, seed=1))
+    assert [{s.temperature for s in g} for g in groups] == [{t} for t in temps]
+    samples = flat(groups)
+    reference = response_logprobs(
+        engine.model,
+        [p for p in prompts for _ in range(2)],
+        [s.response_token_ids for s in samples],
+        [t for t in temps for _ in range(2)],
+    )
+    assert max_abs_diff(samples, reference) < 1e-4
+
+
+def test_top_p_logprobs_are_those_of_the_truncated_distribution(engine, prompts):
+    params = SamplingParams(n=2, max_new_tokens=8, temperature=1.0, top_p=0.5, seed=3)
+    samples = flat(engine.generate(prompts, params))
+    full = response_logprobs(
+        engine.model, [p for p in prompts for _ in range(2)], [s.response_token_ids for s in samples]
+    )
+    with torch.inference_mode():
+        for sample, prompt, untruncated in zip(samples, [p for p in prompts for _ in range(2)], full, strict=True):
+            ids = torch.tensor([prompt + sample.response_token_ids])
+            logits = engine.model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+            truncated = torch.log_softmax(top_p_mask(logits, 0.5), dim=-1)
+            expected = truncated.gather(-1, torch.tensor(sample.response_token_ids)[:, None]).squeeze(-1)
+            assert torch.allclose(torch.tensor(sample.behavior_logprobs), expected, atol=1e-4)
+            # renormalizing over the nucleus raises each log-prob above the untruncated one
+            assert all(b >= u - 1e-5 for b, u in zip(sample.behavior_logprobs, untruncated, strict=True))
+
+
+def test_greedy_decoding_is_the_teacher_forced_argmax(engine, prompts):
+    groups = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=12, temperature=0.0))
+    for prompt, group in zip(prompts, groups, strict=True):
+        a, b = group
+        assert a.response_token_ids == b.response_token_ids  # greedy: the group is G copies
+        with torch.inference_mode():
+            logits = engine.model(input_ids=torch.tensor([prompt + a.response_token_ids])).logits[0].float()
+        predicted = logits[len(prompt) - 1 : -1].argmax(-1).tolist()
+        assert a.response_token_ids == predicted
+        expected = torch.log_softmax(logits[len(prompt) - 1 : -1], -1)[range(a.num_tokens), predicted]
+        assert torch.allclose(torch.tensor(a.behavior_logprobs), expected, atol=1e-4)
+
+
+def test_same_seed_same_samples_independent_of_batching(tiny_model_dir, engine, prompts):
+    params = SamplingParams(n=3, max_new_tokens=12, seed=7, stop_token_ids=MANY_STOP_IDS)
+    first = flat(engine.generate(prompts, params))
+    again = flat(engine.generate(prompts, params))
+    assert [s.response_token_ids for s in first] == [s.response_token_ids for s in again]
+    assert [s.behavior_logprobs for s in first] == [s.behavior_logprobs for s in again]
+    other_seed = flat(engine.generate(prompts, params.model_copy(update={"seed": 8})))
+    assert [s.response_token_ids for s in first] != [s.response_token_ids for s in other_seed]
+    # one prompt's group per forward instead of two: the same tokens (each sample has its own generator)
+    rebatched = TransformersEngine(engine.model, engine._tokenizer, batch_size=3)
+    assert [s.response_token_ids for s in flat(rebatched.generate(prompts, params))] == [
+        s.response_token_ids for s in first
+    ]
+
+
+def test_length_cap_gives_finish_reason_length(engine, prompts):
+    samples = flat(engine.generate(prompts[:2], SamplingParams(n=2, max_new_tokens=5, seed=0)))
+    assert all(s.num_tokens <= 5 for s in samples)
+    assert any(s.finish_reason == "length" and s.num_tokens == 5 for s in samples)
+
+
+def test_live_model_engine_restores_train_mode_and_closes(tiny_model_dir, prompts):
+    model, tokenizer = load_policy(tiny_model_dir)
+    model.train()
+    with TransformersEngine(model, tokenizer, batch_size=4) as eng:
+        eng.generate(prompts[:1], SamplingParams(n=1, max_new_tokens=2))
+        assert model.training
+    with pytest.raises(RuntimeError, match="closed"):
+        eng.generate(prompts[:1], SamplingParams(n=1, max_new_tokens=2))
+
+
+def test_smollm2_stops_on_eos_which_is_also_its_pad_token(smollm2_dir):
+    engine = TransformersEngine.from_dir(smollm2_dir, batch_size=4)
+    tokenizer = engine._tokenizer
+    assert tokenizer.eos_token_id == tokenizer.pad_token_id == 2
+    prompts = chat_prompts(tokenizer, ["What is the capital of France? Answer with one word."])
+    samples = flat(engine.generate(prompts, SamplingParams(n=3, max_new_tokens=24, temperature=0.7, seed=0)))
+    stopped = [s for s in samples if s.finish_reason == "stop"]
+    assert stopped, [s.text for s in samples]
+    for s in stopped:  # the EOS (= pad) token is part of the response, with a real log-prob
+        assert s.response_token_ids[-1] == 2 and math.isfinite(s.behavior_logprobs[-1])
+        assert "<|im_end|>" not in s.text
+    assert any("Paris" in s.text for s in samples), [s.text for s in samples]
+    reference = response_logprobs(
+        engine.model, [prompts[0]] * 3, [s.response_token_ids for s in samples], 0.7
+    )
+    assert max_abs_diff(samples, reference) < 1e-4
