@@ -168,9 +168,7 @@ def convert_to_hf_dir(source: str | Path, dest_dir: str | Path, *, dtype: torch.
     if _is_gguf(source):
         model, tokenizer = load_policy(source, dtype=dtype)
         return save_policy(model, tokenizer, dest_dir)
-    return _write_dir_atomically(
-        Path(dest_dir), lambda tmp_dir: shutil.copytree(source, tmp_dir, dirs_exist_ok=True)
-    )
+    return _write_dir_atomically(Path(dest_dir), lambda tmp_dir: shutil.copytree(source, tmp_dir, dirs_exist_ok=True))
 
 
 def smollm2_gguf_path() -> Path:

@@ -42,7 +42,8 @@ def flat(groups: list[list[Sample]]) -> list[Sample]:
 
 
 def max_abs_diff(samples: list[Sample], reference: list[list[float]]) -> float:
-    return max(abs(a - b) for s, ref in zip(samples, reference, strict=True) for a, b in zip(s.behavior_logprobs, ref))
+    pairs = [zip(s.behavior_logprobs, ref, strict=True) for s, ref in zip(samples, reference, strict=True)]
+    return max(abs(a - b) for pair in pairs for a, b in pair)
 
 
 # --- contract -------------------------------------------------------------------------------------------------------
@@ -233,7 +234,5 @@ def test_smollm2_stops_on_eos_which_is_also_its_pad_token(smollm2_dir):
         assert s.response_token_ids[-1] == 2 and math.isfinite(s.behavior_logprobs[-1])
         assert "<|im_end|>" not in s.text
     assert any("Paris" in s.text for s in samples), [s.text for s in samples]
-    reference = response_logprobs(
-        engine.model, [prompts[0]] * 3, [s.response_token_ids for s in samples], 0.7
-    )
+    reference = response_logprobs(engine.model, [prompts[0]] * 3, [s.response_token_ids for s in samples], 0.7)
     assert max_abs_diff(samples, reference) < 1e-4

@@ -51,7 +51,8 @@ def test_gguf_conversion_keeps_dequantized_weights_tokenizer_and_chat_template(s
     model, tokenizer = load_policy(smollm2_dir)
     assert model.dtype == torch.float32 and not model.training
     assert tokenizer.eos_token_id == tokenizer.pad_token_id == 2
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    chat = [{"role": "user", "content": "hi"}]
+    text = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
     assert text.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
 
 

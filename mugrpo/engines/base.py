@@ -49,9 +49,7 @@ class SamplingParams(BaseModel):
         "log_softmax(logits / T). ConSPO evaluates with top-p 0.95 (arXiv 2605.12969).",
     )
     max_new_tokens: int = Field(256, ge=1, description="Response length cap; a capped response ends with 'length'.")
-    n: int = Field(
-        4, ge=1, description="Group size G: responses sampled per prompt (GRPO group; AGPO default G = 8)."
-    )
+    n: int = Field(4, ge=1, description="Group size G: responses sampled per prompt (GRPO group; AGPO default G = 8).")
     seed: int = Field(
         0,
         ge=0,

@@ -129,9 +129,7 @@ class TransformersEngine(ClosingEngine):
     with the constructor (the on-policy GRPO baseline samples from the model it trains, with no reload).
     """
 
-    def __init__(
-        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, batch_size: int = 64
-    ) -> None:
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, batch_size: int = 64) -> None:
         """Args:
         model: causal LM; it is switched to eval mode while generating and restored afterwards.
         tokenizer: its tokenizer (decodes the responses; gives the EOS id).
