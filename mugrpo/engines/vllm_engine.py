@@ -19,6 +19,7 @@ per call (build one engine per stage / shard with the seed you want).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 from pathlib import Path
@@ -109,7 +110,7 @@ class VLLMEngine(ClosingEngine):
 
     def _request_params(self, temperature: float, params: SamplingParams) -> Any:
         return self._vllm.SamplingParams(
-            n=params.n,
+            n=1 if temperature <= 0 else params.n,  # vLLM refuses n > 1 when greedy; see generate
             temperature=temperature,
             top_p=params.top_p,
             max_tokens=params.max_new_tokens,
@@ -132,10 +133,21 @@ class VLLMEngine(ClosingEngine):
         prompts = [self._vllm.TokensPrompt(prompt_token_ids=list(map(int, p))) for p in prompt_token_ids]
         request_params = [self._request_params(t, params) for t in temperatures]
         outputs = self._llm.generate(prompts, request_params, use_tqdm=False)
-        return [
-            [self._to_sample(completion, temperature, i) for completion in sorted(out.outputs, key=lambda c: c.index)]
-            for i, (out, temperature) in enumerate(zip(outputs, temperatures, strict=True))
-        ]
+        groups = []
+        for i, (out, temperature) in enumerate(zip(outputs, temperatures, strict=True)):
+            group = [self._to_sample(c, temperature, i) for c in sorted(out.outputs, key=lambda c: c.index)]
+            if temperature <= 0:  # greedy: one request, G copies (what sampling G times greedily gives)
+                first = group[0]
+                group = [
+                    dataclasses.replace(
+                        first,
+                        response_token_ids=list(first.response_token_ids),
+                        behavior_logprobs=list(first.behavior_logprobs),
+                    )
+                    for _ in range(params.n)
+                ]
+            groups.append(group)
+        return groups
 
     def _to_sample(self, completion: Any, temperature: float, prompt_index: int) -> Sample:
         token_ids = list(completion.token_ids)
