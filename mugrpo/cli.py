@@ -164,10 +164,9 @@ def status_cmd(
         raise typer.Exit(2) from None
     st = run_status(open_store(cfg), cfg)
     table = Table(title=f"run {st.run_id} ({st.uri})")
-    for col in ("stage", "state", "generate", "train", "eval", "shards", "checkpoints", "mean reward",
-                "T_gen s", "T_train s", "T_eval s", "T_switch s", "T_total s"):
-        table.add_column(col, justify="right")
-    mark = {True: "done", False: "-"}
+    for col in ("stage", "state", "jobs done", "shards", "ckpts", "reward", "T_gen", "T_train", "T_eval",
+                "T_switch", "T_total"):
+        table.add_column(col, justify="right", no_wrap=True)
     for s in st.stages:
         m = s.manifest
         t = m.timings if m else None
@@ -175,11 +174,13 @@ def status_cmd(
         table.add_row(
             str(s.stage),
             "committed" if s.committed else "pending",
-            *(mark[s.jobs[j]] for j in ("generate", "train", "eval")),
-            str(s.shards_written), str(s.checkpoints), f"{reward:.3f}" if reward is not None else "-",
-            *((f"{getattr(t, f):.1f}" if t else "-") for f in ("t_gen", "t_train", "t_eval", "t_switch", "t_total")),
+            " ".join(j for j in ("generate", "train", "eval") if s.jobs[j]) or "-",
+            str(s.shards_written),
+            str(s.checkpoints),
+            f"{reward:.3f}" if reward is not None else "-",
+            *((f"{getattr(t, f):.0f}s" if t else "-") for f in ("t_gen", "t_train", "t_eval", "t_switch", "t_total")),
         )
-    console.print(table)
+    Console(width=max(console.width, 130)).print(table)
     left = [s.stage for s in st.stages if not s.committed]
     console.print(
         "complete" if st.complete
