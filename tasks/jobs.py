@@ -1,0 +1,128 @@
+"""The Prefect task that launches one job, streams its output into the run's logs, and waits for it.
+
+    from tasks.jobs import job_options, run_job
+
+    result = run_job.with_options(**job_options(cfg.orchestration, tags=["run:r1", "stage:0"]))(
+        "generate", spec_url, python=cfg.generation.python, env={}, timeout_s=cfg.orchestration.job_timeout_s,
+        launcher=cfg.orchestration.launcher,
+    )
+
+Retries: a failed attempt is retried (task ``retries`` / ``retry_delay_seconds``) unless the failure cannot be
+fixed by running the same job again (:func:`is_transient`): an exit code in
+:data:`~tasks.launchers.NON_RETRYABLE_EXIT_CODES` (a usage or spec error) or an error raised before any job
+started. Retrying is cheap because every job resumes from what it committed to object storage.
+
+No result is persisted and nothing is cached: object storage, not Prefect, decides what is done (design.md).
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.runtime import task_run as current_task_run
+
+from tasks.launchers import JobError, JobRequest, JobResult, get_launcher, launch_job
+
+if TYPE_CHECKING:  # mugrpo.config imports torch: keep this module light for flow processes and workers
+    from mugrpo.config import OrchestrationSection
+
+#: Task defaults when no config is at hand (the defaults of ``OrchestrationSection``; a test checks they agree);
+#: flows set them from ``cfg.orchestration`` with :func:`job_options`.
+DEFAULT_RETRIES = 1
+DEFAULT_RETRY_DELAY_S = 5.0
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether running the same job again may succeed: job failures and timeouts yes, except usage/spec errors
+    (exit code 2); errors raised before a job ran (bad arguments, unknown launcher) no."""
+    return isinstance(exc, JobError) and exc.transient
+
+
+def _retry_condition(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect ``retry_condition_fn``: retry only :func:`is_transient` failures."""
+    try:
+        state.result()
+    except Exception as exc:  # the failure's exception is re-raised by result()
+        return is_transient(exc)
+    return False
+
+
+@task(
+    name="run-job",
+    task_run_name="{kind}",
+    retries=DEFAULT_RETRIES,
+    retry_delay_seconds=DEFAULT_RETRY_DELAY_S,
+    retry_condition_fn=_retry_condition,
+    cache_policy=NO_CACHE,
+    persist_result=False,
+)
+def run_job(
+    kind: str,
+    spec_url: str,
+    *,
+    python: str | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float,
+    launcher: str = "subprocess",
+    launcher_options: Mapping[str, Any] | None = None,
+    module: str | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> JobResult:
+    """Run job ``kind`` on ``spec_url`` (``python -m mugrpo.jobs.{kind} SPEC_URL``) and wait for it.
+
+    Each output line of the job (stdout and stderr, merged) is logged through the run logger as it arrives,
+    prefixed with ``[kind]``.
+
+    Args:
+        kind: job kind: ``generate``, ``train``, ``eval``...
+        spec_url: path or fsspec URL of the job's JSON spec.
+        python: interpreter of the job (e.g. a vLLM virtualenv); None = this interpreter / the image's ``python``.
+        env: extra environment of the job (strings). Credentials never go here: the job inherits them from the
+            environment (subprocess) or a Secret (Kubernetes).
+        timeout_s: wall-clock limit in seconds; the job (its whole process group / its Kubernetes Job) is killed
+            past it and the attempt fails with :class:`~tasks.launchers.JobTimeoutError`.
+        launcher: name in :data:`tasks.launchers.LAUNCHERS` (``subprocess`` or ``kubernetes``).
+        launcher_options: keyword arguments of the launcher (e.g. ``{"kill_grace_s": 5}``).
+        module: module to run instead of ``mugrpo.jobs.{kind}`` (stand-in jobs in tests).
+        labels: identifying key/values (run id, stage); labels of the Kubernetes Job.
+
+    Returns:
+        :class:`~tasks.launchers.JobResult`: exit code 0, wall seconds (launch to exit), last output lines.
+
+    Raises:
+        JobFailedError: non-zero exit; the message ends with the job's last 20 lines.
+        JobTimeoutError: killed at ``timeout_s``.
+        JobLaunchError: the launcher could not start or watch the job.
+        ValueError: malformed arguments or unknown launcher (not retried).
+    """
+    logger = get_run_logger()
+    request = JobRequest(
+        kind=kind, spec_url=spec_url, timeout_s=timeout_s, python=python, env=dict(env or {}), module=module,
+        labels=dict(labels or {}),
+    )
+    impl = get_launcher(launcher, **dict(launcher_options or {}))
+    logger.info(
+        "launching %s job (attempt %d, %s launcher, timeout %g s): %s",
+        kind, current_task_run.run_count, launcher, timeout_s, shlex.join(request.command(sys.executable)),
+    )
+    result = launch_job(request, impl, on_line=lambda line: logger.info("[%s] %s", kind, line))
+    logger.info("%s job %s finished in %.1f s", kind, result.job_id, result.seconds)
+    return result
+
+
+def job_options(orchestration: OrchestrationSection, *, tags: Iterable[str] = ()) -> dict[str, Any]:
+    """Task options of :func:`run_job` from the config's orchestration section, for ``run_job.with_options``.
+
+    Returns:
+        ``{"retries": ..., "retry_delay_seconds": ..., "tags": {...}}``.
+    """
+    return {
+        "retries": orchestration.retries,
+        "retry_delay_seconds": orchestration.retry_delay_s,
+        "tags": set(tags),
+    }
