@@ -1,0 +1,62 @@
+"""A stand-in job for the launcher tests: ``python -m jobs_fixture SPEC.json`` (with ``tests/`` on PYTHONPATH).
+
+It never flushes stdout by hand: lines arrive as printed only because the launcher sets PYTHONUNBUFFERED=1.
+
+Like a real job it imports neither mugrpo nor Prefect and reads one JSON spec; the spec scripts its behavior:
+
+    before: [str]       lines printed to stdout first
+    stderr: [str]       lines printed to stderr next
+    print_env: [str]    names of environment variables printed as NAME=value
+    sleep_s: float      then sleep this long
+    after: [str]        lines printed after the sleep
+    exit_code: int      exit code (default 0)
+    counter_file: str   with fail_attempts: count attempts in this file ...
+    fail_attempts: int  ... and exit with exit_code only on the first fail_attempts attempts, then 0
+    grandchild: bool    spawn a grandchild that ignores SIGTERM and sleeps (same process group)
+    ignore_term: bool   ignore SIGTERM in the job itself (only SIGKILL ends it)
+    pid_file: str       write {"job": pid, "grandchild": pid} here once started
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def main(spec_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    if spec.get("ignore_term"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    attempt = 1
+    if spec.get("counter_file"):
+        counter = Path(spec["counter_file"])
+        attempt = int(counter.read_text()) + 1 if counter.exists() else 1
+        counter.write_text(str(attempt))
+    pids = {"job": os.getpid()}
+    if spec.get("grandchild"):
+        code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+        pids["grandchild"] = subprocess.Popen([sys.executable, "-c", code]).pid
+    if spec.get("pid_file"):
+        Path(spec["pid_file"]).write_text(json.dumps(pids))
+    for line in spec.get("before", []):
+        print(line)
+    for line in spec.get("stderr", []):
+        print(line, file=sys.stderr)
+    for name in spec.get("print_env", []):
+        print(f"{name}={os.environ.get(name)}")
+    print(f"attempt {attempt}")
+    time.sleep(float(spec.get("sleep_s", 0)))
+    for line in spec.get("after", []):
+        print(line)
+    if attempt <= int(spec.get("fail_attempts", 1 << 30)):
+        return int(spec.get("exit_code", 0))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
