@@ -15,8 +15,10 @@ one entry point: it runs a :class:`JobRequest` on a launcher and turns the outco
 
 from __future__ import annotations
 
+import ast
 import atexit
 import ctypes
+import hashlib
 import json
 import os
 import queue
@@ -425,6 +427,8 @@ K8S_FIELD_ENV = {
     "hf_cache_claim_name": "MUGRPO_K8S_HF_CACHE_CLAIM",
     "service_account_name": "MUGRPO_K8S_SERVICE_ACCOUNT",
 }
+#: Label of a Job naming its spec (sha256 of the spec URL, 16 hex): one active Job per spec.
+SPEC_LABEL = "mugrpo/spec"
 _DNS_LABEL_BAD = re.compile(r"[^a-z0-9-]+")
 _LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -483,7 +487,8 @@ class KubernetesJobSettings(BaseModel):
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> KubernetesJobSettings:
-        """Settings from ``MUGRPO_K8S_JOB_SETTINGS`` (a JSON object) overlaid with the single-field variables of
+        """Settings from ``MUGRPO_K8S_JOB_SETTINGS`` (a JSON object, or the Python repr of a dict as the work pool
+        template writes its ``job_settings`` variable) overlaid with the single-field variables of
         :data:`K8S_FIELD_ENV` (empty values are ignored).
 
         Raises:
@@ -494,7 +499,10 @@ class KubernetesJobSettings(BaseModel):
         try:
             data = json.loads(raw) if raw else {}
         except json.JSONDecodeError as e:
-            raise ValueError(f"{K8S_SETTINGS_ENV} is not valid JSON: {e}") from e
+            try:  # Prefect's job templates write an object variable as its Python repr
+                data = ast.literal_eval(raw)
+            except (ValueError, SyntaxError):
+                raise ValueError(f"{K8S_SETTINGS_ENV} is not valid JSON: {e}") from e
         if not isinstance(data, dict):
             raise ValueError(f"{K8S_SETTINGS_ENV} must hold a JSON object, got {type(data).__name__}")
         for name, var in K8S_FIELD_ENV.items():
@@ -545,7 +553,11 @@ def build_job_manifest(request: JobRequest, settings: KubernetesJobSettings, nam
     kind = request.kind
     name = name or k8s_name("mugrpo", kind, uuid.uuid4().hex[:8])
     gpus = settings.gpus.get(kind, 0)
-    labels = {"app.kubernetes.io/name": "mugrpo", "app.kubernetes.io/component": k8s_label_value(kind)}
+    labels = {
+        "app.kubernetes.io/name": "mugrpo",
+        "app.kubernetes.io/component": k8s_label_value(kind),
+        SPEC_LABEL: hashlib.sha256(request.spec_url.encode()).hexdigest()[:16],
+    }
     labels.update({f"mugrpo/{k8s_name(k)}": k8s_label_value(v) for k, v in request.labels.items()})
 
     secret_keys = settings.s3_secret_keys if settings.s3_secret_name else ()
@@ -614,6 +626,10 @@ class KubernetesLauncher(Launcher):
     helpers; pod log lines stream to ``on_line``. Needs the ``prefect-kubernetes`` package and in-cluster or
     kubeconfig credentials for the Kubernetes API (RBAC: infra/k8s/rbac.yaml).
 
+    A Job outlives the flow pod that created it (an evicted flow pod cannot clean up). So before creating a Job,
+    the launcher deletes the still-active Jobs of the same spec (label ``mugrpo/spec``, a hash of the spec URL):
+    at most one job writes a stage's files at a time, as with the subprocess launcher.
+
     Args:
         settings: where and how pods run; None = :meth:`KubernetesJobSettings.from_env`.
         **overrides: fields of :class:`KubernetesJobSettings` replacing those of ``settings``.
@@ -625,6 +641,7 @@ class KubernetesLauncher(Launcher):
 
     def run(self, request: JobRequest, on_line: LineSink) -> LaunchOutcome:
         try:
+            from prefect_kubernetes.credentials import KubernetesCredentials
             from prefect_kubernetes.exceptions import KubernetesJobTimeoutError
             from prefect_kubernetes.jobs import KubernetesJob
         except ImportError as e:
@@ -634,35 +651,52 @@ class KubernetesLauncher(Launcher):
             ) from e
         manifest = build_job_manifest(request, self.settings)
         job_name = manifest["metadata"]["name"]
-        job = KubernetesJob(
-            v1_job=manifest,
-            namespace=self.settings.namespace,
-            # The cluster enforces the deadline (activeDeadlineSeconds); this one bounds the watch loop.
-            timeout_seconds=int(request.timeout_s) + 5 * self.settings.poll_interval_s,
-            interval_seconds=self.settings.poll_interval_s,
-            delete_after_completion=False,  # finished Jobs stay for `kubectl logs` until their TTL
-        )
-        try:
-            job_run = job.trigger()
-        except Exception as e:  # the API refused the Job or is unreachable
-            raise JobLaunchError(f"cannot create Kubernetes Job {job_name}: {e}", kind=request.kind) from e
         job_id = f"{self.settings.namespace}/{job_name}"
+        credentials = KubernetesCredentials()  # in-cluster config, else the kubeconfig
+        try:
+            for stale in self._active_jobs(credentials, f"{SPEC_LABEL}={manifest['metadata']['labels'][SPEC_LABEL]}"):
+                on_line(f"deleting the still-active Job {stale} of the same spec (an earlier attempt)")
+                self._delete(credentials, stale)
+            job_run = KubernetesJob(
+                v1_job=manifest,
+                namespace=self.settings.namespace,
+                credentials=credentials,
+                # The cluster enforces the deadline (activeDeadlineSeconds); this one bounds the watch loop.
+                timeout_seconds=int(request.timeout_s) + 5 * self.settings.poll_interval_s,
+                interval_seconds=self.settings.poll_interval_s,
+                delete_after_completion=False,  # finished Jobs stay for `kubectl logs` until their TTL
+            ).trigger()
+        except Exception as e:  # the API refused the Job or is unreachable
+            raise JobLaunchError(f"cannot create Kubernetes Job {job_id}: {e}", kind=request.kind) from e
         try:
             job_run.wait_for_completion(print_func=lambda line: on_line(_clip(str(line))))
         except KubernetesJobTimeoutError:
-            self._delete(job)
+            self._delete(credentials, job_name)
             return LaunchOutcome(exit_code=None, job_id=job_id, timed_out=True)
         except RuntimeError as e:  # the helper's message names the Job's failure reasons
-            deadline = "DeadlineExceeded" in str(e)
-            return LaunchOutcome(exit_code=None, job_id=job_id, timed_out=deadline, detail=str(e))
+            return LaunchOutcome(
+                exit_code=self._exit_code(credentials, job_name), job_id=job_id,
+                timed_out="DeadlineExceeded" in str(e), detail=str(e),
+            )
         except BaseException:
-            self._delete(job)
+            self._delete(credentials, job_name)
             raise
         return LaunchOutcome(exit_code=0, job_id=job_id)
 
-    @staticmethod
-    def _delete(job: Any) -> None:
-        """Delete the Job and its pods (foreground propagation); best effort."""
+    def _active_jobs(self, credentials: Any, label_selector: str) -> list[str]:
+        """Names of the Jobs matching ``label_selector`` that still have running pods."""
+        from prefect.utilities.asyncutils import run_coro_as_sync
+        from prefect_kubernetes.jobs import list_namespaced_job
+
+        jobs = run_coro_as_sync(
+            list_namespaced_job.fn(
+                kubernetes_credentials=credentials, namespace=self.settings.namespace, label_selector=label_selector
+            )
+        )
+        return [j.metadata.name for j in jobs.items if j.status and j.status.active]
+
+    def _delete(self, credentials: Any, job_name: str) -> None:
+        """Delete a Job and its pods now (foreground propagation, no grace period); best effort."""
         from kubernetes_asyncio.client import V1DeleteOptions
         from prefect.utilities.asyncutils import run_coro_as_sync
         from prefect_kubernetes.jobs import delete_namespaced_job
@@ -670,11 +704,29 @@ class KubernetesLauncher(Launcher):
         try:
             run_coro_as_sync(
                 delete_namespaced_job.fn(
-                    kubernetes_credentials=job.credentials,
-                    job_name=job.v1_job["metadata"]["name"],
-                    namespace=job.namespace,
-                    delete_options=V1DeleteOptions(propagation_policy="Foreground"),
+                    kubernetes_credentials=credentials, job_name=job_name, namespace=self.settings.namespace,
+                    delete_options=V1DeleteOptions(propagation_policy="Foreground", grace_period_seconds=0),
                 )
             )
-        except Exception:  # noqa: BLE001  the TTL controller removes it later anyway
+        except Exception:  # noqa: BLE001  a finished Job is removed by its TTL anyway
             pass
+
+    def _exit_code(self, credentials: Any, job_name: str) -> int | None:
+        """Exit code of the Job's terminated container (None if unknown), so exit code 2 is not retried."""
+        from prefect.utilities.asyncutils import run_coro_as_sync
+        from prefect_kubernetes.pods import list_namespaced_pod
+
+        try:
+            pods = run_coro_as_sync(
+                list_namespaced_pod.fn(
+                    kubernetes_credentials=credentials, namespace=self.settings.namespace,
+                    label_selector=f"job-name={job_name}",
+                )
+            )
+            for pod in pods.items:
+                for status in (pod.status and pod.status.container_statuses) or []:
+                    if status.state and status.state.terminated:
+                        return status.state.terminated.exit_code
+        except Exception:  # noqa: BLE001  the failure is reported either way
+            pass
+        return None

@@ -1,6 +1,7 @@
 """Launchers and the run_job task, with real processes: a stand-in job (tests/jobs_fixture.py) run as a subprocess,
-and Prefect flows against a real local Prefect server (tests/_prefect.py). The Kubernetes launcher's manifests are
-tested in test_infra.py (no cluster exists here)."""
+and Prefect flows against a real local Prefect server (tests/_prefect.py). No Kubernetes cluster exists here: the
+kubernetes launcher's control flow runs against an in-memory fake of the cluster calls (the one mock in this file),
+and its manifests are validated against the Kubernetes API schema in test_infra.py."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from _prefect import flow_run_logs, prefect_api, prefect_server  # noqa: F401  (fixtures)
@@ -218,3 +220,92 @@ def test_run_job_logs_lines_retries_transient_failures_not_usage_errors(tmp_path
     assert "[standin] hello from the job" in text and "[standin] a warning on stderr" in text
     assert "launching standin job (attempt 2, subprocess launcher" in text
     assert "attempt 3" not in text
+
+
+# ------------------------------------------------------------------------------- kubernetes launcher, fake cluster
+class FakeCluster:
+    """Stands in for a Kubernetes cluster (none exists here): the prefect-kubernetes calls the launcher makes are
+    replaced by this in-memory one. Jobs "run" by printing ``logs`` and ending as ``outcome`` says."""
+
+    def __init__(self, monkeypatch, *, logs, outcome="Complete", exit_code=0, active=()):
+        import prefect_kubernetes.jobs as k8s_jobs
+        import prefect_kubernetes.pods as k8s_pods
+        from prefect_kubernetes.exceptions import KubernetesJobTimeoutError
+
+        self.created: list[dict] = []
+        self.deleted: list[str] = []
+        self.active = {name: spec for name, spec in active}  # name -> mugrpo/spec label of still-running Jobs
+        cluster = self
+
+        class Run:
+            def wait_for_completion(self, print_func):
+                for line in logs:
+                    print_func(line)
+                if outcome == "Timeout":
+                    raise KubernetesJobTimeoutError("Job timed out after 70 seconds.")
+                if outcome != "Complete":
+                    raise RuntimeError(f"Job {cluster.created[-1]['metadata']['name']!r} failed due to [{outcome!r}]")
+
+        def trigger(job):
+            cluster.created.append(job.v1_job)
+            return Run()
+
+        async def list_jobs(kubernetes_credentials, namespace, label_selector):
+            key, value = label_selector.split("=")
+            items = [SimpleNamespace(metadata=SimpleNamespace(name=n), status=SimpleNamespace(active=1))
+                     for n, spec in self.active.items() if spec == value]
+            return SimpleNamespace(items=items)
+
+        async def delete_job(kubernetes_credentials, job_name, namespace, delete_options):
+            cluster.deleted.append(job_name)
+
+        async def list_pods(kubernetes_credentials, namespace, label_selector):
+            terminated = SimpleNamespace(exit_code=exit_code)
+            status = SimpleNamespace(container_statuses=[SimpleNamespace(state=SimpleNamespace(terminated=terminated))])
+            return SimpleNamespace(items=[SimpleNamespace(status=status)])
+
+        monkeypatch.setattr(k8s_jobs.KubernetesJob, "trigger", trigger)
+        monkeypatch.setattr(k8s_jobs, "list_namespaced_job", SimpleNamespace(fn=list_jobs))
+        monkeypatch.setattr(k8s_jobs, "delete_namespaced_job", SimpleNamespace(fn=delete_job))
+        monkeypatch.setattr(k8s_pods, "list_namespaced_pod", SimpleNamespace(fn=list_pods))
+
+
+def k8s_request(**kw) -> JobRequest:
+    return JobRequest(kind="generate", spec_url="s3://b/runs/r/jobs/stage=0/generate.spec.json", timeout_s=60, **kw)
+
+
+def test_kubernetes_launcher_streams_pod_logs_and_replaces_stale_jobs(monkeypatch):
+    import kubernetes_validate
+
+    from tasks.launchers import SPEC_LABEL, KubernetesLauncher, build_job_manifest
+
+    launcher = KubernetesLauncher(image="r/mugrpo:gpu", namespace="mugrpo")
+    spec_hash = build_job_manifest(k8s_request(), launcher.settings)["metadata"]["labels"][SPEC_LABEL]
+    cluster = FakeCluster(monkeypatch, logs=["engine up", "shard 0 done"],
+                          active=[("mugrpo-generate-old", spec_hash), ("other-spec", "0" * 16)])
+    seen = []
+    result = launch_job(k8s_request(), launcher, on_line=seen.append)
+    assert result.exit_code == 0 and result.launcher == "kubernetes"
+    assert seen[-2:] == ["engine up", "shard 0 done"]
+    assert cluster.deleted == ["mugrpo-generate-old"]  # the earlier attempt of this spec, not other specs' Jobs
+    (manifest,) = cluster.created
+    kubernetes_validate.validate(manifest, kubernetes_validate.utils.latest_version(), strict=True)
+    assert result.job_id == f"mugrpo/{manifest['metadata']['name']}"
+
+
+@pytest.mark.parametrize(
+    ("outcome", "exit_code", "error", "transient"),
+    [("BackoffLimitExceeded", 2, JobFailedError, False), ("BackoffLimitExceeded", 137, JobFailedError, True),
+     ("DeadlineExceeded", 137, JobTimeoutError, True), ("Timeout", None, JobTimeoutError, True)],
+)
+def test_kubernetes_launcher_failures(monkeypatch, outcome, exit_code, error, transient):
+    from tasks.launchers import KubernetesLauncher
+
+    cluster = FakeCluster(monkeypatch, logs=["loading spec", "boom"], outcome=outcome, exit_code=exit_code)
+    with pytest.raises(error) as info:
+        launch_job(k8s_request(), KubernetesLauncher(image="r/mugrpo:gpu"))
+    assert info.value.transient is transient and info.value.last_lines[-1] == "boom"
+    if error is JobFailedError:
+        assert info.value.exit_code == exit_code and outcome in str(info.value)
+    if outcome == "Timeout":  # the watch gave up: the launcher deletes the Job
+        assert cluster.deleted == [cluster.created[0]["metadata"]["name"]]

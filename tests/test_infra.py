@@ -1,0 +1,319 @@
+"""infra/: the Kubernetes work pool base job template, the Kubernetes manifests of the jobs the kubernetes launcher
+creates, the deployment definitions, the image definition, and a deployment run end to end on a `process` work pool.
+
+There is no Kubernetes cluster here: manifests are validated against the Kubernetes API schema with
+kubernetes-validate (schemas shipped in the package, offline), and the work pool is created on a real local Prefect
+server (tests/_prefect.py), which stores and serves its template but starts no pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import os
+import re
+import subprocess
+import uuid
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+from _prefect import (  # noqa: F401  (fixtures)
+    deploy_local_flow,
+    flow_run_logs,
+    prefect_api,
+    prefect_cli,
+    prefect_server,
+    process_worker,
+    run_deployment_and_wait,
+)
+
+from tasks.launchers import JobRequest, KubernetesJobSettings, build_job_manifest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+INFRA = REPO_ROOT / "infra"
+TEMPLATE = INFRA / "base-job-template.json"
+#: The newest Kubernetes API schema kubernetes-validate ships (offline).
+K8S_VERSION = kubernetes_validate.utils.latest_version()
+#: Keys Prefect's Kubernetes worker requires in the *pod* spec of a base job template (its manifest check demands
+#: them there, though Kubernetes reads them on the Job spec and ignores them in a pod spec with a warning).
+PREFECT_REQUIRED_STRAY_POD_KEYS = ("parallelism", "completions")
+GPU_VALUES = {
+    "image": "registry.example.com/mugrpo:gpu",
+    "gpu_count": 1,
+    "node_selector": {"nvidia.com/gpu.present": "true"},
+    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    "env": {"AWS_DEFAULT_REGION": "us-east-1"},
+    "job_settings": {"images": {"generate": "registry.example.com/mugrpo:vllm"}, "gpus": {"generate": 2}},
+}
+
+# The example Job manifest infra/k8s/job-generate.example.yaml is generated from these (golden file).
+EXAMPLE_MANIFEST = INFRA / "k8s" / "job-generate.example.yaml"
+EXAMPLE_SETTINGS = KubernetesJobSettings(
+    namespace="mugrpo",
+    image="registry.example.com/mugrpo:cpu",
+    images={"generate": "registry.example.com/mugrpo:gpu"},
+    gpus={"generate": 1},
+    gpu_node_selector={"nvidia.com/gpu.present": "true"},
+    env={"AWS_DEFAULT_REGION": "us-east-1"},
+)
+EXAMPLE_REQUEST = JobRequest(
+    kind="generate",
+    spec_url="s3://mugrpo-runs/runs/gsm8k-smollm2/jobs/stage=0/generate.spec.json",
+    timeout_s=6 * 3600,
+    python="/opt/vllm/bin/python",
+    env={"MUGRPO_STORAGE_OPTIONS": "{}"},
+    labels={"run": "gsm8k-smollm2", "stage": "0"},
+)
+
+
+def validate_strict(manifest: dict) -> None:
+    """Validate against the Kubernetes API schema; strict: unknown fields (typos) fail too."""
+    kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+
+
+def render_template(template: dict, values: dict) -> dict:
+    """The Job manifest Prefect's Kubernetes worker would submit for a flow run, from the work pool's base job
+    template and job variables, through the worker's own code (defaults, templating, env merge, labels)."""
+    from prefect.client.schemas.objects import FlowRun
+    from prefect.utilities.templating import apply_values
+    from prefect_kubernetes.worker import KubernetesWorkerJobConfiguration
+
+    properties = template["variables"]["properties"]
+    variables = {k: v["default"] for k, v in properties.items() if v.get("default") is not None}
+    variables.update(values)
+    config = KubernetesWorkerJobConfiguration(**apply_values(copy.deepcopy(template["job_configuration"]), variables))
+    config.prepare_for_flow_run(FlowRun(flow_id=uuid.uuid4(), name="test-flow-run"))
+    return config.job_manifest
+
+
+def strip_prefect_stray_keys(manifest: dict) -> dict:
+    manifest = copy.deepcopy(manifest)
+    pod_spec = manifest["spec"]["template"]["spec"]
+    for key in PREFECT_REQUIRED_STRAY_POD_KEYS:
+        assert pod_spec.pop(key) == 1
+    return manifest
+
+
+def container_env(manifest: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in manifest["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+# ------------------------------------------------------------------------------------------- base job template
+def test_base_job_template_renders_valid_jobs_with_defaults_and_gpu_values():
+    template = json.loads(TEMPLATE.read_text())
+    for values in ({}, GPU_VALUES):
+        manifest = render_template(template, values)
+        kubernetes_validate.validate(manifest, K8S_VERSION, strict=False)
+        validate_strict(strip_prefect_stray_keys(manifest))
+        pod = manifest["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        env = container_env(manifest)
+        # S3 credentials come from the Secret, by reference: no value anywhere in the template.
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            assert env[key] == {"name": key, "valueFrom": {"secretKeyRef": {"name": "mugrpo-s3", "key": key}}}
+        assert env["HF_HOME"]["value"] == "/cache/huggingface"
+        assert {"name": "hf-cache", "mountPath": "/cache/huggingface"} in container["volumeMounts"]
+        assert {"name": "hf-cache", "persistentVolumeClaim": {"claimName": "mugrpo-hf-cache"}} in pod["volumes"]
+        assert pod["serviceAccountName"] == "mugrpo-flows"
+        assert env["MUGRPO_K8S_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+        # The flow pod hands the job settings to the kubernetes launcher through its environment.
+        job_settings = KubernetesJobSettings.from_env({k: e.get("value", "") for k, e in env.items()})
+        assert job_settings.s3_secret_name == "mugrpo-s3" and job_settings.hf_cache_claim_name == "mugrpo-hf-cache"
+        if values:
+            assert job_settings.gpus == {"generate": 2}
+            assert job_settings.image_for("generate") == "registry.example.com/mugrpo:vllm"
+            assert job_settings.image_for("train") == GPU_VALUES["image"]
+            assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+            assert pod["nodeSelector"] == GPU_VALUES["node_selector"]
+            assert pod["tolerations"] == GPU_VALUES["tolerations"]
+            assert env["MUGRPO_K8S_IMAGE"]["value"] == container["image"] == GPU_VALUES["image"]
+            assert env["AWS_DEFAULT_REGION"]["value"] == "us-east-1"  # deployment env merged by the worker
+        else:  # the flow pod only orchestrates by default: no GPU, no node constraints
+            assert job_settings == KubernetesJobSettings()
+            assert "nvidia.com/gpu" not in container["resources"].get("limits", {})
+            assert "nodeSelector" not in pod and "tolerations" not in pod
+
+
+def test_base_job_template_holds_no_secret_values():
+    text = TEMPLATE.read_text()
+    assert not re.search(r"AKIA[0-9A-Z]{12,}", text)  # no AWS access key id
+    template = json.loads(text)
+    for entry in template["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]["containers"][0]["env"]:
+        if entry["name"].startswith("AWS_"):
+            assert "value" not in entry and "secretKeyRef" in entry["valueFrom"], entry
+
+
+def test_work_pool_created_on_a_local_prefect_server_serves_the_template(prefect_api):
+    from prefect.client.orchestration import get_client
+    from prefect_kubernetes.worker import KubernetesWorkerJobConfiguration
+
+    pool = f"mugrpo-k8s-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.run(
+        [prefect_cli(), "work-pool", "create", pool, "--type", "kubernetes", "--base-job-template", str(TEMPLATE)],
+        capture_output=True, text=True, timeout=180, env={**os.environ, "PREFECT_API_URL": prefect_api},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with get_client(sync_client=True) as client:
+        work_pool = client.read_work_pool(pool)
+    assert work_pool.type == "kubernetes"
+    assert work_pool.base_job_template == json.loads(TEMPLATE.read_text())
+
+    async def worker_config():  # what a Kubernetes worker polling this pool would build for a deployment
+        async with get_client() as client:
+            return await KubernetesWorkerJobConfiguration.from_template_and_values(
+                work_pool.base_job_template, GPU_VALUES, client=client
+            )
+
+    config = asyncio.run(worker_config())
+    manifest = config.job_manifest
+    validate_strict(strip_prefect_stray_keys({**manifest, "metadata": {**manifest["metadata"], "name": "x"}}))
+    assert manifest["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+
+# -------------------------------------------------------------------------------- job manifests of the launcher
+def test_generation_job_manifest_gpu_secret_cache_and_scheduling():
+    manifest = build_job_manifest(EXAMPLE_REQUEST, EXAMPLE_SETTINGS, name="mugrpo-generate-test")
+    validate_strict(manifest)
+    spec = manifest["spec"]
+    pod = spec["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "registry.example.com/mugrpo:gpu"
+    assert container["command"] == ["/opt/vllm/bin/python", "-m", "mugrpo.jobs.generate", EXAMPLE_REQUEST.spec_url]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"] == {
+        "name": "mugrpo-s3", "key": "AWS_SECRET_ACCESS_KEY"}
+    assert env["MUGRPO_STORAGE_OPTIONS"]["value"] == "{}" and env["HF_HOME"]["value"] == "/cache/huggingface"
+    assert {"name": "hf-cache", "persistentVolumeClaim": {"claimName": "mugrpo-hf-cache"}} in pod["volumes"]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    assert spec["backoffLimit"] == 0 and spec["activeDeadlineSeconds"] == 6 * 3600
+    assert manifest["metadata"]["labels"]["mugrpo/run"] == "gsm8k-smollm2"
+    assert manifest["metadata"]["namespace"] == "mugrpo"
+
+
+def test_cpu_job_manifest_has_no_gpu_scheduling_and_names_are_valid():
+    request = JobRequest(kind="train", spec_url="s3://b/r/jobs/stage=0/train.spec.json", timeout_s=60.5,
+                         labels={"run": "A run/with odd chars!" * 5})
+    settings = EXAMPLE_SETTINGS.model_copy(update={"hf_cache_claim_name": None, "s3_secret_name": None})
+    manifest = build_job_manifest(request, settings)
+    validate_strict(manifest)
+    pod = manifest["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["image"] == "registry.example.com/mugrpo:cpu"
+    assert container["command"][0] == "python"
+    assert "resources" not in container and "nodeSelector" not in pod and "tolerations" not in pod
+    assert {"name": "hf-cache", "emptyDir": {}} in pod["volumes"]
+    env = {e["name"] for e in container["env"]}
+    assert "AWS_ACCESS_KEY_ID" not in env and "AWS_SECRET_ACCESS_KEY" not in env  # workload identity instead
+    assert re.fullmatch(r"mugrpo-train-[0-9a-f]{8}", manifest["metadata"]["name"])
+    assert len(manifest["metadata"]["labels"]["mugrpo/run"]) <= 63
+
+
+def test_job_settings_from_the_flow_pod_environment():
+    environ = {
+        "MUGRPO_K8S_JOB_SETTINGS": json.dumps({"images": {"generate": "r/m:gpu"}, "gpus": {"generate": 2}}),
+        "MUGRPO_K8S_NAMESPACE": "team-a",
+        "MUGRPO_K8S_IMAGE": "r/m:cpu",
+        "MUGRPO_K8S_S3_SECRET": "",  # set but empty (an unset template variable): ignored
+    }
+    settings = KubernetesJobSettings.from_env(environ)
+    assert (settings.namespace, settings.image, settings.gpus, settings.s3_secret_name) == (
+        "team-a", "r/m:cpu", {"generate": 2}, "mugrpo-s3")
+    assert settings.image_for("generate") == "r/m:gpu" and settings.image_for("eval") == "r/m:cpu"
+    with pytest.raises(ValueError, match="MUGRPO_K8S_JOB_SETTINGS is not valid JSON"):
+        KubernetesJobSettings.from_env({"MUGRPO_K8S_JOB_SETTINGS": "{gpus: 1"})
+    with pytest.raises(ValueError, match="gpuz"):
+        KubernetesJobSettings.from_env({"MUGRPO_K8S_JOB_SETTINGS": '{"gpuz": {}}'})
+    with pytest.raises(ValueError, match="no image for the train job"):
+        KubernetesJobSettings().image_for("train")
+
+
+def test_example_job_manifest_is_what_the_launcher_builds():
+    """infra/k8s/job-generate.example.yaml documents the launcher's output; regenerate it with
+    MUGRPO_UPDATE_EXAMPLES=1 when build_job_manifest changes."""
+    manifest = build_job_manifest(EXAMPLE_REQUEST, EXAMPLE_SETTINGS, name="mugrpo-generate-3f9c2a1b")
+    header = (
+        "# What the kubernetes launcher (tasks/launchers.py) submits for a generation job: generated by\n"
+        "# tests/test_infra.py from example settings (MUGRPO_UPDATE_EXAMPLES=1 rewrites it). For reading and for\n"
+        "# running a job by hand: kubectl create -n mugrpo -f infra/k8s/job-generate.example.yaml\n"
+    )
+    text = header + yaml.safe_dump(manifest, sort_keys=False, width=120)
+    if os.environ.get("MUGRPO_UPDATE_EXAMPLES") == "1":
+        EXAMPLE_MANIFEST.write_text(text)
+    assert EXAMPLE_MANIFEST.read_text() == text, "stale example: rerun with MUGRPO_UPDATE_EXAMPLES=1"
+
+
+@pytest.mark.parametrize("path", sorted((INFRA / "k8s").glob("*.yaml")), ids=lambda p: p.name)
+def test_k8s_manifests_are_valid(path):
+    documents = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    assert documents
+    for document in documents:
+        validate_strict(document)
+
+
+# ------------------------------------------------------------------------------------ deployments and the image
+def test_prefect_yaml_deploys_both_flows_on_the_kubernetes_pool():
+    spec = yaml.safe_load((INFRA / "prefect.yaml").read_text())
+    deployments = {d["entrypoint"]: d for d in spec["deployments"]}
+    assert set(deployments) == {"flows/run.py:run_flow", "flows/stage.py:stage_flow"}
+    for d in deployments.values():
+        assert d["work_pool"]["name"] == "mugrpo-k8s"
+        assert d["work_pool"]["job_variables"]["image"] == "{{ $MUGRPO_IMAGE }}"
+        path, _ = d["entrypoint"].split(":")
+        assert (REPO_ROOT / path).is_file()
+    steps = spec["pull"]
+    assert steps == [{"prefect.deployments.steps.set_working_directory": {"directory": "/opt/mugrpo"}}]
+    assert "WORKDIR /opt/mugrpo" in (INFRA / "Dockerfile").read_text()
+
+
+def test_dockerfile_stages_copy_existing_paths_and_bake_no_credentials():
+    text = (INFRA / "Dockerfile").read_text()
+    stages = re.findall(r"^FROM \S+ AS (\w+)$", text, flags=re.M)
+    assert stages == ["base", "gpu", "cpu"]  # cpu last: the default target
+    for sources in re.findall(r"^COPY (.+) \S+$", text, flags=re.M):
+        for source in sources.split():
+            assert (REPO_ROOT / source).exists(), f"COPY {source}: no such path in the repository"
+    assert not re.search(r"^(ENV|ARG)\s+.*(AWS_|SECRET|TOKEN|PASSWORD)", text, flags=re.M | re.I)
+
+
+def test_a_deployment_runs_end_to_end_on_a_process_work_pool(process_worker, tmp_path):
+    """The process_worker fixture works: a deployment of a stand-in flow runs through the real worker as a flow-run
+    subprocess, and the job it launches streams its lines into the flow run's logs."""
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"before": ["hello from a deployed job"]}))
+    deployment_id = deploy_local_flow("tests/flows_fixture.py:job_flow", name="fixture-check",
+                                      pool=process_worker.pool)
+    flow_run = run_deployment_and_wait(deployment_id, parameters={"spec_url": str(spec)}, timeout_s=240)
+    assert flow_run.state.is_completed(), f"{flow_run.state}\n{process_worker.log_tail()}"
+    logs = "\n".join(flow_run_logs(flow_run.id, wait_for="hello from a deployed job"))
+    assert "[standin] hello from a deployed job" in logs, process_worker.log_tail()
+
+
+def test_prefect_deploy_registers_the_infra_deployments(prefect_api):
+    """`prefect deploy` reads infra/prefect.yaml as an operator would, loads both flows from their entrypoints and
+    registers them on the Kubernetes work pool of the local server (no cluster: nothing runs)."""
+    from prefect.client.orchestration import get_client
+
+    env = {**os.environ, "PREFECT_API_URL": prefect_api, "MUGRPO_IMAGE": "registry.example.com/mugrpo:test"}
+    create = subprocess.run(
+        [prefect_cli(), "work-pool", "create", "mugrpo-k8s", "--type", "kubernetes", "--base-job-template",
+         str(TEMPLATE), "--overwrite"], capture_output=True, text=True, timeout=180, env=env,
+    )
+    assert create.returncode == 0, create.stdout + create.stderr
+    deploy = subprocess.run(
+        [prefect_cli(), "--no-prompt", "deploy", "--all", "--prefect-file", str(INFRA / "prefect.yaml")],
+        capture_output=True, text=True, timeout=300, env=env, cwd=REPO_ROOT,
+    )
+    assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
+    with get_client(sync_client=True) as client:
+        for name in ("mugrpo-run/k8s", "mugrpo-stage/k8s"):
+            deployment = client.read_deployment_by_name(name)
+            assert deployment.work_pool_name == "mugrpo-k8s"
+            assert deployment.job_variables["image"] == "registry.example.com/mugrpo:test"
+            assert deployment.pull_steps == [
+                {"prefect.deployments.steps.set_working_directory": {"directory": "/opt/mugrpo"}}]
