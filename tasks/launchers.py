@@ -24,6 +24,7 @@ import os
 import queue
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -298,8 +299,9 @@ def _pump(stream: IO[str], lines: queue.Queue) -> None:
 
 
 def _parent_death_signal() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the kernel SIGKILL the job when the launching thread's process dies (Linux
-    ``prctl(PR_SET_PDEATHSIG)``), so a SIGKILLed flow cannot leave a job running. None off Linux."""
+    """A ``preexec_fn`` that makes the kernel SIGKILL the job when the thread that started it ends (Linux
+    ``prctl(PR_SET_PDEATHSIG)``). The launcher waits for the job in that thread, so this fires when the flow
+    process dies, even by SIGKILL: a dead flow cannot leave a job running. None off Linux."""
     if not sys.platform.startswith("linux"):
         return None
     libc = ctypes.CDLL(None, use_errno=True)  # loaded in the parent: the child only makes one foreign call
@@ -334,8 +336,6 @@ class SubprocessLauncher(Launcher):
         self.kill_with_parent = kill_with_parent
 
     def run(self, request: JobRequest, on_line: LineSink) -> LaunchOutcome:
-        import subprocess
-
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **request.env}
         try:
             proc = subprocess.Popen(
@@ -406,7 +406,7 @@ class SubprocessLauncher(Launcher):
             except queue.Empty:
                 return False
 
-    def _terminate(self, proc: Any, lines: queue.Queue, on_line: LineSink) -> None:
+    def _terminate(self, proc: subprocess.Popen, lines: queue.Queue, on_line: LineSink) -> None:
         """SIGTERM the job's group, keep streaming its last words for ``kill_grace_s``, then SIGKILL the group."""
         _signal_group(proc.pid, signal.SIGTERM)
         end = time.monotonic() + self.kill_grace_s
