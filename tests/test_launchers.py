@@ -277,7 +277,7 @@ def k8s_request(**kw) -> JobRequest:
 def test_kubernetes_launcher_streams_pod_logs_and_replaces_stale_jobs(monkeypatch):
     import kubernetes_validate
 
-    from tasks.launchers import SPEC_LABEL, KubernetesLauncher, build_job_manifest
+    from tasks.kubernetes import SPEC_LABEL, KubernetesLauncher, build_job_manifest
 
     launcher = KubernetesLauncher(image="r/mugrpo:gpu", namespace="mugrpo")
     spec_hash = build_job_manifest(k8s_request(), launcher.settings)["metadata"]["labels"][SPEC_LABEL]
@@ -299,7 +299,7 @@ def test_kubernetes_launcher_streams_pod_logs_and_replaces_stale_jobs(monkeypatc
      ("DeadlineExceeded", 137, JobTimeoutError, True), ("Timeout", None, JobTimeoutError, True)],
 )
 def test_kubernetes_launcher_failures(monkeypatch, outcome, exit_code, error, transient):
-    from tasks.launchers import KubernetesLauncher
+    from tasks.kubernetes import KubernetesLauncher
 
     cluster = FakeCluster(monkeypatch, logs=["loading spec", "boom"], outcome=outcome, exit_code=exit_code)
     with pytest.raises(error) as info:
