@@ -321,7 +321,8 @@ class SubprocessLauncher(Launcher):
     Args:
         kill_grace_s: seconds between SIGTERM and SIGKILL to the job's process group on timeout or cancellation.
         kill_with_parent: Linux only: the kernel SIGKILLs the job's leader process if this process dies (even by
-            SIGKILL); its own children are then killed by the group kill of the next attempt or by the job itself.
+            SIGKILL). Processes the job started itself are not covered: a job must stop its children when it dies
+            (vLLM's engine processes watch their parent).
     """
 
     def __init__(self, kill_grace_s: float = 10.0, kill_with_parent: bool = True):
