@@ -321,8 +321,7 @@ class SubprocessLauncher(Launcher):
     Args:
         kill_grace_s: seconds between SIGTERM and SIGKILL to the job's process group on timeout or cancellation.
         kill_with_parent: Linux only: the kernel SIGKILLs the job's leader process if this process dies (even by
-            SIGKILL). Processes the job started itself are not covered: a job must stop its children when it dies
-            (vLLM's engine processes watch their parent).
+            SIGKILL). Processes the job started itself are not covered: a job must stop its children when it dies.
     """
 
     def __init__(self, kill_grace_s: float = 10.0, kill_with_parent: bool = True):
