@@ -38,7 +38,7 @@ def launch(cfg: Config, job: str, spec_url: str, stage: int) -> float:
     )
     t0 = time.monotonic()
     task(job, spec_url, python=job_python(cfg, job), env=job_env(cfg), timeout_s=orch.job_timeout_s,
-         launcher=orch.launcher)
+         launcher=orch.launcher, labels={"run": cfg.run.id, "stage": str(stage)})
     return time.monotonic() - t0
 
 
