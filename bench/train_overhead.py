@@ -1,0 +1,178 @@
+"""Training overhead: the training job's tokens/s against a bare forward + backward of the same model on the same
+batches, in the same run; peak RSS of each (issue 4, target ratio >= 0.9).
+
+    python bench/train_overhead.py                         # tiny random Llama with the SmolLM2 tokenizer
+    python bench/train_overhead.py --model DIR             # any HF dir, e.g. SmolLM2-135M converted from GGUF
+    python bench/train_overhead.py --updates 8 --response-tokens 64 128 --threads 2 --json out.json
+
+Both sides run in their own subprocess (so ``ru_maxrss`` from ``os.wait4`` is each one's own peak RSS) with the
+same thread count, the same committed synthetic rollouts (:mod:`mugrpo.trainer.synthetic`) and the same
+minibatches and micro-batches (the job's seeded order, re-derived here with the job's own functions).
+
+* job: ``python -m mugrpo.jobs.train SPEC`` (mu_grpo loss with veto and all metrics, chunked log-softmax with
+  entropy, global-count normalization, grad clipping, AdamW, a checkpoint and the published policy at the end).
+  Its tokens/s is the per-update ``tokens_per_second`` of the train_steps table (forward, backward, step).
+* bare: ``model(input_ids).logits -> log_softmax -> gather -> -(A * logp).sum() / N -> backward``, then
+  ``AdamW.step()``; timed over the same span (forward, backward, step) of each update.
+
+The first update of each side is a warm-up and is left out of the tokens/s medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RUN = "bench-train"
+
+
+def _bare(spec_path: str, out_path: str) -> None:
+    """The bare baseline (runs in its own process)."""
+    import torch
+
+    from mugrpo.jobs.common import derive_seed, local_policy_dir
+    from mugrpo.models import load_policy
+    from mugrpo.trainer.batch import collate
+    from mugrpo.trainer.data import load_rollouts, make_minibatch_order, split_minibatch
+    from mugrpo.trainer.spec import TrainSpec
+
+    torch.set_flush_denormal(True)  # as the job does (mugrpo.jobs.train.main): compare overhead, not float modes
+    spec = TrainSpec.model_validate_json(Path(spec_path).read_text())
+    train, store = spec.train, spec.store()
+    data = load_rollouts(store, spec.run_id, spec.rollout_stages,
+                         skip_zero_variance_groups=train.skip_zero_variance_groups)
+    order = make_minibatch_order(data, rollouts_per_update=train.rollouts_per_update, group_minibatches=False,
+                                 seed=derive_seed(spec.seed, spec.stage, "train-data-order"))
+    model, tokenizer = load_policy(local_policy_dir(store, spec.policy_dir))
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=train.lr, betas=tuple(train.betas))
+    updates = []
+    for u in range(train.updates_per_stage):
+        indices = order.minibatch(u)
+        micro = split_minibatch(indices, data, micro_batch_size=train.micro_batch_size, rank=0, world_size=1,
+                                keep_groups=False)
+        batches = [collate([data.rollouts[i] for i in mb], [0] * len(mb), tokenizer.pad_token_id) for mb in micro]
+        num_tokens = sum(data.rollouts[i].num_tokens for i in indices)
+        start = time.perf_counter()
+        for b in batches:
+            logits = model(input_ids=b.input_ids).logits  # [B, L, V]
+            logp = torch.log_softmax(logits.float() / b.temperatures[:, None, None], dim=-1)
+            logp = logp.gather(1, b.response_index[..., None].expand(-1, -1, logp.shape[-1]))  # response positions
+            token_logp = logp.gather(-1, b.response_ids[..., None]).squeeze(-1)
+            loss = -(b.advantages[:, None] * token_logp * b.response_mask).sum() / num_tokens
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        seconds = time.perf_counter() - start
+        updates.append({"num_tokens": num_tokens, "seconds": seconds, "tokens_per_second": num_tokens / seconds})
+    Path(out_path).write_text(json.dumps({"updates": updates}))
+
+
+def _run(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, float]:
+    """Run ``cmd``; returns (wall seconds, peak RSS in MiB of that process alone)."""
+    start = time.monotonic()
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}); log: {log}\n{log.read_text()[-3000:]}")
+    return time.monotonic() - start, usage.ru_maxrss / 1024  # Linux: KiB
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="HF model dir (default: a tiny random Llama with the SmolLM2 tokenizer)")
+    parser.add_argument("--updates", type=int, default=6)
+    parser.add_argument("--rollouts-per-update", type=int, default=8)
+    parser.add_argument("--micro-batch-size", type=int, default=4)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--response-tokens", type=int, nargs=2, default=(64, 128), metavar=("MIN", "MAX"))
+    parser.add_argument("--prompt-repeat", type=int, default=3, help="prompt length: repeats of a ~15-token question")
+    parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--workdir", help="default: a temporary folder")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--bare", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.bare:
+        return _bare(*args.bare)
+
+    from rich.console import Console
+    from rich.table import Table
+    from transformers.utils import logging as hf_logging
+
+    from mugrpo.layout import RunLayout
+    from mugrpo.manifest import read_job_manifest
+    from mugrpo.models import make_tiny_random_model
+    from mugrpo.storage import Store
+    from mugrpo.tables import read_table
+    from mugrpo.trainer.spec import TrainSpec
+    from mugrpo.trainer.synthetic import commit_synthetic_stage
+
+    hf_logging.disable_progress_bar()
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="mugrpo-bench-train-"))
+    work.mkdir(parents=True, exist_ok=True)
+    model_dir = Path(args.model) if args.model else make_tiny_random_model(work / "tiny", seed=0)
+    root = work / "store"
+    store = Store(str(root))
+    if read_job_manifest(store, RUN, 0, "generate") is None:
+        commit_synthetic_stage(store, RUN, model_dir, num_prompts=args.prompts, group_size=args.group_size,
+                               response_tokens=tuple(args.response_tokens), prompt_repeat=args.prompt_repeat, seed=0)
+    for leftover in ("checkpoints", "train_steps", "policies/stage=1", "jobs/stage=0/train.manifest.json"):
+        store.delete(f"{RUN}/{leftover}", recursive=True)
+    spec = TrainSpec(
+        root=str(root), run_id=RUN, stage=0, policy_version=0,
+        train={"updates_per_stage": args.updates, "rollouts_per_update": args.rollouts_per_update,
+               "micro_batch_size": args.micro_batch_size, "checkpoint_every": args.updates, "lr": 1e-5,
+               "gradient_checkpointing": args.gradient_checkpointing},
+    )
+    spec_path = work / "train.spec.json"
+    spec_path.write_text(spec.model_dump_json())
+    threads = str(args.threads)
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONPATH": str(REPO)}
+
+    bare_out = work / "bare.json"
+    bare_wall, bare_rss = _run([sys.executable, __file__, "--bare", str(spec_path), str(bare_out)], env,
+                               work / "bare.log")
+    job_wall, job_rss = _run([sys.executable, "-m", "mugrpo.jobs.train", str(spec_path)], env, work / "job.log")
+
+    layout = RunLayout(RUN)
+    steps = read_table(store, layout.train_steps_part(0, args.updates), "train_steps").to_pylist()
+    manifest = read_job_manifest(store, RUN, 0, "train")
+    bare = json.loads(bare_out.read_text())["updates"]
+    job_tps = statistics.median(r["tokens_per_second"] for r in steps[1:] or steps)
+    bare_tps = statistics.median(r["tokens_per_second"] for r in bare[1:] or bare)
+    tokens = sum(r["num_tokens"] for r in steps)
+    results = {
+        "model": str(args.model or "tiny random Llama (hidden 64, 2 layers, vocab 49152)"),
+        "updates": args.updates, "rollouts_per_update": args.rollouts_per_update,
+        "micro_batch_size": args.micro_batch_size, "response_tokens": list(args.response_tokens),
+        "tokens": tokens, "threads": args.threads, "gradient_checkpointing": args.gradient_checkpointing,
+        "job_tokens_per_s": job_tps, "bare_tokens_per_s": bare_tps, "ratio": job_tps / bare_tps,
+        "job_peak_rss_mib": job_rss, "bare_peak_rss_mib": bare_rss,
+        "job_wall_s": job_wall, "bare_wall_s": bare_wall, "job_timings": manifest.timings,
+    }
+    table = Table(title=f"training overhead ({results['model']}, {tokens} response tokens, {args.threads} threads)")
+    for col in ("", "tokens/s (median)", "peak RSS MiB", "process wall s"):
+        table.add_column(col, justify="right")
+    table.add_row("bare fwd+bwd+AdamW", f"{bare_tps:.0f}", f"{bare_rss:.0f}", f"{bare_wall:.1f}")
+    table.add_row("mugrpo.jobs.train", f"{job_tps:.0f}", f"{job_rss:.0f}", f"{job_wall:.1f}")
+    table.add_row("job / bare", f"{results['ratio']:.2f}", f"{job_rss / bare_rss:.2f}", f"{job_wall / bare_wall:.2f}")
+    Console().print(table)
+    print(f"job timings (s): {manifest.timings}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
