@@ -83,9 +83,13 @@ def stage_flow(config: dict[str, Any], stage: int) -> dict[str, Any]:
         urls = write_job_specs(cfg, stage)
         walls, switch = {}, 0.0
         for job in ("generate", "train", "eval"):
-            if job in urls:
-                walls[job] = launch(cfg, job, urls[job], stage)
-                switch += switch_seconds(cfg, stage, job, walls[job])
+            if job not in urls:
+                continue
+            if read_job_manifest(store, cfg.run.id, stage, job) is not None:
+                logger.info("stage %d: %s job already committed: not relaunched", stage, job)
+                continue
+            walls[job] = launch(cfg, job, urls[job], stage)
+            switch += switch_seconds(cfg, stage, job, walls[job])
         timings = StageTimings(
             t_gen=walls.get("generate", 0.0), t_train=walls.get("train", 0.0), t_eval=walls.get("eval", 0.0),
             t_switch=switch, t_total=time.monotonic() - t0,

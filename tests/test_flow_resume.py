@@ -19,7 +19,14 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from _prefect import prefect_server  # noqa: F401  (fixture)
+from _prefect import (
+    deploy_local_flow,
+    flow_run_logs,
+    prefect_api,
+    prefect_server,
+    process_worker,
+    run_deployment_and_wait,
+)
 from safetensors.torch import load_file
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -105,8 +112,8 @@ def rollout_keys(root: Path) -> Counter:
     return keys
 
 
-def test_sigkill_at_six_points_then_resume_matches_uninterrupted(tmp_path, tiny_model_dir, prefect_server):
-    env = {**os.environ, "PREFECT_API_URL": prefect_server, "PYTHONUNBUFFERED": "1"}
+def test_sigkill_at_six_points_then_resume_matches_uninterrupted(tmp_path, tiny_model_dir, prefect_api):
+    env = {**os.environ, "PREFECT_API_URL": prefect_api, "PYTHONUNBUFFERED": "1"}
 
     ref_root = tmp_path / "ref"
     ref_cfg = tmp_path / "ref.yaml"
@@ -152,3 +159,21 @@ def test_sigkill_at_six_points_then_resume_matches_uninterrupted(tmp_path, tiny_
     out = subprocess.run([sys.executable, "-m", "mugrpo.cli", "status", str(run)], env=env, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0 and "complete" in out.stdout, out.stdout + out.stderr
+
+
+def test_run_flow_as_a_deployment_on_a_process_work_pool(tmp_path, tiny_model_dir, process_worker):
+    """The real run flow, deployed to a `process` work pool and executed by a real worker (a Kubernetes pool runs
+    the same deployment with infra/prefect.yaml; no cluster exists here)."""
+    from mugrpo.config import config_from_dict
+
+    raw = tiny_config(tmp_path / "root", tiny_model_dir)
+    raw["run"]["num_stages"] = 1
+    config = config_from_dict(raw).to_json_dict()
+    deployment_id = deploy_local_flow("flows/run.py:run_flow", name="tiny-e2e", pool=process_worker.pool)
+    flow_run = run_deployment_and_wait(deployment_id, parameters={"config": config}, timeout_s=900)
+    assert flow_run.state.is_completed(), f"{flow_run.state}\n{process_worker.log_tail()}"
+    run = tmp_path / "root" / RUN
+    assert (run / "stages/stage=0.json").exists() and (run / "policies/stage=1/_COMPLETE").exists()
+    assert (run / "evals/stage=1/gsm8k.parquet").exists()
+    worker_output = process_worker.log_tail(2000)  # the flow-run subprocess logs to the worker's output
+    assert "[generate]" in worker_output and "[train]" in worker_output
