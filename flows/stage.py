@@ -11,12 +11,12 @@ from typing import Any
 
 from prefect import flow, get_run_logger, tags
 from prefect.artifacts import create_markdown_artifact
-from tasks.jobs import run_job
 
 from mugrpo.config import Config, config_from_dict
 from mugrpo.manifest import read_job_manifest, read_manifest
 from mugrpo.runs import commit_stage, job_env, open_store, write_job_specs
 from schemas import StageManifest, StageTimings
+from tasks.jobs import run_job
 
 #: The job-reported seconds of real work, by job kind; the rest of a job's wall time is switching overhead.
 WORK_TIMING = {"generate": "gen", "train": "train", "eval": "eval"}
@@ -85,8 +85,11 @@ def stage_flow(config: dict[str, Any], stage: int) -> dict[str, Any]:
         for job in ("generate", "train", "eval"):
             if job not in urls:
                 continue
-            if read_job_manifest(store, cfg.run.id, stage, job) is not None:
+            committed = read_job_manifest(store, cfg.run.id, stage, job)
+            if committed is not None:  # from an earlier attempt: keep the timings that job recorded itself
                 logger.info("stage %d: %s job already committed: not relaunched", stage, job)
+                walls[job] = committed.timings.get("total", 0.0)
+                switch += committed.timings.get("switch", 0.0)
                 continue
             walls[job] = launch(cfg, job, urls[job], stage)
             switch += switch_seconds(cfg, stage, job, walls[job])
