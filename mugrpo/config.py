@@ -223,7 +223,9 @@ def format_validation_error(e: ValidationError, source: str) -> str:
         value = err.get("input")
         shown = "(missing)" if err["type"] == "missing" else repr(value)
         if err["type"] == "extra_forbidden":
-            lines.append(f"{source}: unknown key {key!r} (value {shown}); check the spelling against the config reference")
+            lines.append(
+                f"{source}: unknown key {key!r} (value {shown}); check the spelling against the config reference"
+            )
         else:
             lines.append(f"{source}: {key} = {shown}: {err['msg']}")
     return "invalid config:\n  " + "\n  ".join(lines)

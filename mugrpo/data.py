@@ -30,9 +30,13 @@ class DatasetConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(description="Short name used in tables and reports, e.g. 'gsm8k'.")
-    path: str = Field(description="Local path (relative to the working directory) or fsspec URL of a .jsonl/.parquet file.")
+    path: str = Field(
+        description="Local path (relative to the working directory) or fsspec URL of a .jsonl/.parquet file."
+    )
     format: Literal["auto", "jsonl", "parquet"] = Field("auto", description="'auto' picks by file suffix.")
-    question_field: str = Field("question", description="Field holding the problem text (GSM8K 'question', MATH 'problem').")
+    question_field: str = Field(
+        "question", description="Field holding the problem text (GSM8K 'question', MATH 'problem')."
+    )
     answer_field: str = Field("answer", description="Field holding the gold answer or a solution containing it.")
     answer_kind: Literal["auto", "gsm8k", "boxed", "plain"] = Field(
         "auto",

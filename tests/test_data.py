@@ -46,7 +46,8 @@ def test_math500_solutions_yield_boxed_golds():
 
 
 def test_gold_extraction_per_kind():
-    problems, _ = load_problems(DatasetConfig(name="g", path=str(DATA / "gsm8k/test.jsonl"), answer_kind="gsm8k", limit=1))
+    gsm8k = DatasetConfig(name="g", path=str(DATA / "gsm8k/test.jsonl"), answer_kind="gsm8k", limit=1)
+    problems, _ = load_problems(gsm8k)
     assert problems[0].ground_truth == "18"  # first GSM8K test answer ends with '#### 18'
     amc, _ = load_problems(DatasetConfig(name="a", path=str(DATA / "amc23/test.jsonl"), answer_kind="plain"))
     assert all("." not in p.ground_truth for p in amc if float(p.ground_truth).is_integer())
