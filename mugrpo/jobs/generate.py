@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
@@ -142,28 +143,40 @@ def prepare_prompts(
     return out, skipped
 
 
-def shard_rows(
-    spec: GenerateSpec, shard: int, prompts: list[PreparedPrompt], engine, scorer: RewardScorer
-) -> tuple[list[dict], int]:
-    """Sample, score and normalize one shard. Returns (rows, generated tokens).
+def shard_params(spec: GenerateSpec, shard: int, prompts: list[PreparedPrompt]) -> SamplingParams:
+    """Sampling params of one shard: the shard's own seed, and per-prompt temperatures when the spec has them."""
+    params = spec.sampling.model_copy(update={"seed": derive_seed(spec.seed, spec.stage, shard)})
+    if spec.temperatures:
+        temps = [spec.temperatures.get(p.problem.prompt_id, params.temperature) for p in prompts]
+        params = params.model_copy(update={"temperatures": tuple(temps)})
+    return params
+
+
+def sample_shard(spec: GenerateSpec, shard: int, prompts: list[PreparedPrompt], engine) -> list[list]:
+    """The G samples of every prompt of one shard (outer: prompt; inner: sample).
 
     Raises:
         GenerationError: the engine failed (exception or out of memory); nothing is returned for the shard.
     """
     if not prompts:
-        return [], 0
-    params = spec.sampling.model_copy(update={"seed": derive_seed(spec.seed, spec.stage, shard)})
-    if spec.temperatures:
-        temps = [spec.temperatures.get(p.problem.prompt_id, params.temperature) for p in prompts]
-        params = params.model_copy(update={"temperatures": tuple(temps)})
+        return []
     try:
-        groups = engine.generate([p.token_ids for p in prompts], params)
+        return engine.generate([p.token_ids for p in prompts], shard_params(spec, shard, prompts))
     except (RuntimeError, MemoryError, ValueError) as e:
         first, last = prompts[0].problem.prompt_id, prompts[-1].problem.prompt_id
         raise GenerationError(
             f"shard {shard} (prompts {first}..{last}) failed in the {spec.engine} engine: {type(e).__name__}: {e}. "
             "Nothing was committed for this shard; re-run the job to retry it."
         ) from e
+
+
+def shard_rows(
+    spec: GenerateSpec, shard: int, prompts: list[PreparedPrompt], groups: list[list], scorer: RewardScorer
+) -> tuple[list[dict], int]:
+    """Score and group-normalize one shard's samples into rollout rows. Returns (rows, generated tokens)."""
+    if not prompts:
+        return [], 0
+    params = shard_params(spec, shard, prompts)
     flat = [(p, i, s) for p, samples in zip(prompts, groups, strict=True) for i, s in enumerate(samples)]
     results = scorer.score([RewardInput(s.text, p.problem.ground_truth) for p, _, s in flat])
     rewards = np.array([r.reward for r in results], dtype=np.float32)
@@ -263,6 +276,12 @@ def run_generate(spec: GenerateSpec) -> JobManifest:
         scorer = RewardScorer(spec.reward)
         scorer.wait_ready()
         t_switch = since_start()  # process start, imports, engine start and weight load
+
+        def commit(shard: int, live: list[PreparedPrompt], groups: list[list]) -> int:
+            rows, n_tok = shard_rows(spec, shard, live, groups, scorer)
+            write_table(store, layout.rollout_shard(spec.stage, shard), table_from_rows(rows, "rollouts"), "rollouts")
+            return n_tok
+
         t0 = time.monotonic()
         try:
             with Progress(
@@ -276,14 +295,20 @@ def run_generate(spec: GenerateSpec) -> JobManifest:
             ) as bar:
                 task = bar.add_task("gen", total=len(selected), tps=0.0)
                 bar.update(task, completed=sum(len(shards[s]) for s in range(len(shards)) if s not in todo))
-                for s in todo:
-                    live = [p for p in shards[s] if p is not None]
-                    rows, n_tok = shard_rows(spec, s, live, engine, scorer)
-                    write_table(store, layout.rollout_shard(spec.stage, s), table_from_rows(rows, "rollouts"),
-                                "rollouts")
-                    tokens += n_tok
-                    t_gen = time.monotonic() - t0
-                    bar.update(task, advance=len(shards[s]), tps=tokens / max(t_gen, 1e-9))
+                # Scoring and writing shard s (verifier processes, Parquet) overlap sampling shard s+1.
+                with ThreadPoolExecutor(max_workers=1, thread_name_prefix="commit") as committer:
+                    pending = None
+                    for s in todo:
+                        live = [p for p in shards[s] if p is not None]
+                        groups = sample_shard(spec, s, live, engine)
+                        if pending is not None:
+                            tokens += pending.result()
+                        pending = committer.submit(commit, s, live, groups)
+                        t_gen = time.monotonic() - t0
+                        bar.update(task, advance=len(shards[s]), tps=tokens / max(t_gen, 1e-9))
+                    if pending is not None:
+                        tokens += pending.result()
+                t_gen = time.monotonic() - t0
         finally:
             scorer.close()
             engine.close()
