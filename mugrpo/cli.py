@@ -96,6 +96,18 @@ def split_run(run: str, root: str | None) -> tuple[str, str]:
     return root or "runs", run
 
 
+def _stored_config(run: str, root: str | None):
+    """The config in a run's run.json; exits with a clear message when the run does not exist."""
+    from mugrpo.runs import load_run_config
+
+    root, run_id = split_run(run, root)
+    try:
+        return load_run_config(root, run_id)
+    except FileNotFoundError as e:
+        err.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
+
+
 def _execute(cfg) -> None:
     _prefect_env()
     from flows.run import run_flow
@@ -135,15 +147,7 @@ def resume_cmd(
     root: str | None = typer.Option(None, help="Storage root holding the run (default: runs)."),
 ):
     """Continue a run with the config stored in its run.json."""
-    from mugrpo.runs import load_run_config
-
-    root, run_id = split_run(run, root)
-    try:
-        cfg = load_run_config(root, run_id)
-    except FileNotFoundError as e:
-        err.print(f"[red]{e}[/red]")
-        raise typer.Exit(2) from None
-    _execute(cfg)
+    _execute(_stored_config(run, root))
 
 
 @app.command("status")
@@ -154,14 +158,9 @@ def status_cmd(
     """Show what a run has committed, what is left, and the timings of each stage."""
     from rich.table import Table
 
-    from mugrpo.runs import load_run_config, open_store, run_status
+    from mugrpo.runs import open_store, run_status
 
-    root, run_id = split_run(run, root)
-    try:
-        cfg = load_run_config(root, run_id)
-    except FileNotFoundError as e:
-        err.print(f"[red]{e}[/red]")
-        raise typer.Exit(2) from None
+    cfg = _stored_config(run, root)
     st = run_status(open_store(cfg), cfg)
     table = Table(title=f"run {st.run_id} ({st.uri})")
     for col in ("stage", "state", "jobs done", "shards", "ckpts", "reward", "T_gen", "T_train", "T_eval",
