@@ -2,16 +2,41 @@
 
 from __future__ import annotations
 
+import re
 import time
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, tags
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
 from flows.stage import launch, stage_flow
 from mugrpo.config import config_from_dict
 from mugrpo.manifest import read_job_manifest
 from mugrpo.runs import init_run, write_final_eval_spec
+
+
+def artifact_key(run_id: str, suffix: str) -> str:
+    """Prefect artifact keys allow lowercase letters, digits and dashes only."""
+    return re.sub(r"[^a-z0-9-]", "-", f"{run_id.lower()}-{suffix}")
+
+
+def publish_report(cfg, run_uri: str) -> str:
+    """Write the HTML report next to the run and publish it as Prefect artifacts (a table and a link)."""
+    from mugrpo.report import collect, table1_markdown, write_report_data
+
+    data = collect(run_uri, cfg.run.storage_options)
+    where = write_report_data(data, run_uri, cfg.run.storage_options)
+    create_markdown_artifact(
+        markdown=f"### Run `{cfg.run.id}`\n\n{table1_markdown(data)}\n\nHTML report: `{where}`",
+        key=artifact_key(cfg.run.id, "summary"),
+        description=f"mugrpo run {cfg.run.id}: per-stage summary",
+    )
+    link = where if "://" in where else Path(where).resolve().as_uri()
+    create_link_artifact(link=link, link_text="HTML report", key=artifact_key(cfg.run.id, "report"),
+                         description=f"mugrpo run {cfg.run.id}: self-contained HTML report")
+    get_run_logger().info("report: %s", where)
+    return where
 
 
 @flow(name="mugrpo-run", log_prints=True)
@@ -36,13 +61,6 @@ def run_flow(config: dict[str, Any]) -> dict[str, Any]:
             if read_job_manifest(store, cfg.run.id, cfg.run.num_stages, "eval") is None:
                 launch(cfg, "eval", spec, cfg.run.num_stages)
         final = read_job_manifest(store, cfg.run.id, cfg.run.num_stages, "eval").metrics
-    rows = ["| policy | " + " | ".join(sorted(final)) + " |", "|---|" + "---|" * len(final)]
-    values = " | ".join(f"{final[k]:.3f}" for k in sorted(final))
-    rows.append(f"| stage={cfg.run.num_stages} (final) | {values} |")
-    create_markdown_artifact(
-        markdown=f"### Run `{cfg.run.id}` complete\n\nStored at `{store.uri(cfg.run.id)}`\n\n" + "\n".join(rows),
-        key=f"{cfg.run.id.lower().replace('_', '-').replace('.', '-')}-final",
-        description=f"mugrpo run {cfg.run.id}: final evaluation",
-    )
+    report = publish_report(cfg, store.uri(cfg.run.id))
     return {"run_id": cfg.run.id, "uri": store.uri(cfg.run.id), "stages": len(results), "final_eval": final,
-            "seconds": time.monotonic() - t0}
+            "report": report, "seconds": time.monotonic() - t0}

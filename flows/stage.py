@@ -6,6 +6,7 @@ a stage after preemption loses and duplicates nothing.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -99,7 +100,7 @@ def stage_flow(config: dict[str, Any], stage: int) -> dict[str, Any]:
         )
         manifest = commit_stage(cfg, stage, timings)
     create_markdown_artifact(
-        markdown=stage_table(manifest), key=f"{cfg.run.id.lower().replace('_', '-').replace('.', '-')}-stage-{stage}",
+        markdown=stage_table(manifest), key=re.sub(r"[^a-z0-9-]", "-", f"{cfg.run.id.lower()}-stage-{stage}"),
         description=f"mugrpo run {cfg.run.id}, stage {stage}",
     )
     logger.info("stage %d committed in %.1f s", stage, timings.t_total)

@@ -125,7 +125,7 @@ def _execute(cfg) -> None:
     console.print(f"[green]run {cfg.run.id} complete[/green] in {result['seconds']:.0f} s: {uri}")
     if result["final_eval"]:
         console.print("  final policy: " + "  ".join(f"{k}={v:.3f}" for k, v in sorted(result["final_eval"].items())))
-    console.print(f"  report:    mugrpo report {uri}")
+    console.print(f"  report:    {result['report']}")
 
 
 @app.command("run")

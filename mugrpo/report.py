@@ -221,12 +221,36 @@ pyarrow.</p>
 """
 
 
+def table1_markdown(data: ReportData) -> str:
+    """The per-stage summary as a Markdown table (for Prefect artifacts and terminals)."""
+    timing = {s["stage"]: s for s in data.stages}
+    acc = {(e["stage"], e["benchmark"]): e["avg_at_k"] for e in data.evals}
+    benches = sorted({b for _, b in acc})
+    rewards = {r["stage"]: r["mean_reward"] for r in data.rollouts_by_stage}
+    policies = sorted({k for k, _ in acc} | set(timing))
+    head = ["policy", "train reward", *[f"{b} avg@k" for b in benches], "T_roll s", "T_train s", "T_total s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for k in policies:
+        t = timing.get(k, {})
+        cells = [f"stage {k}" if k in timing else f"final ({k})",
+                 f"{rewards[k]:.3f}" if k in rewards else "-",
+                 *(f"{acc[(k, b)]:.3f}" if (k, b) in acc else "-" for b in benches),
+                 *(f"{t[c]:.0f}" if t.get(c) is not None else "-" for c in ("t_gen", "t_train", "t_total"))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def write_report(target: str, storage_options: dict | None = None, out: str | None = None) -> str:
     """Build the report of run folder ``target`` and write it to ``out`` (default: ``{run}/report.html`` in the
     run's storage, written atomically). Returns where it was written."""
+    return write_report_data(collect(target, storage_options), target, storage_options, out)
+
+
+def write_report_data(data: ReportData, target: str, storage_options: dict | None = None,
+                      out: str | None = None) -> str:
+    """Write already-collected report data (see :func:`write_report`)."""
     from mugrpo.storage import Store
 
-    data = collect(target, storage_options)
     page = render(data).encode()
     if out is not None:
         with open(out, "wb") as f:
