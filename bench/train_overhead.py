@@ -15,7 +15,9 @@ minibatches and micro-batches (the job's seeded order, re-derived here with the 
 * bare: ``model(input_ids).logits -> log_softmax -> gather -> -(A * logp).sum() / N -> backward``, then
   ``AdamW.step()``; timed over the same span (forward, backward, step) of each update.
 
-The first update of each side is a warm-up and is left out of the tokens/s medians.
+The first update of each side is a warm-up and is left out of the tokens/s medians. ``--rounds`` pairs run one
+after the other (bare first in even rounds, the job first in odd ones) and the best of each side is kept, since a
+shared machine's load drifts between runs.
 """
 
 from __future__ import annotations
@@ -99,6 +101,7 @@ def main() -> None:
     parser.add_argument("--response-tokens", type=int, nargs=2, default=(64, 128), metavar=("MIN", "MAX"))
     parser.add_argument("--prompt-repeat", type=int, default=3, help="prompt length: repeats of a ~15-token question")
     parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--rounds", type=int, default=2, help="bare/job pairs; the best tokens/s of each is kept")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--workdir", help="default: a temporary folder")
     parser.add_argument("--json", help="write the results here")
@@ -128,8 +131,6 @@ def main() -> None:
     if read_job_manifest(store, RUN, 0, "generate") is None:
         commit_synthetic_stage(store, RUN, model_dir, num_prompts=args.prompts, group_size=args.group_size,
                                response_tokens=tuple(args.response_tokens), prompt_repeat=args.prompt_repeat, seed=0)
-    for leftover in ("checkpoints", "train_steps", "policies/stage=1", "jobs/stage=0/train.manifest.json"):
-        store.delete(f"{RUN}/{leftover}", recursive=True)
     spec = TrainSpec(
         root=str(root), run_id=RUN, stage=0, policy_version=0,
         train={"updates_per_stage": args.updates, "rollouts_per_update": args.rollouts_per_update,
@@ -141,35 +142,54 @@ def main() -> None:
     threads = str(args.threads)
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONPATH": str(REPO)}
 
-    bare_out = work / "bare.json"
-    bare_wall, bare_rss = _run([sys.executable, __file__, "--bare", str(spec_path), str(bare_out)], env,
-                               work / "bare.log")
-    job_wall, job_rss = _run([sys.executable, "-m", "mugrpo.jobs.train", str(spec_path)], env, work / "job.log")
-
     layout = RunLayout(RUN)
-    steps = read_table(store, layout.train_steps_part(0, args.updates), "train_steps").to_pylist()
-    manifest = read_job_manifest(store, RUN, 0, "train")
-    bare = json.loads(bare_out.read_text())["updates"]
-    job_tps = statistics.median(r["tokens_per_second"] for r in steps[1:] or steps)
-    bare_tps = statistics.median(r["tokens_per_second"] for r in bare[1:] or bare)
-    tokens = sum(r["num_tokens"] for r in steps)
+    rounds = []
+    for r in range(args.rounds):  # alternate the two sides; a shared machine's load drifts between runs
+        for leftover in ("checkpoints", "train_steps", "policies/stage=1", "jobs/stage=0/train.manifest.json"):
+            store.delete(f"{RUN}/{leftover}", recursive=True)
+        bare_out = work / f"bare-{r}.json"
+        commands = {
+            "bare": [sys.executable, __file__, "--bare", str(spec_path), str(bare_out)],
+            "job": [sys.executable, "-m", "mugrpo.jobs.train", str(spec_path)],
+        }
+        order = ("bare", "job") if r % 2 == 0 else ("job", "bare")  # alternate which side runs first
+        measured = {side: _run(commands[side], env, work / f"{side}-{r}.log") for side in order}
+        (bare_wall, bare_rss), (job_wall, job_rss) = measured["bare"], measured["job"]
+        steps = read_table(store, layout.train_steps_part(0, args.updates), "train_steps").to_pylist()
+        bare = json.loads(bare_out.read_text())["updates"]
+        rounds.append({
+            "job_tokens_per_s": statistics.median(x["tokens_per_second"] for x in steps[1:] or steps),
+            "bare_tokens_per_s": statistics.median(x["tokens_per_second"] for x in bare[1:] or bare),
+            "job_peak_rss_mib": job_rss, "bare_peak_rss_mib": bare_rss, "job_wall_s": job_wall,
+            "bare_wall_s": bare_wall, "first": order[0],
+            "job_timings": read_job_manifest(store, RUN, 0, "train").timings,
+        })
+    tokens = sum(x["num_tokens"] for x in steps)
+    best = {key: max(x[key] for x in rounds) for key in ("job_tokens_per_s", "bare_tokens_per_s")}
+    best |= {key: min(x[key] for x in rounds) for key in ("job_wall_s", "bare_wall_s")}
+    job_tps, bare_tps = best["job_tokens_per_s"], best["bare_tokens_per_s"]
+    job_rss, bare_rss = (max(x[key] for x in rounds) for key in ("job_peak_rss_mib", "bare_peak_rss_mib"))
+    job_wall, bare_wall = best["job_wall_s"], best["bare_wall_s"]
     results = {
         "model": str(args.model or "tiny random Llama (hidden 64, 2 layers, vocab 49152)"),
         "updates": args.updates, "rollouts_per_update": args.rollouts_per_update,
         "micro_batch_size": args.micro_batch_size, "response_tokens": list(args.response_tokens),
         "tokens": tokens, "threads": args.threads, "gradient_checkpointing": args.gradient_checkpointing,
         "job_tokens_per_s": job_tps, "bare_tokens_per_s": bare_tps, "ratio": job_tps / bare_tps,
-        "job_peak_rss_mib": job_rss, "bare_peak_rss_mib": bare_rss,
-        "job_wall_s": job_wall, "bare_wall_s": bare_wall, "job_timings": manifest.timings,
+        "job_peak_rss_mib": job_rss, "bare_peak_rss_mib": bare_rss, "rounds": rounds,
     }
-    table = Table(title=f"training overhead ({results['model']}, {tokens} response tokens, {args.threads} threads)")
-    for col in ("", "tokens/s (median)", "peak RSS MiB", "process wall s"):
+    title = f"training overhead, best of {args.rounds} rounds ({results['model']}, {tokens} response tokens, " \
+        f"{args.threads} threads)"
+    table = Table(title=title)
+    for col in ("", "tokens/s (median of updates 2..N)", "peak RSS MiB", "process wall s"):
         table.add_column(col, justify="right")
-    table.add_row("bare fwd+bwd+AdamW", f"{bare_tps:.0f}", f"{bare_rss:.0f}", f"{bare_wall:.1f}")
-    table.add_row("mugrpo.jobs.train", f"{job_tps:.0f}", f"{job_rss:.0f}", f"{job_wall:.1f}")
+    table.add_row("bare fwd+bwd+AdamW", f"{bare_tps:.1f}", f"{bare_rss:.0f}", f"{bare_wall:.1f}")
+    table.add_row("mugrpo.jobs.train", f"{job_tps:.1f}", f"{job_rss:.0f}", f"{job_wall:.1f}")
     table.add_row("job / bare", f"{results['ratio']:.2f}", f"{job_rss / bare_rss:.2f}", f"{job_wall / bare_wall:.2f}")
     Console().print(table)
-    print(f"job timings (s): {manifest.timings}")
+    print(f"job timings (s), last round: {rounds[-1]['job_timings']}")
+    print("per round (tokens/s job, bare):", [(round(x["job_tokens_per_s"], 1), round(x["bare_tokens_per_s"], 1))
+                                             for x in rounds])
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 

@@ -29,7 +29,7 @@ from mugrpo.trainer.batch import collate
 from mugrpo.trainer.checkpoint import checkpoint_steps, latest_checkpoint
 from mugrpo.trainer.data import load_rollouts, make_minibatch_order
 from mugrpo.trainer.forward import PolicyTokenLogprobs
-from mugrpo.trainer.loop import nonfinite_report_path, run_training
+from mugrpo.trainer.loop import enable_activation_checkpointing, nonfinite_report_path, run_training
 from mugrpo.trainer.optim import LRSchedule
 from mugrpo.trainer.spec import TrainSpec
 from mugrpo.trainer.synthetic import commit_rollouts, commit_synthetic_stage, synthetic_rollout_rows
@@ -146,6 +146,8 @@ def test_full_job_run(stage_root, tmp_path):
     assert store.is_complete_dir(layout.policy_dir(1))
     before, after = _weights(store, layout.policy_dir(0)), _weights(store, layout.policy_dir(1))
     assert before.keys() == after.keys() and any(not torch.equal(before[k], after[k]) for k in before)
+    configs = [json.loads((store.local_path(layout.policy_dir(k)) / "config.json").read_text()) for k in (0, 1)]
+    assert configs[1]["use_cache"] == configs[0]["use_cache"]  # training settings do not leak into the policy
     trained, tokenizer = load_policy(store.local_path(layout.policy_dir(1)))  # a loadable HF dir with tokenizer
     assert tokenizer.eos_token_id == 2 and trained.generation_config.eos_token_id is not None
 
@@ -247,3 +249,32 @@ def test_nonfinite_gradient_stops_the_job_and_keeps_the_last_checkpoint(tiny_mod
     assert not store.exists(layout.train_steps_part(0, 2)) and not store.exists(layout.policy_dir(1))
     assert read_job_manifest(store, RUN, 0, "train") is None
     assert json.dumps(report)  # plain JSON
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(tiny_model_dir):
+    """The decoder is called directly (not through the CausalLM forward): checkpointing must still apply and
+    leave the gradients unchanged."""
+    from mugrpo.trainer.data import _to_rollout
+
+    rows = synthetic_rollout_rows(tiny_model_dir, run_id=RUN, num_prompts=2, group_size=2)
+    batch = collate([_to_rollout(r, "test") for r in rows], [0, 0, 1, 1], pad_token_id=2)
+    grads, saved = [], []
+    for checkpointing in (False, True):
+        model, _ = load_policy(tiny_model_dir)
+        if checkpointing:
+            enable_activation_checkpointing(model)
+        model.train()
+        count = [0]
+
+        def pack(tensor, count=count):
+            count[0] += 1
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            logprobs, _ = PolicyTokenLogprobs(model, chunk_size=16)(batch)
+        (logprobs * batch.response_mask).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        saved.append(count[0])
+    assert saved[1] < saved[0] / 3  # activations kept for backward: checkpointing keeps only the layer inputs
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], atol=1e-5, rtol=1e-5)

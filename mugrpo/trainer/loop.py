@@ -69,6 +69,15 @@ def _policy_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k[len(_POLICY_PREFIX) :]: v for k, v in state.items() if k.startswith(_POLICY_PREFIX)}
 
 
+def enable_activation_checkpointing(policy) -> None:
+    """Recompute each decoder layer's activations in backward (non-reentrant torch.utils.checkpoint)."""
+    enable = getattr(policy, "activation_checkpointing_enable", None)  # transformers >= 5.x name
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def _inner(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     return getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps the real one
 
@@ -200,9 +209,8 @@ def run_training(spec: TrainSpec) -> JobManifest:
                 trainer_behavior = None
         if ckpt is not None:
             policy, _ = load_policy(ckpt.model_dir)
-        policy.config.use_cache = False
         if train.gradient_checkpointing:
-            policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_activation_checkpointing(policy)
         policy.train()
         model = PolicyTokenLogprobs(policy, train.logprob_chunk_size)
         optimizer = build_optimizer(model.parameters(), train)

@@ -77,6 +77,11 @@ class TrainSpec(JobSpec):
                 f"train.micro_batch_size ({self.train.micro_batch_size}) must be <= train.rollouts_per_update "
                 f"({self.train.rollouts_per_update})"
             )
+        if self.train.mixed_precision == "fp16":
+            raise ValueError(
+                "train.mixed_precision=fp16 is not supported: fp16 loss scaling meets inf gradients by design and "
+                "skips those steps, which this job's NaN/inf guard would stop on; use bf16"
+            )
         if self.train.recompute_behavior_logprobs and self.rollout_stages != [self.stage]:
             raise ValueError(
                 "train.recompute_behavior_logprobs recomputes with this stage's behavior policy, so rollout_stages "
