@@ -1,6 +1,7 @@
 """Acceptance (issue 4): SIGKILL the training job mid-run, re-run it, and get final weights bitwise equal to an
 uninterrupted run with the same seed, with exactly one train_steps row per update. Tiny policy on CPU, real
-subprocesses, real files."""
+subprocesses, real files. Marked slow (three real job processes, ~25 s on an idle 2-core machine): `make test`
+runs it, the quick `-m "not slow"` selection skips it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -49,6 +51,7 @@ def _wait(proc: subprocess.Popen, tmp: Path, name: str) -> None:
     assert proc.wait(timeout=300) == 0, (tmp / f"{name}.log").read_text()[-3000:]
 
 
+@pytest.mark.slow
 def test_sigkill_mid_run_then_resume_is_bitwise_equal(tiny_model_dir, tmp_path):
     layout = RunLayout(RUN)
     roots = {name: tmp_path / name for name in ("straight", "killed")}

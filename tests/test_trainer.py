@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -171,10 +172,11 @@ def test_micro_batch_size_does_not_change_the_update(tiny_model_dir, tmp_path):
     entries (|g| ~ eps) into differences of up to ~lr; the grad norm (before clipping) is the scale-sensitive check.
     """
     results = {}
+    commit_synthetic_stage(Store(str(tmp_path / "micro2")), RUN, tiny_model_dir, num_prompts=4, group_size=4,
+                           seed=3, response_tokens=(2, 30))
+    shutil.copytree(tmp_path / "micro2", tmp_path / "micro4")  # the very same committed rollouts
     for micro in (2, 4):
         root = tmp_path / f"micro{micro}"
-        commit_synthetic_stage(Store(str(root)), RUN, tiny_model_dir, num_prompts=4, group_size=4, seed=3,
-                               response_tokens=(2, 30))
         run_training(_spec(root, updates_per_stage=2, micro_batch_size=micro, checkpoint_every=2, lr=1e-5))
         store = Store(str(root))
         steps = read_table(store, RunLayout(RUN).train_steps_part(0, 2), "train_steps").to_pydict()
