@@ -103,14 +103,6 @@ class AdvantageConfig(BaseModel):
         description="Delta degrees of freedom of the group std used by 'grpo': 1 = sample std (Bessel; verl and "
         "TRL), 0 = population std. The GRPO paper does not specify.",
     )
-    drop_zero_variance: bool = Field(
-        False,
-        description="Whether the trainer drops responses of zero-variance groups (all rewards equal) from its "
-        "batches. Their advantage is 0 either way, so they add no policy gradient, but they still count in "
-        "token-mean denominators; DAPO (arXiv 2503.14476) and the replay-buffer GRPO (arXiv 2606.04560) drop "
-        "them. Advantage estimators only flag them; the trainer reads this field.",
-    )
-
     @field_validator("estimator")
     @classmethod
     def _known_estimator(cls, name: str) -> str:

@@ -22,8 +22,10 @@ data_app = typer.Typer(help="Inspect prompt datasets.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 app.add_typer(data_app, name="data")
 
-console = Console()
-err = Console(stderr=True)
+# soft_wrap: long lines (paths, YAML, commands to copy) are never broken at the terminal width, so piped output
+# stays machine-readable.
+console = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 
 OverridesArg = typer.Argument(None, help="Dotted overrides applied after the file, e.g. train.lr=1e-6 run.id=exp2.")
 
@@ -47,7 +49,7 @@ def config_show(
     import yaml
 
     cfg = _load(config, overrides)
-    console.print(yaml.safe_dump(cfg.to_json_dict(), sort_keys=False), end="", markup=False, highlight=False)
+    typer.echo(yaml.safe_dump(cfg.to_json_dict(), sort_keys=False, width=10_000), nl=False)
 
 
 @config_app.command("reference")
@@ -55,7 +57,7 @@ def config_reference_cmd():
     """Print the config reference (every key with type, default and description) as Markdown."""
     from mugrpo.config_docs import config_reference
 
-    console.print(config_reference(), markup=False, highlight=False, soft_wrap=True)
+    typer.echo(config_reference())
 
 
 @data_app.command("check")
@@ -99,12 +101,19 @@ def split_run(run: str, root: str | None) -> tuple[str, str]:
 def _stored_config(run: str, root: str | None):
     """The config in a run's run.json; exits with a clear message when the run does not exist."""
     from mugrpo.runs import load_run_config
+    from mugrpo.storage import Store
 
     root, run_id = split_run(run, root)
     try:
         return load_run_config(root, run_id)
     except FileNotFoundError as e:
-        err.print(f"[red]{e}[/red]")
+        folder = Store(root).listdir(run_id) if Store(root).exists(run_id) else []
+        inside = [n for n in folder if Store(root).exists(f"{run_id}/{n}/run.json")]
+        if inside:
+            err.print(f"{root}/{run_id} is a folder of runs; pass one of: "
+                      + ", ".join(f"{root}/{run_id}/{n}" for n in inside))
+        else:
+            err.print(f"[red]{e}[/red]")
         raise typer.Exit(2) from None
 
 
@@ -115,7 +124,8 @@ def _execute(cfg) -> None:
 
     uri = open_store(cfg).uri(cfg.run.id)
     console.print(f"[bold]run {cfg.run.id}[/bold] lives at {uri}")
-    console.print(f"  watch it:  mugrpo status {uri}    (or the Prefect UI: `prefect server start`)")
+    console.print(f"  watch it:  mugrpo status {uri}")
+    console.print("  (for the Prefect UI, start `prefect server start` and set PREFECT_API_URL before `mugrpo run`)")
     console.print(f"  query it:  mugrpo sql {uri} \"SELECT stage, avg(reward) FROM rollouts GROUP BY ALL\"")
     try:
         result = run_flow(config=cfg.to_json_dict())
@@ -202,7 +212,13 @@ def report_cmd(
         opts = load_run_config(root, run_id).run.storage_options
     except FileNotFoundError:
         opts = {}
-    where = write_report(f"{root.rstrip('/')}/{run_id}", opts, str(out) if out else None)
+    from mugrpo.sql import TargetError
+
+    try:
+        where = write_report(f"{root.rstrip('/')}/{run_id}", opts, str(out) if out else None)
+    except (TargetError, ValueError) as e:
+        err.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
     console.print(f"report: {where}")
 
 

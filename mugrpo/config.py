@@ -9,6 +9,7 @@ Every knob names the paper it comes from. Sections owned by a subsystem are defi
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -103,7 +104,12 @@ class TrainSection(_Section):
     group_minibatches: bool = Field(
         False, description="Draw whole groups per minibatch (needed by group-wise losses such as ConSPO)."
     )
-    skip_zero_variance_groups: bool = Field(True, description="Drop groups whose rewards are all equal (A = 0).")
+    skip_zero_variance_groups: bool = Field(
+        True,
+        description="Drop groups whose rewards are all equal (advantage 0 everywhere) before training. They add no "
+        "policy gradient but count in token-mean denominators; DAPO (arXiv 2503.14476) and the replay-buffer GRPO "
+        "(arXiv 2606.04560) drop them. Advantage estimators only flag them (the `zero_variance` column).",
+    )
     lr: float = Field(1e-5, gt=0, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = Field((0.9, 0.999))
@@ -164,6 +170,26 @@ class Config(_Section):
     eval: EvalSection = Field(default_factory=EvalSection)
     orchestration: OrchestrationSection = Field(default_factory=OrchestrationSection)
 
+    @field_validator("loss")
+    @classmethod
+    def _known_loss(cls, loss: PolicyLossConfig) -> PolicyLossConfig:
+        from mugrpo.losses import registered_policy_losses
+
+        if loss.name not in registered_policy_losses():
+            raise ValueError(f"loss.name {loss.name!r} is not a registered policy loss; "
+                             f"choose one of {registered_policy_losses()}")
+        return loss
+
+    @field_validator("generation")
+    @classmethod
+    def _known_engine(cls, generation: GenerationSection) -> GenerationSection:
+        from mugrpo.engines import ENGINE_REGISTRY
+
+        known = sorted({"transformers", "vllm", *ENGINE_REGISTRY})
+        if generation.engine not in known:
+            raise ValueError(f"generation.engine {generation.engine!r} is not a rollout engine; choose one of {known}")
+        return generation
+
     @model_validator(mode="after")
     def _cross_checks(self) -> Config:
         if self.train.micro_batch_size > self.train.rollouts_per_update:
@@ -215,28 +241,46 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-def format_validation_error(e: ValidationError, source: str) -> str:
-    """One line per problem: ``source: key.path = value: message``."""
+def _known_keys(loc: tuple) -> list[str]:
+    """Field names of the model that holds the last key of ``loc`` (for "did you mean" hints)."""
+    model: Any = Config
+    for part in loc[:-1]:
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None or not isinstance(field.annotation, type):
+            return []
+        model = field.annotation
+    return list(getattr(model, "model_fields", {}))
+
+
+def format_validation_error(e: ValidationError, source: str, overrides: list[str] | None = None) -> str:
+    """One line per problem: ``where: key.path = value: message``; ``where`` is the override that set the key, if
+    one did, else ``source`` (the file)."""
+    from_cli = {o.split("=", 1)[0].strip(): o for o in overrides or [] if "=" in o}
     lines = []
     for err in e.errors():
         key = ".".join(str(p) for p in err["loc"]) or "(root)"
+        origin = next((f"override {o!r}" for k, o in from_cli.items() if k == key or k.startswith(key + ".")
+                       or key.startswith(k + ".")), source)
         value = err.get("input")
         shown = "(missing)" if err["type"] == "missing" else repr(value)
         if err["type"] == "extra_forbidden":
-            lines.append(
-                f"{source}: unknown key {key!r} (value {shown}); check the spelling against the config reference"
-            )
+            close = difflib.get_close_matches(str(err["loc"][-1]), _known_keys(err["loc"]), n=1)
+            hint = f"did you mean {'.'.join([*map(str, err['loc'][:-1]), close[0]])!r}?" if close else (
+                "check the spelling against `mugrpo config reference`")
+            lines.append(f"{origin}: unknown key {key!r}; {hint}")
+        elif err["type"] == "value_error" and isinstance(value, dict):
+            lines.append(f"{origin}: {err['msg'].removeprefix('Value error, ')}")
         else:
-            lines.append(f"{source}: {key} = {shown}: {err['msg']}")
+            lines.append(f"{origin}: {key} = {shown}: {err['msg']}")
     return "invalid config:\n  " + "\n  ".join(lines)
 
 
-def config_from_dict(data: dict[str, Any], *, source: str = "config") -> Config:
+def config_from_dict(data: dict[str, Any], *, source: str = "config", overrides: list[str] | None = None) -> Config:
     """Validate a nested dict into a Config. Raises ConfigError naming each bad key and value."""
     try:
         return Config.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(format_validation_error(e, source)) from None
+        raise ConfigError(format_validation_error(e, source, overrides)) from None
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
@@ -260,4 +304,4 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"{path}: the top level must be a mapping of sections (run, model, train, ...)")
         data = loaded
     data = apply_overrides(data, list(overrides or []))
-    return config_from_dict(data, source=source)
+    return config_from_dict(data, source=source, overrides=list(overrides or []))

@@ -104,6 +104,10 @@ class RunLayout:
         """The spec a job was launched with (``job`` is generate, train or eval)."""
         return self._p("jobs", f"stage={stage}", f"{job}.spec.json")
 
+    def job_error(self, stage: int, job: str, kind: str) -> str:
+        """A job's failure report, e.g. ``train.nonfinite.json`` (the prompt ids of a NaN/inf update)."""
+        return self._p("jobs", f"stage={stage}", f"{job}.{kind}.json")
+
     def job_manifest(self, stage: int, job: str) -> str:
         """Written last by a job: the files it committed with their sha256. The next job verifies through it."""
         return self._p("jobs", f"stage={stage}", f"{job}.manifest.json")

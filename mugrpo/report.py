@@ -111,14 +111,19 @@ def _svg(fig) -> str:
 
 def _plot(title: str, series: list[tuple[str, list[float], list[float]]], xlabel: str, ylabel: str) -> str:
     fig, ax = plt.subplots(figsize=(5.0, 3.2))
+    drawn = 0
     for label, xs, ys in series:
         if xs:
             ax.plot(xs, ys, marker="o", markersize=3, label=label)
+            drawn += 1
+    if not drawn:
+        ax.text(0.5, 0.5, "no data yet (e.g. no optimizer update ran)", ha="center", va="center",
+                transform=ax.transAxes, color="#777")
     ax.set_title(title, fontsize=10)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    if len(series) > 1:
+    if drawn > 1:
         ax.legend(fontsize=7)
     return f'<figure class="plot" aria-label="{html.escape(title)}">{_svg(fig)}</figure>'
 
@@ -163,7 +168,7 @@ def render(data: ReportData) -> str:
             row.append(e["avg_at_k"] if e else "-")
         row += [tm.get("t_gen", "-"), tm.get("t_train", "-"), tm.get("t_switch", "-"), tm.get("t_total", "-")]
         table1.append(row)
-    head1 = ["policy"] + [f"{b} avg@k" for b in benches] + ["T_roll s", "T_train s", "T_switch s", "T_total s"]
+    head1 = ["policy"] + [f"{b} avg@k" for b in benches] + ["T_gen s", "T_train s", "T_switch s", "T_total s"]
 
     rs = data.rollouts_by_stage
     plots = [
@@ -206,8 +211,8 @@ def render(data: ReportData) -> str:
 <p class="muted">Stored at <code>{html.escape(data.uri)}</code>; created {html.escape(str(data.created_at))};
 report generated {now}.</p>
 <h2>Per-stage summary (Mu-GRPO Table 1 style)</h2>
-<p>Accuracy (avg@k) of the behavior policy of each stage and of the final policy; T_roll is generation wall time,
-T_switch the job start, engine start and weight-load overhead inside it and the other jobs.</p>
+<p>Accuracy (avg@k) of the behavior policy of each stage and of the final policy; T_gen is the generation wall
+time (the paper's T_roll), T_switch the job start, engine start and weight-load overhead inside all the jobs.</p>
 {_table(head1, table1)}
 <h2>Plots</h2>
 <div class="plots">{''.join(plots)}</div>
@@ -228,7 +233,7 @@ def table1_markdown(data: ReportData) -> str:
     benches = sorted({b for _, b in acc})
     rewards = {r["stage"]: r["mean_reward"] for r in data.rollouts_by_stage}
     policies = sorted({k for k, _ in acc} | set(timing))
-    head = ["policy", "train reward", *[f"{b} avg@k" for b in benches], "T_roll s", "T_train s", "T_total s"]
+    head = ["policy", "train reward", *[f"{b} avg@k" for b in benches], "T_gen s", "T_train s", "T_total s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for k in policies:
         t = timing.get(k, {})

@@ -78,3 +78,19 @@ def test_docs_config_reference_is_current():
 
     page = (REPO / "docs" / "config.md").read_text()
     assert config_reference().strip() in page, "docs/config.md is stale: regenerate it with `mugrpo config reference`"
+
+
+def test_registry_names_are_checked_at_load():
+    with pytest.raises(ConfigError, match=r"override 'loss.name=mugrpo': loss.name 'mugrpo' is not a registered "
+                                          r"policy loss; choose one of \['grpo', 'gspo', 'mu_grpo'\]"):
+        load_config(None, ["loss.name=mugrpo"])
+    with pytest.raises(ConfigError, match=r"generation.engine 'vlm' is not a rollout engine"):
+        load_config(None, ["generation.engine=vlm"])
+
+
+def test_override_errors_name_the_override_and_suggest_a_key():
+    with pytest.raises(ConfigError) as e:
+        load_config(REPO / "configs" / "gsm8k-smollm2-quick.yaml", ["train.lrr=2e-5", "trian.lr=1"])
+    msg = str(e.value)
+    assert "override 'train.lrr=2e-5': unknown key 'train.lrr'; did you mean 'train.lr'?" in msg
+    assert "override 'trian.lr=1': unknown key 'trian'; did you mean 'train'?" in msg

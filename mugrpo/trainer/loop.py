@@ -60,7 +60,7 @@ _POLICY_PREFIX = "policy."
 
 def nonfinite_report_path(layout: RunLayout, stage: int) -> str:
     """Where a stopped job records the update and prompt ids of a NaN/inf minibatch."""
-    return f"{layout.jobs_dir(stage)}/train.nonfinite.json"
+    return layout.job_error(stage, "train", "nonfinite")
 
 
 def _policy_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
