@@ -45,11 +45,7 @@ class EvalSpec(JobSpec):
     def from_config(cls, cfg, stage: int) -> EvalSpec:
         """The eval spec of policy ``stage`` for run config ``cfg``."""
         return cls(
-            root=cfg.run.root,
-            storage_options=cfg.run.storage_options,
-            run_id=cfg.run.id,
-            stage=stage,
-            seed=cfg.run.seed,
+            **cls.run_fields(cfg, stage),
             policy_dir=RunLayout(cfg.run.id).policy_dir(stage),
             benchmarks=cfg.eval.benchmarks,
             prompt=cfg.data.prompt,

@@ -71,11 +71,7 @@ class GenerateSpec(JobSpec):
         """The spec of stage ``stage`` of run config ``cfg`` (a :class:`mugrpo.config.Config`)."""
         g = cfg.generation
         return cls(
-            root=cfg.run.root,
-            storage_options=cfg.run.storage_options,
-            run_id=cfg.run.id,
-            stage=stage,
-            seed=cfg.run.seed,
+            **cls.run_fields(cfg, stage),
             policy_version=policy_version,
             policy_dir=RunLayout(cfg.run.id).policy_dir(stage),
             dataset=cfg.data.train,

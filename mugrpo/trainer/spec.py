@@ -93,11 +93,7 @@ class TrainSpec(JobSpec):
     def from_config(cls, cfg: Config, stage: int, policy_version: int) -> TrainSpec:
         """The training spec of stage ``stage`` of run config ``cfg``; the LR schedule spans all stages."""
         return cls(
-            root=cfg.run.root,
-            storage_options=cfg.run.storage_options,
-            run_id=cfg.run.id,
-            stage=stage,
-            seed=cfg.run.seed,
+            **cls.run_fields(cfg, stage),
             policy_version=policy_version,
             max_response_len=cfg.generation.sampling.max_new_tokens,
             total_updates=cfg.run.num_stages * cfg.train.updates_per_stage,
