@@ -250,13 +250,9 @@ def connect(target: str, storage_options: dict[str, Any] | None = None) -> RunCa
         raise TargetError(redact(str(e))) from None
     except (OSError, ValueError) as e:
         raise TargetError(redact(f"cannot open {target}: {e}")) from None
-    # One DuckDB thread: every file read goes through a Python fsspec filesystem, which DuckDB calls from all its
-    # threads at once. A CI run once failed a Parquet read with "don't know what type" (not reproduced in 6
-    # re-runs); reading through Python from one thread rules that race out, and the 1M-row stage aggregation is
-    # bound by column decoding, not by threads (docs/benchmarks.md).
-    con = duckdb.connect(
-        config={"autoinstall_known_extensions": False, "autoload_known_extensions": False, "threads": 1}
-    )
+    # Every file read goes through ReadOnlyFileSystem, whose file handles keep a position per thread: DuckDB shares
+    # one handle between its threads (see readonly.PositionalReader), so the default thread count is safe.
+    con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
     try:
         con.register_filesystem(ReadOnlyFileSystem(path=tgt.store.root, fs=tgt.store.fs))
         con.execute("SET parquet_metadata_cache = true")  # files are immutable once committed

@@ -14,6 +14,9 @@
 
 from __future__ import annotations
 
+import io
+import threading
+
 import duckdb
 from fsspec.implementations.dirfs import DirFileSystem
 
@@ -34,11 +37,83 @@ class ReadOnlyQueryError(SqlError):
     """A statement would change state (write, copy, attach, install, set...) and was refused."""
 
 
+class PositionalReader(io.RawIOBase):
+    """A read-only binary file whose position is per thread, so one handle can serve several threads at once.
+
+    DuckDB reads a Python (fsspec) file as ``seek(offset)`` then ``read(n)``, two calls with the GIL released in
+    between, and its Parquet reader shares one handle between threads (prefetch and scan threads, even at
+    ``threads = 1``). On a plain fsspec file another thread's ``seek`` can land between the two, and the bytes read
+    come from the wrong offset: DuckDB then fails with a Thrift or decompression error ("don't know what type",
+    "Variable-length int over 10 bytes", "Exceeded size limit", "ZSTD Decompression failure", "Out of buffer"). Here
+    ``seek``/``tell`` act on the calling thread's own position and each ``read`` is one locked seek-and-read on the
+    underlying file, so a read always returns the bytes at the offset its thread asked for.
+    """
+
+    def __init__(self, file, path: str):
+        super().__init__()
+        self._file = file
+        self.name = path
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._size: int | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    @property
+    def size(self) -> int:
+        """File size in bytes."""
+        if self._size is None:
+            with self._lock:
+                self._size = self._file.seek(0, io.SEEK_END)
+        return self._size
+
+    def tell(self) -> int:
+        return getattr(self._local, "pos", 0)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_CUR:
+            offset += self.tell()
+        elif whence == io.SEEK_END:
+            offset += self.size
+        elif whence != io.SEEK_SET:
+            raise ValueError(f"invalid whence {whence} for {self.name}")
+        if offset < 0:
+            raise ValueError(f"negative seek position {offset} in {self.name}")
+        self._local.pos = offset
+        return offset
+
+    def read(self, size: int = -1) -> bytes:
+        pos = self.tell()
+        with self._lock:
+            self._file.seek(pos)
+            data = self._file.read(size)
+        self._local.pos = pos + len(data)
+        return data
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._file.close()
+        super().close()
+
+
 class ReadOnlyFileSystem(DirFileSystem):
     """An fsspec filesystem rooted at ``path`` inside ``fs`` that only reads.
 
     Paths are relative to the root (``run1/rollouts/stage=0/shard=00000.parquet``), with or without the ``mugrpo://``
-    prefix. Every mutating method raises PermissionError naming the path.
+    prefix. Every mutating method raises PermissionError naming the path. Files open as :class:`PositionalReader`,
+    which DuckDB's threads can share safely.
     """
 
     protocol = PROTOCOL
@@ -49,7 +124,8 @@ class ReadOnlyFileSystem(DirFileSystem):
     def open(self, path, mode="rb", *args, **kwargs):
         if any(c in mode for c in "wax+"):
             self._refuse(f"open (mode {mode!r})", path)
-        return super().open(path, mode, *args, **kwargs)
+        f = super().open(path, mode, *args, **kwargs)
+        return PositionalReader(f, str(path)) if "b" in mode else f
 
     def _open(self, path, mode="rb", *args, **kwargs):
         if any(c in mode for c in "wax+"):
