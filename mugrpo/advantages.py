@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from mugrpo.registry import Registry
+
 if TYPE_CHECKING:
     import torch
 
@@ -39,45 +41,15 @@ __all__ = [
     "AdvantageFn",
     "GroupStats",
     "compute_advantages",
-    "get_advantage_estimator",
     "group_stats",
-    "register_advantage",
 ]
 
 ArrayLike: TypeAlias = "np.ndarray | torch.Tensor | Sequence[Any]"
 AdvantageFn: TypeAlias = Callable[[ArrayLike, ArrayLike, "AdvantageConfig"], tuple[np.ndarray, np.ndarray]]
 """``fn(rewards [N], group_ids [N], config) -> (advantages [N] float32, zero_variance [N] bool)``."""
 
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {}
-"""Advantage estimators by name; fill with :func:`register_advantage`."""
-
-
-def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Decorator registering an advantage estimator under ``name``.
-
-    Raises:
-        ValueError: ``name`` is already registered.
-    """
-
-    def decorator(fn: AdvantageFn) -> AdvantageFn:
-        if name in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        ADVANTAGE_ESTIMATORS[name] = fn
-        return fn
-
-    return decorator
-
-
-def get_advantage_estimator(name: str) -> AdvantageFn:
-    """The estimator registered as ``name``.
-
-    Raises:
-        ValueError: unknown name; the message lists the registered ones.
-    """
-    try:
-        return ADVANTAGE_ESTIMATORS[name]
-    except KeyError:
-        raise ValueError(f"unknown advantage estimator {name!r}; registered: {sorted(ADVANTAGE_ESTIMATORS)}") from None
+ADVANTAGE_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator")
+"""Advantage estimators by name; add one with ``@ADVANTAGE_ESTIMATORS.register("name")``."""
 
 
 class AdvantageConfig(BaseModel):
@@ -106,7 +78,7 @@ class AdvantageConfig(BaseModel):
     @field_validator("estimator")
     @classmethod
     def _known_estimator(cls, name: str) -> str:
-        get_advantage_estimator(name)  # raises ValueError listing the registered names
+        ADVANTAGE_ESTIMATORS[name]  # raises UnknownNameError (a ValueError) listing the registered names
         return name
 
 
@@ -179,7 +151,7 @@ def group_stats(rewards: ArrayLike, group_ids: ArrayLike, ddof: int = 1) -> Grou
     )
 
 
-@register_advantage("grpo")
+@ADVANTAGE_ESTIMATORS.register("grpo")
 def grpo_advantages(rewards: ArrayLike, group_ids: ArrayLike, config: AdvantageConfig) -> tuple[np.ndarray, np.ndarray]:
     """GRPO group-normalised advantage A_i = (r_i - mean) / (std + eps) (arXiv 2402.03300, Sec. 4.1.2).
 
@@ -191,7 +163,7 @@ def grpo_advantages(rewards: ArrayLike, group_ids: ArrayLike, config: AdvantageC
     return adv.astype(np.float32), stats.zero_variance
 
 
-@register_advantage("dr_grpo")
+@ADVANTAGE_ESTIMATORS.register("dr_grpo")
 def dr_grpo_advantages(
     rewards: ArrayLike, group_ids: ArrayLike, config: AdvantageConfig
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -237,5 +209,5 @@ def compute_advantages(
             raise ValueError(
                 f"{wrong.size} group(s) do not have the expected group size {expected_group_size}: {examples}"
             )
-    estimator = get_advantage_estimator(config.estimator)
+    estimator = ADVANTAGE_ESTIMATORS[config.estimator]
     return estimator(rewards, group_ids, config)

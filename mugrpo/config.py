@@ -173,19 +173,19 @@ class Config(_Section):
     @field_validator("loss")
     @classmethod
     def _known_loss(cls, loss: PolicyLossConfig) -> PolicyLossConfig:
-        from mugrpo.losses import registered_policy_losses
+        from mugrpo.losses import POLICY_LOSSES
 
-        if loss.name not in registered_policy_losses():
-            raise ValueError(f"loss.name {loss.name!r} is not a registered policy loss; "
-                             f"choose one of {registered_policy_losses()}")
+        if loss.name not in POLICY_LOSSES:
+            known = list(POLICY_LOSSES)
+            raise ValueError(f"loss.name {loss.name!r} is not a registered policy loss; choose one of {known}")
         return loss
 
     @field_validator("generation")
     @classmethod
     def _known_engine(cls, generation: GenerationSection) -> GenerationSection:
-        from mugrpo.engines import ENGINE_REGISTRY
+        from mugrpo.engines import ROLLOUT_ENGINES
 
-        known = sorted({"transformers", "vllm", *ENGINE_REGISTRY})
+        known = sorted({"transformers", "vllm", *ROLLOUT_ENGINES})
         if generation.engine not in known:
             raise ValueError(f"generation.engine {generation.engine!r} is not a rollout engine; choose one of {known}")
         return generation

@@ -26,7 +26,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import task_run as current_task_run
 
-from tasks.launchers import JobError, JobRequest, JobResult, get_launcher, launch_job
+from tasks.launchers import LAUNCHERS, JobError, JobRequest, JobResult, launch_job
 
 if TYPE_CHECKING:  # mugrpo.config imports torch: keep this module light for flow processes and workers
     from mugrpo.config import OrchestrationSection
@@ -105,7 +105,7 @@ def run_job(
         kind=kind, spec_url=spec_url, timeout_s=timeout_s, python=python, env=dict(env or {}), module=module,
         labels=dict(labels or {}),
     )
-    impl = get_launcher(launcher, **dict(launcher_options or {}))
+    impl = LAUNCHERS[launcher](**dict(launcher_options or {}))
     logger.info(
         "launching %s job (attempt %d, %s launcher, timeout %g s): %s",
         kind, current_task_run.run_count, launcher, timeout_s, shlex.join(request.command(sys.executable)),

@@ -29,7 +29,9 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import IO, Any, ClassVar
+from typing import IO, ClassVar
+
+from mugrpo.registry import Registry
 
 #: Output lines of a job kept for results and error messages.
 TAIL_LINES = 20
@@ -170,37 +172,23 @@ class Launcher(ABC):
         """
 
 
-LAUNCHERS: dict[str, type[Launcher]] = {}
+LAUNCHERS: Registry[type[Launcher]] = Registry("launcher")
+"""Launcher classes by name; instantiate with ``LAUNCHERS[name](**options)``."""
 
 
 def register_launcher(name: str) -> Callable[[type[Launcher]], type[Launcher]]:
-    """Class decorator: register a :class:`Launcher` subclass under ``name``.
+    """Class decorator: register a :class:`Launcher` subclass in :data:`LAUNCHERS` and set its ``name``.
 
     Raises:
-        ValueError: ``name`` is already registered.
+        ValueError: ``name`` is already registered to another class.
     """
 
     def deco(cls: type[Launcher]) -> type[Launcher]:
-        if name in LAUNCHERS:
-            raise ValueError(f"launcher {name!r} is already registered ({LAUNCHERS[name].__qualname__})")
+        LAUNCHERS.register(name)(cls)
         cls.name = name
-        LAUNCHERS[name] = cls
         return cls
 
     return deco
-
-
-def get_launcher(name: str, **options: Any) -> Launcher:
-    """Instantiate the launcher registered as ``name`` with ``options``.
-
-    Raises:
-        ValueError: unknown name (the message lists the registered ones).
-    """
-    try:
-        cls = LAUNCHERS[name]
-    except KeyError:
-        raise ValueError(f"unknown launcher {name!r}; registered: {sorted(LAUNCHERS)}") from None
-    return cls(**options)
 
 
 def launch_job(request: JobRequest, launcher: Launcher, on_line: LineSink | None = None) -> JobResult:

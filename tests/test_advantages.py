@@ -13,7 +13,6 @@ from mugrpo.advantages import (
     ADVANTAGE_ESTIMATORS,
     AdvantageConfig,
     compute_advantages,
-    get_advantage_estimator,
     group_stats,
 )
 
@@ -48,8 +47,10 @@ def _expected(estimator: str, std: dict[str, float]) -> np.ndarray:
 
 def test_registry_holds_both_estimators_and_rejects_unknown_names() -> None:
     assert {"grpo", "dr_grpo"} <= set(ADVANTAGE_ESTIMATORS)
-    with pytest.raises(ValueError, match=r"unknown advantage estimator 'ppo'; registered: \['dr_grpo', 'grpo'"):
-        get_advantage_estimator("ppo")
+    with pytest.raises(ValueError, match=r"unknown advantage estimator 'ppo'; registered: dr_grpo, grpo"):
+        ADVANTAGE_ESTIMATORS["ppo"]
+    with pytest.raises(ValueError, match="'grpo' is already registered"):
+        ADVANTAGE_ESTIMATORS.register("grpo")(ADVANTAGE_ESTIMATORS["dr_grpo"])
     with pytest.raises(ValidationError, match="unknown advantage estimator 'ppo'"):
         AdvantageConfig(estimator="ppo")
 

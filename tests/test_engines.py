@@ -8,7 +8,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from mugrpo.engines import ENGINE_REGISTRY, Sample, SamplingParams, make_engine
+from mugrpo.engines import ROLLOUT_ENGINES, Sample, SamplingParams, make_engine
 from mugrpo.engines.transformers_engine import TransformersEngine, sample_next_tokens, top_p_mask
 from mugrpo.models import load_policy, response_logprobs
 
@@ -52,7 +52,7 @@ def max_abs_diff(samples: list[Sample], reference: list[list[float]]) -> float:
 def test_registry_builds_engines_by_name_and_rejects_unknown(tiny_model_dir):
     eng = make_engine("transformers", tiny_model_dir, batch_size=4)
     assert isinstance(eng, TransformersEngine) and eng.batch_size == 4
-    assert {"transformers", "vllm"} <= set(ENGINE_REGISTRY)
+    assert {"transformers", "vllm"} <= set(ROLLOUT_ENGINES)
     with pytest.raises(KeyError, match="registered: .*transformers"):
         make_engine("no-such-engine", tiny_model_dir)
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 
 from mugrpo.data import DatasetConfig
-from mugrpo.engines.base import register_engine
+from mugrpo.engines.base import ROLLOUT_ENGINES
 from mugrpo.jobs.generate import GenerateSpec, GenerationError, run_generate
 from mugrpo.layout import RunLayout
 from mugrpo.manifest import read_job_manifest, verify_manifest
@@ -168,7 +168,7 @@ class _FailingSecondCall:
         self.inner.close()
 
 
-register_engine("test-fail-second")(_FailingSecondCall)
+ROLLOUT_ENGINES.register("test-fail-second")(_FailingSecondCall)
 
 
 def test_engine_failure_commits_nothing_for_its_shard(tmp_path, tiny_model_dir):

@@ -25,7 +25,6 @@ from tasks.launchers import (
     JobTimeoutError,
     Launcher,
     SubprocessLauncher,
-    get_launcher,
     launch_job,
     register_launcher,
 )
@@ -78,11 +77,12 @@ def test_job_command_and_request_validation():
 
 def test_launcher_registry():
     assert {"subprocess", "kubernetes"} <= set(LAUNCHERS)
-    assert isinstance(get_launcher("subprocess", kill_grace_s=1), SubprocessLauncher)
+    assert isinstance(LAUNCHERS["subprocess"](kill_grace_s=1), SubprocessLauncher)
     with pytest.raises(ValueError, match="registered: .*subprocess"):
-        get_launcher("slurm")
+        LAUNCHERS["slurm"]
     with pytest.raises(ValueError, match="already registered"):
         register_launcher("subprocess")(type("Other", (Launcher,), {"run": lambda self, r, f: None}))
+    assert LAUNCHERS["subprocess"] is SubprocessLauncher and SubprocessLauncher.name == "subprocess"
 
 
 # ------------------------------------------------------------------------------------------ subprocess launcher

@@ -8,18 +8,15 @@ import torch
 
 from mugrpo.losses import (
     AGGREGATIONS,
+    POLICY_LOSSES,
     LossContext,
     PolicyLossConfig,
-    UnknownPolicyLossError,
     aggregate_token_values,
     compute_policy_loss,
-    get_policy_loss,
     kl_estimate,
     reduce_metrics,
-    register_policy_loss,
-    registered_policy_losses,
 )
-from mugrpo.losses.registry import POLICY_LOSSES
+from mugrpo.registry import UnknownNameError
 
 AGG_MODES = sorted(AGGREGATIONS)
 LOSSES = ["grpo", "mu_grpo", "gspo"]
@@ -387,15 +384,19 @@ def test_shape_errors_name_the_argument():
 
 
 def test_registry_lookup_errors_and_custom_losses():
-    assert {"grpo", "mu_grpo", "gspo"} <= set(registered_policy_losses())
-    with pytest.raises(UnknownPolicyLossError, match="unknown policy loss 'ppo'; registered: .*grpo, gspo, mu_grpo"):
-        get_policy_loss("ppo")
+    assert {"grpo", "mu_grpo", "gspo"} <= set(POLICY_LOSSES)
+    with pytest.raises(UnknownNameError, match="unknown policy loss 'ppo'; registered: .*grpo, gspo, mu_grpo"):
+        POLICY_LOSSES["ppo"]
+    with pytest.raises(UnknownNameError, match="did you mean 'mu_grpo'"):
+        compute_policy_loss(
+            torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1), torch.ones(1, 2), PolicyLossConfig(name="mugrpo")
+        )
     with pytest.raises(ValueError, match="already registered"):
-        register_policy_loss("grpo")(get_policy_loss("mu_grpo"))
+        POLICY_LOSSES.register("grpo")(POLICY_LOSSES["mu_grpo"])
 
-    @register_policy_loss("test_token_mean_logprob")
+    @POLICY_LOSSES.register("test_token_mean_logprob")
     def _custom(logprobs, behavior_logprobs, advantages, response_mask, config, *, context=None):
-        return get_policy_loss("grpo")(logprobs, behavior_logprobs, advantages, response_mask, config, context=context)
+        return POLICY_LOSSES["grpo"](logprobs, behavior_logprobs, advantages, response_mask, config, context=context)
 
     try:
         out = compute_policy_loss(
@@ -407,7 +408,8 @@ def test_registry_lookup_errors_and_custom_losses():
         )
         assert out.loss.item() == pytest.approx(-1.0)
     finally:
-        del POLICY_LOSSES["test_token_mean_logprob"]
+        POLICY_LOSSES.unregister("test_token_mean_logprob")
+    assert "test_token_mean_logprob" not in POLICY_LOSSES
 
 
 def test_config_validation():

@@ -22,15 +22,13 @@ from mugrpo.rewards import (
     RewardConfig,
     RewardInput,
     RewardScorer,
-    get_reward_fn,
-    register_reward,
 )
 
 DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 needs_data = pytest.mark.skipif(not DATA_DIR.is_dir(), reason=f"datasets not found at {DATA_DIR}")
 
 
-@register_reward("test_misbehave")
+@REWARD_FUNCTIONS.register("test_misbehave")
 def _misbehave(item: RewardInput, answer: str | None) -> float:
     """Test-only: hangs on "HANG", sleeps 1 s on "SLOW", raises on "RAISE", kills its process on "DIE"."""
     if "HANG" in item.response_text:
@@ -57,8 +55,8 @@ def scorer() -> Iterator[RewardScorer]:
 
 def test_registry_and_config_validation() -> None:
     assert {"math_correctness", "format"} <= set(REWARD_FUNCTIONS)
-    with pytest.raises(ValueError, match=r"unknown reward component 'bleu'; registered: \["):
-        get_reward_fn("bleu")
+    with pytest.raises(ValueError, match=r"unknown reward component 'bleu'; registered: .*format, math_correctness"):
+        REWARD_FUNCTIONS["bleu"]
     with pytest.raises(ValidationError, match="unknown reward component 'bleu'"):
         RewardConfig(components={"bleu": 1.0})
     with pytest.raises(ValidationError, match="at least one"):
@@ -66,7 +64,7 @@ def test_registry_and_config_validation() -> None:
     with pytest.raises(ValidationError, match="start_method"):
         RewardConfig(start_method="fork")
     with pytest.raises(ValueError, match="already registered"):
-        register_reward("format")(_misbehave)
+        REWARD_FUNCTIONS.register("format")(_misbehave)
 
 
 @needs_data

@@ -118,7 +118,7 @@ def test_lr_schedule_warmup_then_cosine():
     lrs = [schedule.lr(u) for u in range(1, 7)]
     assert lrs[:3] == pytest.approx([0.5, 1.0, 1.0])
     assert lrs[3:] == pytest.approx([0.5 * (1 + torch.cos(torch.tensor(torch.pi * k / 4)).item()) for k in (1, 2, 3)])
-    with pytest.raises(ValueError, match="unknown lr_schedule"):
+    with pytest.raises(ValueError, match="unknown lr schedule"):
         LRSchedule(1.0, 0, 4, "step")
 
 

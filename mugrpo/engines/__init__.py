@@ -14,29 +14,27 @@ from __future__ import annotations
 import importlib
 
 from mugrpo.engines.base import (
-    ENGINE_REGISTRY,
+    ROLLOUT_ENGINES,
     RolloutEngine,
     Sample,
     SamplingParams,
     make_engine,
-    register_engine,
 )
 
 BUILTIN_ENGINE_MODULES = ("mugrpo.engines.transformers_engine", "mugrpo.engines.vllm_engine")
 
 
 def load_builtin_engines() -> None:
-    """Import the built-in engine modules so their ``@register_engine`` decorators run (idempotent)."""
+    """Import the built-in engine modules so their ``@ROLLOUT_ENGINES.register`` decorators run (idempotent)."""
     for module in BUILTIN_ENGINE_MODULES:
         importlib.import_module(module)
 
 
 __all__ = [
-    "ENGINE_REGISTRY",
+    "ROLLOUT_ENGINES",
     "RolloutEngine",
     "Sample",
     "SamplingParams",
     "load_builtin_engines",
     "make_engine",
-    "register_engine",
 ]

@@ -26,6 +26,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from mugrpo.registry import Registry
+
 FinishReason = Literal["stop", "length"]
 
 
@@ -155,24 +157,9 @@ class RolloutEngine(Protocol):
 
 
 EngineFactory = Callable[..., RolloutEngine]
-ENGINE_REGISTRY: dict[str, EngineFactory] = {}
-
-
-def register_engine(name: str) -> Callable[[EngineFactory], EngineFactory]:
-    """Class decorator adding a rollout engine to :data:`ENGINE_REGISTRY` under ``name``.
-
-    Raises:
-        ValueError: ``name`` is already registered to another factory.
-    """
-
-    def decorate(factory: EngineFactory) -> EngineFactory:
-        existing = ENGINE_REGISTRY.get(name)
-        if existing is not None and existing is not factory:
-            raise ValueError(f"rollout engine {name!r} is already registered to {existing!r}")
-        ENGINE_REGISTRY[name] = factory
-        return factory
-
-    return decorate
+ROLLOUT_ENGINES: Registry[EngineFactory] = Registry("rollout engine")
+"""Engine factories ``factory(model_dir, **options) -> RolloutEngine`` by name; add one with
+``@ROLLOUT_ENGINES.register("name")`` on a class or factory function."""
 
 
 def check_prompts(prompt_token_ids: Sequence[Sequence[int]]) -> None:
@@ -215,13 +202,9 @@ def make_engine(name: str, model_dir: str | Path, **kwargs: Any) -> RolloutEngin
         **kwargs: engine-specific options (batch_size, dtype, seed, ...).
 
     Raises:
-        KeyError: no engine is registered as ``name`` (the message lists the registered ones).
+        UnknownNameError: no engine is registered as ``name`` (a KeyError; the message lists the registered ones).
     """
     from mugrpo.engines import load_builtin_engines  # registers the built-in engines on first use
 
     load_builtin_engines()
-    try:
-        factory = ENGINE_REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown rollout engine {name!r}; registered: {sorted(ENGINE_REGISTRY)}") from None
-    return factory(model_dir, **kwargs)
+    return ROLLOUT_ENGINES[name](model_dir, **kwargs)

@@ -24,12 +24,12 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from mugrpo.engines.base import (
+    ROLLOUT_ENGINES,
     ClosingEngine,
     Sample,
     SamplingParams,
     check_prompts,
     finish_reason_of,
-    register_engine,
 )
 from mugrpo.models import eos_token_ids, load_policy
 
@@ -292,4 +292,4 @@ class TransformersEngine(ClosingEngine):
         return [samples[i : i + group_size] for i in range(0, num_rows, group_size)]
 
 
-register_engine("transformers")(TransformersEngine.from_dir)
+ROLLOUT_ENGINES.register("transformers")(TransformersEngine.from_dir)

@@ -27,7 +27,7 @@ from typing import Any
 
 from transformers import GenerationConfig
 
-from mugrpo.engines.base import ClosingEngine, FinishReason, Sample, SamplingParams, check_prompts, register_engine
+from mugrpo.engines.base import ROLLOUT_ENGINES, ClosingEngine, FinishReason, Sample, SamplingParams, check_prompts
 from mugrpo.models import eos_token_ids, load_tokenizer
 
 CPU_DEFAULT_KV_CACHE_BYTES = 2 * 1024**3
@@ -41,7 +41,7 @@ def _needs_cpu_kv_cache_size(llm_kwargs: dict[str, Any]) -> bool:
     return current_platform.is_cpu() and not sized and not os.environ.get("VLLM_CPU_KVCACHE_SPACE")
 
 
-@register_engine("vllm")
+@ROLLOUT_ENGINES.register("vllm")
 class VLLMEngine(ClosingEngine):
     """Rollout engine wrapping ``vllm.LLM``; see the module docstring for log-probs and seeding."""
 

@@ -9,7 +9,7 @@ Usage::
                               context=LossContext(global_num_tokens=tokens_in_update))
     out.loss.backward()
 
-Built-in losses: ``grpo``, ``mu_grpo``, ``gspo``. Add one with ``@register_policy_loss("name")``.
+Built-in losses: ``grpo``, ``mu_grpo``, ``gspo``. Add one with ``@POLICY_LOSSES.register("name")``.
 """
 
 from mugrpo.losses import clipped, gspo  # noqa: F401  (importing registers the built-in losses)
@@ -28,14 +28,7 @@ from mugrpo.losses.pipeline import (
     importance_ratio,
     prepare_batch,
 )
-from mugrpo.losses.registry import (
-    POLICY_LOSSES,
-    UnknownPolicyLossError,
-    compute_policy_loss,
-    get_policy_loss,
-    register_policy_loss,
-    registered_policy_losses,
-)
+from mugrpo.losses.registry import POLICY_LOSSES, compute_policy_loss
 from mugrpo.losses.veto import VETO_SCOPES, VetoInfo, negative_advantage_veto_mask
 
 __all__ = [
@@ -52,7 +45,6 @@ __all__ = [
     "PolicyLossFn",
     "PreparedBatch",
     "TokenSurrogate",
-    "UnknownPolicyLossError",
     "VetoInfo",
     "VetoScope",
     "aggregate_token_values",
@@ -60,7 +52,6 @@ __all__ = [
     "clipped_surrogate",
     "compute_policy_loss",
     "finalize_loss",
-    "get_policy_loss",
     "grpo_loss",
     "gspo_loss",
     "importance_ratio",
@@ -70,7 +61,5 @@ __all__ = [
     "negative_advantage_veto_mask",
     "prepare_batch",
     "reduce_metrics",
-    "register_policy_loss",
-    "registered_policy_losses",
     "sequence_log_ratio",
 ]

@@ -7,7 +7,7 @@ import torch
 from mugrpo.losses.config import PolicyLossConfig
 from mugrpo.losses.interface import LossContext, LossOutput
 from mugrpo.losses.pipeline import TokenSurrogate, apply_veto, finalize_loss, importance_ratio, prepare_batch
-from mugrpo.losses.registry import register_policy_loss
+from mugrpo.losses.registry import POLICY_LOSSES
 
 
 def clipped_surrogate(
@@ -51,7 +51,7 @@ def clipped_surrogate(
     )
 
 
-@register_policy_loss("grpo")
+@POLICY_LOSSES.register("grpo")
 def grpo_loss(
     logprobs: torch.Tensor,
     behavior_logprobs: torch.Tensor,
@@ -90,7 +90,7 @@ def grpo_loss(
     return finalize_loss(batch, surrogate, config, veto)
 
 
-@register_policy_loss("mu_grpo")
+@POLICY_LOSSES.register("mu_grpo")
 def mu_grpo_loss(
     logprobs: torch.Tensor,
     behavior_logprobs: torch.Tensor,

@@ -33,7 +33,7 @@ class PolicyLossConfig(BaseModel):
         default="mu_grpo",
         description="Registry key of the policy loss: grpo (PPO/GRPO clipped surrogate), mu_grpo (Mu-GRPO "
         "relaxed clipping + negative-advantage veto, arXiv 2605.17570), gspo (sequence-level ratio, "
-        "arXiv 2507.18071), or any loss registered with register_policy_loss.",
+        "arXiv 2507.18071), or any loss registered with @POLICY_LOSSES.register.",
     )
     eps_low: float = Field(
         default=0.2,

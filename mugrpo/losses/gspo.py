@@ -9,7 +9,7 @@ from mugrpo.losses.config import PolicyLossConfig
 from mugrpo.losses.interface import LossContext, LossOutput
 from mugrpo.losses.metrics import MetricStat
 from mugrpo.losses.pipeline import finalize_loss, importance_ratio, prepare_batch
-from mugrpo.losses.registry import register_policy_loss
+from mugrpo.losses.registry import POLICY_LOSSES
 
 
 def sequence_log_ratio(log_ratio: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -26,7 +26,7 @@ def sequence_log_ratio(log_ratio: torch.Tensor, response_mask: torch.Tensor) -> 
     return torch.where(response_mask, log_ratio, 0.0).sum(dim=-1) / lengths
 
 
-@register_policy_loss("gspo")
+@POLICY_LOSSES.register("gspo")
 def gspo_loss(
     logprobs: torch.Tensor,
     behavior_logprobs: torch.Tensor,

@@ -2,53 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from mugrpo.losses.config import PolicyLossConfig
 from mugrpo.losses.interface import LossContext, LossOutput, PolicyLossFn
+from mugrpo.registry import Registry
 
-POLICY_LOSSES: dict[str, PolicyLossFn] = {}
-
-
-class UnknownPolicyLossError(LookupError):
-    """Raised when a policy loss name is not registered."""
-
-
-def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator registering ``fn`` as the policy loss called ``name``.
-
-    Raises:
-        ValueError: ``name`` is already registered (two losses silently sharing a name would be a config bug).
-    """
-
-    def add(fn: PolicyLossFn) -> PolicyLossFn:
-        if name in POLICY_LOSSES:
-            raise ValueError(f"policy loss {name!r} is already registered ({POLICY_LOSSES[name]!r})")
-        POLICY_LOSSES[name] = fn
-        return fn
-
-    return add
-
-
-def registered_policy_losses() -> list[str]:
-    """Sorted names of the registered policy losses."""
-    return sorted(POLICY_LOSSES)
-
-
-def get_policy_loss(name: str) -> PolicyLossFn:
-    """The policy loss registered as ``name``.
-
-    Raises:
-        UnknownPolicyLossError: no such loss; the message lists the registered names.
-    """
-    try:
-        return POLICY_LOSSES[name]
-    except KeyError:
-        raise UnknownPolicyLossError(
-            f"unknown policy loss {name!r}; registered: {', '.join(registered_policy_losses())}"
-        ) from None
+#: Policy losses by ``PolicyLossConfig.name``; add one with ``@POLICY_LOSSES.register("name")``.
+POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
 
 
 def compute_policy_loss(
@@ -60,6 +21,10 @@ def compute_policy_loss(
     *,
     context: LossContext | None = None,
 ) -> LossOutput:
-    """Call the loss named by ``config.name`` (see :class:`PolicyLossFn` for the arguments)."""
-    fn = get_policy_loss(config.name)
+    """Call the loss named by ``config.name`` (see :class:`PolicyLossFn` for the arguments).
+
+    Raises:
+        UnknownNameError: no policy loss is registered as ``config.name``.
+    """
+    fn = POLICY_LOSSES[config.name]
     return fn(logprobs, behavior_logprobs, advantages, response_mask, config, context=context)

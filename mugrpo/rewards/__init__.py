@@ -5,7 +5,7 @@ Importing this package registers the built-in components ``math_correctness`` an
 
 from mugrpo.rewards import components as _components  # noqa: F401  (registers the built-ins)
 from mugrpo.rewards.config import RewardConfig
-from mugrpo.rewards.registry import REWARD_FUNCTIONS, RewardFn, RewardInput, get_reward_fn, register_reward
+from mugrpo.rewards.registry import REWARD_FUNCTIONS, RewardFn, RewardInput
 from mugrpo.rewards.scorer import RewardResult, RewardScorer
 
 __all__ = [
@@ -15,6 +15,4 @@ __all__ = [
     "RewardInput",
     "RewardResult",
     "RewardScorer",
-    "get_reward_fn",
-    "register_reward",
 ]

@@ -13,7 +13,7 @@ from functools import lru_cache
 from math_verify import parse, verify
 
 from mugrpo.answers import extract_boxed
-from mugrpo.rewards.registry import RewardInput, register_reward
+from mugrpo.rewards.registry import REWARD_FUNCTIONS, RewardInput
 
 __all__ = ["format_reward", "math_correctness"]
 
@@ -29,7 +29,7 @@ def _parse_gold(ground_truth: str) -> list:
     return parse(_as_boxed(ground_truth), parsing_timeout=None)
 
 
-@register_reward("math_correctness")
+@REWARD_FUNCTIONS.register("math_correctness")
 def math_correctness(item: RewardInput, answer: str | None) -> float:
     """1.0 if the predicted answer is mathematically equivalent to the gold answer, else 0.0.
 
@@ -46,7 +46,7 @@ def math_correctness(item: RewardInput, answer: str | None) -> float:
     return 1.0 if verify(gold, pred, timeout_seconds=None) else 0.0
 
 
-@register_reward("format")
+@REWARD_FUNCTIONS.register("format")
 def format_reward(item: RewardInput, answer: str | None) -> float:
     """1.0 if the response states its final answer in a complete, non-empty ``\\boxed{...}``, else 0.0."""
     return 1.0 if extract_boxed(item.response_text) else 0.0

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from mugrpo.rewards.registry import get_reward_fn
+from mugrpo.rewards.registry import REWARD_FUNCTIONS
 
 __all__ = ["RewardConfig"]
 
@@ -61,7 +61,7 @@ class RewardConfig(BaseModel):
         if not components:
             raise ValueError("components must name at least one reward component")
         for name, weight in components.items():
-            get_reward_fn(name)  # raises ValueError listing the registered names
+            REWARD_FUNCTIONS[name]  # raises UnknownNameError (a ValueError) listing the registered names
             if not math.isfinite(weight):
                 raise ValueError(f"weight of reward component {name!r} must be finite, got {weight!r}")
         return components

@@ -15,7 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["REWARD_FUNCTIONS", "RewardFn", "RewardInput", "get_reward_fn", "register_reward"]
+from mugrpo.registry import Registry
+
+__all__ = ["REWARD_FUNCTIONS", "RewardFn", "RewardInput"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,34 +33,5 @@ class RewardInput:
 RewardFn = Callable[[RewardInput, "str | None"], float]
 """``fn(item, answer) -> float``: one reward component of one response."""
 
-REWARD_FUNCTIONS: dict[str, RewardFn] = {}
-"""Reward components by name; fill with :func:`register_reward`."""
-
-
-def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
-    """Decorator registering a reward component under ``name``.
-
-    Re-registering a function of the same qualified name (its module imported twice, e.g. once as
-    ``__main__``) replaces it; a different function under a taken name raises ``ValueError``.
-    """
-
-    def decorator(fn: RewardFn) -> RewardFn:
-        existing = REWARD_FUNCTIONS.get(name)
-        if existing is not None and existing.__qualname__ != fn.__qualname__:
-            raise ValueError(f"reward component {name!r} is already registered ({existing.__module__})")
-        REWARD_FUNCTIONS[name] = fn
-        return fn
-
-    return decorator
-
-
-def get_reward_fn(name: str) -> RewardFn:
-    """The reward component registered as ``name``.
-
-    Raises:
-        ValueError: unknown name; the message lists the registered ones.
-    """
-    try:
-        return REWARD_FUNCTIONS[name]
-    except KeyError:
-        raise ValueError(f"unknown reward component {name!r}; registered: {sorted(REWARD_FUNCTIONS)}") from None
+REWARD_FUNCTIONS: Registry[RewardFn] = Registry("reward component")
+"""Reward components by name; add one with ``@REWARD_FUNCTIONS.register("name")`` (a module-level function)."""

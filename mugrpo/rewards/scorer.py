@@ -9,7 +9,7 @@ from functools import partial
 from mugrpo.answers import extract_answer
 from mugrpo.rewards.config import RewardConfig
 from mugrpo.rewards.pool import TimeoutPool
-from mugrpo.rewards.registry import RewardFn, RewardInput, get_reward_fn
+from mugrpo.rewards.registry import REWARD_FUNCTIONS, RewardFn, RewardInput
 
 __all__ = ["RewardResult", "RewardScorer"]
 
@@ -57,7 +57,7 @@ class RewardScorer:
 
     def __init__(self, config: RewardConfig | None = None) -> None:
         self.config = config or RewardConfig()
-        components = tuple((name, get_reward_fn(name)) for name in self.config.components)
+        components = tuple((name, REWARD_FUNCTIONS[name]) for name in self.config.components)
         self._pool = TimeoutPool(
             partial(_score_components, components=components),
             self.config.num_workers,

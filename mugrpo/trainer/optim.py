@@ -12,33 +12,24 @@ from collections.abc import Callable, Iterable
 import torch
 
 from mugrpo.config import TrainSection
+from mugrpo.registry import Registry
 
-#: name -> multiplier(progress in [0, 1)) after warmup.
-LR_SCHEDULES: dict[str, Callable[[float], float]] = {}
-
-
-def register_lr_schedule(name: str) -> Callable[[Callable[[float], float]], Callable[[float], float]]:
-    """Decorator adding a post-warmup LR multiplier ``f(progress) -> factor`` under ``name``."""
-
-    def add(fn: Callable[[float], float]) -> Callable[[float], float]:
-        LR_SCHEDULES[name] = fn
-        return fn
-
-    return add
+#: Post-warmup LR multipliers ``f(progress in [0, 1)) -> factor`` by ``train.lr_schedule``.
+LR_SCHEDULES: Registry[Callable[[float], float]] = Registry("lr schedule")
 
 
-@register_lr_schedule("constant")
+@LR_SCHEDULES.register("constant")
 def _constant(progress: float) -> float:
     return 1.0
 
 
-@register_lr_schedule("cosine")
+@LR_SCHEDULES.register("cosine")
 def _cosine(progress: float) -> float:
     """Cosine decay to 0 (Loshchilov & Hutter, SGDR, arXiv 1608.03983, Eq. 5 with eta_min = 0)."""
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-@register_lr_schedule("linear")
+@LR_SCHEDULES.register("linear")
 def _linear(progress: float) -> float:
     return 1.0 - progress
 
@@ -57,12 +48,11 @@ class LRSchedule:
         name: a key of :data:`LR_SCHEDULES`.
 
     Raises:
-        ValueError: unknown name.
+        UnknownNameError: unknown name (a ValueError).
     """
 
     def __init__(self, base_lr: float, warmup_updates: int, total_updates: int, name: str):
-        if name not in LR_SCHEDULES:
-            raise ValueError(f"unknown lr_schedule {name!r}; known: {', '.join(sorted(LR_SCHEDULES))}")
+        LR_SCHEDULES[name]  # raises UnknownNameError (a ValueError) listing the registered names
         self.base_lr, self.warmup, self.total, self.name = base_lr, warmup_updates, max(1, total_updates), name
         self.last_update = 0
 
