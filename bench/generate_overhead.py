@@ -91,33 +91,45 @@ def main() -> None:
             root = tmp / f"run{r}"
             Store(str(root)).upload_dir(policy, RunLayout("bench").policy_dir(0))
             spec = GenerateSpec(
-                root=str(root), run_id="bench", stage=0, seed=1, policy_dir=RunLayout("bench").policy_dir(0),
+                root=str(root),
+                run_id="bench",
+                stage=0,
+                seed=1,
+                policy_dir=RunLayout("bench").policy_dir(0),
                 dataset=DatasetConfig(name="gsm8k", path=str(DATA), answer_kind="gsm8k"),
-                prompt=PromptConfig(), num_prompts=args.prompts, shard_size=args.shard_size,
+                prompt=PromptConfig(),
+                num_prompts=args.prompts,
+                shard_size=args.shard_size,
                 sampling={"temperature": 1.0, "max_new_tokens": args.max_new_tokens, "n": args.n},
-                engine_kwargs=engine_kwargs, reward=RewardConfig(num_workers=1),
+                engine_kwargs=engine_kwargs,
+                reward=RewardConfig(num_workers=1),
             )
             b_s, b_tok = bare(spec, policy)
             results["bare"].append((b_tok / b_s, b_s, b_tok))
             j_s, j_tok, j_total = job(spec)
             results["job"].append((j_tok / j_s, j_s, j_tok, j_total))
-            print(f"repeat {r}: bare {b_tok} tok in {b_s:.1f}s = {b_tok / b_s:.1f} tok/s | "
-                  f"job {j_tok} tok in {j_s:.1f}s = {j_tok / j_s:.1f} tok/s (with engine start {j_total:.1f}s)")
+            print(
+                f"repeat {r}: bare {b_tok} tok in {b_s:.1f}s = {b_tok / b_s:.1f} tok/s | "
+                f"job {j_tok} tok in {j_s:.1f}s = {j_tok / j_s:.1f} tok/s (with engine start {j_total:.1f}s)"
+            )
         best_bare = max(results["bare"])
         best_job = max(results["job"])
         paired = sorted(j[0] / b[0] for b, j in zip(results["bare"], results["job"], strict=True))
         ratio = paired[len(paired) // 2]  # median of back-to-back pairs: robust to load drifting between repeats
         print()
-        print(f"model {args.model}, {args.prompts} prompts x G={args.n}, {args.max_new_tokens} new tokens, "
-              f"shard {args.shard_size}, torch threads {args.threads or torch.get_num_threads()}")
+        print(
+            f"model {args.model}, {args.prompts} prompts x G={args.n}, {args.max_new_tokens} new tokens, "
+            f"shard {args.shard_size}, torch threads {args.threads or torch.get_num_threads()}"
+        )
         print("| side | tokens | seconds | tok/s |")
         print("|---|---:|---:|---:|")
         print(f"| bare engine | {best_bare[2]} | {best_bare[1]:.1f} | {best_bare[0]:.1f} |")
         print(f"| generation job | {best_job[2]} | {best_job[1]:.1f} | {best_job[0]:.1f} |")
         print(f"paired ratios job/bare per repeat: {', '.join(f'{r:.3f}' for r in paired)}")
         print(f"best-of ratio = {best_job[0] / best_bare[0]:.3f}")
-        print(f"ratio job/bare (median of pairs) = {ratio:.3f} "
-              f"(target >= 0.95: {'met' if ratio >= 0.95 else 'NOT met'})")
+        print(
+            f"ratio job/bare (median of pairs) = {ratio:.3f} (target >= 0.95: {'met' if ratio >= 0.95 else 'NOT met'})"
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -49,18 +49,24 @@ def _bare(spec_path: str, out_path: str) -> None:
     torch.set_flush_denormal(True)  # as the job does (mugrpo.jobs.train.main): compare overhead, not float modes
     spec = TrainSpec.model_validate_json(Path(spec_path).read_text())
     train, store = spec.train, spec.store()
-    data = load_rollouts(store, spec.run_id, spec.rollout_stages,
-                         skip_zero_variance_groups=train.skip_zero_variance_groups)
-    order = make_minibatch_order(data, rollouts_per_update=train.rollouts_per_update, group_minibatches=False,
-                                 seed=derive_seed(spec.seed, spec.stage, "train-data-order"))
+    data = load_rollouts(
+        store, spec.run_id, spec.rollout_stages, skip_zero_variance_groups=train.skip_zero_variance_groups
+    )
+    order = make_minibatch_order(
+        data,
+        rollouts_per_update=train.rollouts_per_update,
+        group_minibatches=False,
+        seed=derive_seed(spec.seed, spec.stage, "train-data-order"),
+    )
     model, tokenizer = load_policy(local_policy_dir(store, spec.policy_dir))
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=train.lr, betas=tuple(train.betas))
     updates = []
     for u in range(train.updates_per_stage):
         indices = order.minibatch(u)
-        micro = split_minibatch(indices, data, micro_batch_size=train.micro_batch_size, rank=0, world_size=1,
-                                keep_groups=False)
+        micro = split_minibatch(
+            indices, data, micro_batch_size=train.micro_batch_size, rank=0, world_size=1, keep_groups=False
+        )
         batches = [collate([data.rollouts[i] for i in mb], [0] * len(mb), tokenizer.pad_token_id) for mb in micro]
         num_tokens = sum(data.rollouts[i].num_tokens for i in indices)
         start = time.perf_counter()
@@ -129,13 +135,29 @@ def main() -> None:
     root = work / "store"
     store = Store(str(root))
     if read_job_manifest(store, RUN, 0, "generate") is None:
-        commit_synthetic_stage(store, RUN, model_dir, num_prompts=args.prompts, group_size=args.group_size,
-                               response_tokens=tuple(args.response_tokens), prompt_repeat=args.prompt_repeat, seed=0)
+        commit_synthetic_stage(
+            store,
+            RUN,
+            model_dir,
+            num_prompts=args.prompts,
+            group_size=args.group_size,
+            response_tokens=tuple(args.response_tokens),
+            prompt_repeat=args.prompt_repeat,
+            seed=0,
+        )
     spec = TrainSpec(
-        root=str(root), run_id=RUN, stage=0, policy_version=0,
-        train={"updates_per_stage": args.updates, "rollouts_per_update": args.rollouts_per_update,
-               "micro_batch_size": args.micro_batch_size, "checkpoint_every": args.updates, "lr": 1e-5,
-               "gradient_checkpointing": args.gradient_checkpointing},
+        root=str(root),
+        run_id=RUN,
+        stage=0,
+        policy_version=0,
+        train={
+            "updates_per_stage": args.updates,
+            "rollouts_per_update": args.rollouts_per_update,
+            "micro_batch_size": args.micro_batch_size,
+            "checkpoint_every": args.updates,
+            "lr": 1e-5,
+            "gradient_checkpointing": args.gradient_checkpointing,
+        },
     )
     spec_path = work / "train.spec.json"
     spec_path.write_text(spec.model_dump_json())
@@ -157,13 +179,18 @@ def main() -> None:
         (bare_wall, bare_rss), (job_wall, job_rss) = measured["bare"], measured["job"]
         steps = read_table(store, layout.train_steps_part(0, args.updates), "train_steps").to_pylist()
         bare = json.loads(bare_out.read_text())["updates"]
-        rounds.append({
-            "job_tokens_per_s": statistics.median(x["tokens_per_second"] for x in steps[1:] or steps),
-            "bare_tokens_per_s": statistics.median(x["tokens_per_second"] for x in bare[1:] or bare),
-            "job_peak_rss_mib": job_rss, "bare_peak_rss_mib": bare_rss, "job_wall_s": job_wall,
-            "bare_wall_s": bare_wall, "first": order[0],
-            "job_timings": read_job_manifest(store, RUN, 0, "train").timings,
-        })
+        rounds.append(
+            {
+                "job_tokens_per_s": statistics.median(x["tokens_per_second"] for x in steps[1:] or steps),
+                "bare_tokens_per_s": statistics.median(x["tokens_per_second"] for x in bare[1:] or bare),
+                "job_peak_rss_mib": job_rss,
+                "bare_peak_rss_mib": bare_rss,
+                "job_wall_s": job_wall,
+                "bare_wall_s": bare_wall,
+                "first": order[0],
+                "job_timings": read_job_manifest(store, RUN, 0, "train").timings,
+            }
+        )
     tokens = sum(x["num_tokens"] for x in steps)
     best = {key: max(x[key] for x in rounds) for key in ("job_tokens_per_s", "bare_tokens_per_s")}
     best |= {key: min(x[key] for x in rounds) for key in ("job_wall_s", "bare_wall_s")}
@@ -172,14 +199,24 @@ def main() -> None:
     job_wall, bare_wall = best["job_wall_s"], best["bare_wall_s"]
     results = {
         "model": str(args.model or "tiny random Llama (hidden 64, 2 layers, vocab 49152)"),
-        "updates": args.updates, "rollouts_per_update": args.rollouts_per_update,
-        "micro_batch_size": args.micro_batch_size, "response_tokens": list(args.response_tokens),
-        "tokens": tokens, "threads": args.threads, "gradient_checkpointing": args.gradient_checkpointing,
-        "job_tokens_per_s": job_tps, "bare_tokens_per_s": bare_tps, "ratio": job_tps / bare_tps,
-        "job_peak_rss_mib": job_rss, "bare_peak_rss_mib": bare_rss, "rounds": rounds,
+        "updates": args.updates,
+        "rollouts_per_update": args.rollouts_per_update,
+        "micro_batch_size": args.micro_batch_size,
+        "response_tokens": list(args.response_tokens),
+        "tokens": tokens,
+        "threads": args.threads,
+        "gradient_checkpointing": args.gradient_checkpointing,
+        "job_tokens_per_s": job_tps,
+        "bare_tokens_per_s": bare_tps,
+        "ratio": job_tps / bare_tps,
+        "job_peak_rss_mib": job_rss,
+        "bare_peak_rss_mib": bare_rss,
+        "rounds": rounds,
     }
-    title = f"training overhead, best of {args.rounds} rounds ({results['model']}, {tokens} response tokens, " \
+    title = (
+        f"training overhead, best of {args.rounds} rounds ({results['model']}, {tokens} response tokens, "
         f"{args.threads} threads)"
+    )
     table = Table(title=title)
     for col in ("", "tokens/s (median of updates 2..N)", "peak RSS MiB", "process wall s"):
         table.add_column(col, justify="right")
@@ -188,8 +225,10 @@ def main() -> None:
     table.add_row("job / bare", f"{results['ratio']:.2f}", f"{job_rss / bare_rss:.2f}", f"{job_wall / bare_wall:.2f}")
     Console().print(table)
     print(f"job timings (s), last round: {rounds[-1]['job_timings']}")
-    print("per round (tokens/s job, bare):", [(round(x["job_tokens_per_s"], 1), round(x["bare_tokens_per_s"], 1))
-                                             for x in rounds])
+    print(
+        "per round (tokens/s job, bare):",
+        [(round(x["job_tokens_per_s"], 1), round(x["bare_tokens_per_s"], 1)) for x in rounds],
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 

@@ -33,8 +33,12 @@ def publish_report(cfg, run_uri: str) -> str:
         description=f"mugrpo run {cfg.run.id}: per-stage summary",
     )
     link = where if "://" in where else Path(where).resolve().as_uri()
-    create_link_artifact(link=link, link_text="HTML report", key=artifact_key(cfg.run.id, "report"),
-                         description=f"mugrpo run {cfg.run.id}: self-contained HTML report")
+    create_link_artifact(
+        link=link,
+        link_text="HTML report",
+        key=artifact_key(cfg.run.id, "report"),
+        description=f"mugrpo run {cfg.run.id}: self-contained HTML report",
+    )
     get_run_logger().info("report: %s", where)
     return where
 
@@ -66,5 +70,11 @@ def run_flow(config: dict[str, Any]) -> dict[str, Any]:
     except Exception as e:  # the report is derived from committed files: never fail a finished run over it
         report = f"not written ({type(e).__name__}: {e}); rebuild it with `mugrpo report {store.uri(cfg.run.id)}`"
         logger.warning("report %s", report)
-    return {"run_id": cfg.run.id, "uri": store.uri(cfg.run.id), "stages": len(results), "final_eval": final,
-            "report": report, "seconds": time.monotonic() - t0}
+    return {
+        "run_id": cfg.run.id,
+        "uri": store.uri(cfg.run.id),
+        "stages": len(results),
+        "final_eval": final,
+        "report": report,
+        "seconds": time.monotonic() - t0,
+    }

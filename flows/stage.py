@@ -38,8 +38,15 @@ def launch(cfg: Config, job: str, spec_url: str, stage: int) -> float:
         tags=[f"run:{cfg.run.id}", f"stage:{stage}", f"job:{job}"],
     )
     t0 = time.monotonic()
-    task(job, spec_url, python=job_python(cfg, job), env=job_env(cfg), timeout_s=orch.job_timeout_s,
-         launcher=orch.launcher, labels={"run": cfg.run.id, "stage": str(stage)})
+    task(
+        job,
+        spec_url,
+        python=job_python(cfg, job),
+        env=job_env(cfg),
+        timeout_s=orch.job_timeout_s,
+        launcher=orch.launcher,
+        labels={"run": cfg.run.id, "stage": str(stage)},
+    )
     return time.monotonic() - t0
 
 
@@ -95,12 +102,16 @@ def stage_flow(config: dict[str, Any], stage: int) -> dict[str, Any]:
             walls[job] = launch(cfg, job, urls[job], stage)
             switch += switch_seconds(cfg, stage, job, walls[job])
         timings = StageTimings(
-            t_gen=walls.get("generate", 0.0), t_train=walls.get("train", 0.0), t_eval=walls.get("eval", 0.0),
-            t_switch=switch, t_total=time.monotonic() - t0,
+            t_gen=walls.get("generate", 0.0),
+            t_train=walls.get("train", 0.0),
+            t_eval=walls.get("eval", 0.0),
+            t_switch=switch,
+            t_total=time.monotonic() - t0,
         )
         manifest = commit_stage(cfg, stage, timings)
     create_markdown_artifact(
-        markdown=stage_table(manifest), key=re.sub(r"[^a-z0-9-]", "-", f"{cfg.run.id.lower()}-stage-{stage}"),
+        markdown=stage_table(manifest),
+        key=re.sub(r"[^a-z0-9-]", "-", f"{cfg.run.id.lower()}-stage-{stage}"),
         description=f"mugrpo run {cfg.run.id}, stage {stage}",
     )
     logger.info("stage %d committed in %.1f s", stage, timings.t_total)

@@ -75,6 +75,7 @@ class AdvantageConfig(BaseModel):
         description="Delta degrees of freedom of the group std used by 'grpo': 1 = sample std (Bessel; verl and "
         "TRL), 0 = population std. The GRPO paper does not specify.",
     )
+
     @field_validator("estimator")
     @classmethod
     def _known_estimator(cls, name: str) -> str:

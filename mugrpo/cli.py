@@ -110,8 +110,10 @@ def _stored_config(run: str, root: str | None):
         folder = Store(root).listdir(run_id) if Store(root).exists(run_id) else []
         inside = [n for n in folder if Store(root).exists(f"{run_id}/{n}/run.json")]
         if inside:
-            err.print(f"{root}/{run_id} is a folder of runs; pass one of: "
-                      + ", ".join(f"{root}/{run_id}/{n}" for n in inside))
+            err.print(
+                f"{root}/{run_id} is a folder of runs; pass one of: "
+                + ", ".join(f"{root}/{run_id}/{n}" for n in inside)
+            )
         else:
             err.print(f"[red]{e}[/red]")
         raise typer.Exit(2) from None
@@ -126,7 +128,7 @@ def _execute(cfg) -> None:
     console.print(f"[bold]run {cfg.run.id}[/bold] lives at {uri}")
     console.print(f"  watch it:  mugrpo status {uri}")
     console.print("  (for the Prefect UI, start `prefect server start` and set PREFECT_API_URL before `mugrpo run`)")
-    console.print(f"  query it:  mugrpo sql {uri} \"SELECT stage, avg(reward) FROM rollouts GROUP BY ALL\"")
+    console.print(f'  query it:  mugrpo sql {uri} "SELECT stage, avg(reward) FROM rollouts GROUP BY ALL"')
     try:
         result = run_flow(config=cfg.to_json_dict())
     except ConfigMismatchError as e:
@@ -173,8 +175,19 @@ def status_cmd(
     cfg = _stored_config(run, root)
     st = run_status(open_store(cfg), cfg)
     table = Table(title=f"run {st.run_id} ({st.uri})")
-    for col in ("stage", "state", "jobs done", "shards", "ckpts", "reward", "T_gen", "T_train", "T_eval",
-                "T_switch", "T_total"):
+    for col in (
+        "stage",
+        "state",
+        "jobs done",
+        "shards",
+        "ckpts",
+        "reward",
+        "T_gen",
+        "T_train",
+        "T_eval",
+        "T_switch",
+        "T_total",
+    ):
         table.add_column(col, justify="right", no_wrap=True)
     for s in st.stages:
         m = s.manifest
@@ -192,7 +205,8 @@ def status_cmd(
     Console(width=max(console.width, 130)).print(table)
     left = [s.stage for s in st.stages if not s.committed]
     console.print(
-        "complete" if st.complete
+        "complete"
+        if st.complete
         else f"left: stages {left or 'none'}{'' if st.final_eval else ' + final eval'} -> mugrpo resume {st.uri}"
     )
 

@@ -202,9 +202,7 @@ class Config(_Section):
     def to_json_dict(self) -> dict[str, Any]:
         """JSON-safe dict for run.json (storage options that look like credentials are dropped)."""
         d = self.model_dump(mode="json")
-        d["run"]["storage_options"] = {
-            k: v for k, v in d["run"]["storage_options"].items() if not _is_secret_key(k)
-        }
+        d["run"]["storage_options"] = {k: v for k, v in d["run"]["storage_options"].items() if not _is_secret_key(k)}
         return d
 
 
@@ -259,14 +257,23 @@ def format_validation_error(e: ValidationError, source: str, overrides: list[str
     lines = []
     for err in e.errors():
         key = ".".join(str(p) for p in err["loc"]) or "(root)"
-        origin = next((f"override {o!r}" for k, o in from_cli.items() if k == key or k.startswith(key + ".")
-                       or key.startswith(k + ".")), source)
+        origin = next(
+            (
+                f"override {o!r}"
+                for k, o in from_cli.items()
+                if k == key or k.startswith(key + ".") or key.startswith(k + ".")
+            ),
+            source,
+        )
         value = err.get("input")
         shown = "(missing)" if err["type"] == "missing" else repr(value)
         if err["type"] == "extra_forbidden":
             close = difflib.get_close_matches(str(err["loc"][-1]), _known_keys(err["loc"]), n=1)
-            hint = f"did you mean {'.'.join([*map(str, err['loc'][:-1]), close[0]])!r}?" if close else (
-                "check the spelling against `mugrpo config reference`")
+            hint = (
+                f"did you mean {'.'.join([*map(str, err['loc'][:-1]), close[0]])!r}?"
+                if close
+                else ("check the spelling against `mugrpo config reference`")
+            )
             lines.append(f"{origin}: unknown key {key!r}; {hint}")
         elif err["type"] == "value_error" and isinstance(value, dict):
             lines.append(f"{origin}: {err['msg'].removeprefix('Value error, ')}")

@@ -55,6 +55,9 @@ def config_reference(model: type[BaseModel] = Config, prefix: str = "") -> str:
     if rows:
         title = prefix.rstrip(".") or "(top level)"
         doc = (model.__doc__ or "").strip().splitlines()[0] if model.__doc__ else ""
-        out.append(f"### `{title}`\n\n{doc}\n\n| key | type | default | description |\n|---|---|---|---|\n"
-                   + "\n".join(rows) + "\n")
+        out.append(
+            f"### `{title}`\n\n{doc}\n\n| key | type | default | description |\n|---|---|---|---|\n"
+            + "\n".join(rows)
+            + "\n"
+        )
     return "\n".join(out + sections)

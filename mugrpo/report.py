@@ -80,8 +80,9 @@ def collect(target: str, storage_options: dict | None = None) -> ReportData:
         )
         uri = cat.target.url
     files = _parquet_files(target, storage_options, run_id)
-    return ReportData(run_id, uri, str(runs[0].get("created_at")) if runs else None, stages, by_stage, steps, evals,
-                      files)
+    return ReportData(
+        run_id, uri, str(runs[0].get("created_at")) if runs else None, stages, by_stage, steps, evals, files
+    )
 
 
 def _parquet_files(target: str, storage_options: dict | None, run_id: str) -> list[str]:
@@ -106,7 +107,7 @@ def _svg(fig) -> str:
     fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Creator": None, "Date": None})
     plt.close(fig)
     text = buf.getvalue()
-    return text[text.index("<svg"):]
+    return text[text.index("<svg") :]
 
 
 def _plot(title: str, series: list[tuple[str, list[float], list[float]]], xlabel: str, ylabel: str) -> str:
@@ -117,8 +118,15 @@ def _plot(title: str, series: list[tuple[str, list[float], list[float]]], xlabel
             ax.plot(xs, ys, marker="o", markersize=3, label=label)
             drawn += 1
     if not drawn:
-        ax.text(0.5, 0.5, "no data yet (e.g. no optimizer update ran)", ha="center", va="center",
-                transform=ax.transAxes, color="#777")
+        ax.text(
+            0.5,
+            0.5,
+            "no data yet (e.g. no optimizer update ran)",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+            color="#777",
+        )
     ax.set_title(title, fontsize=10)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -172,35 +180,102 @@ def render(data: ReportData) -> str:
 
     rs = data.rollouts_by_stage
     plots = [
-        _plot("Training reward vs wall clock", [("mean reward", [clock.get(r["stage"], 0) for r in rs],
-                                                 [r["mean_reward"] for r in rs])], "seconds", "reward"),
-        _plot("Training reward vs updates", [
-            ("rollouts (per stage)", [policy_updates(r["stage"]) for r in rs], [r["mean_reward"] for r in rs]),
-            ("minibatch", [s["update"] for s in data.steps], [s["mean_reward"] for s in data.steps]),
-        ], "optimizer updates", "reward"),
-        _plot("Accuracy vs wall clock", [(b, [clock.get(k, 0) for k in policies if (k, b) in acc],
-                                          [acc[(k, b)]["avg_at_k"] for k in policies if (k, b) in acc])
-                                         for b in benches], "seconds", "avg@k"),
-        _plot("Accuracy vs updates", [(b, [policy_updates(k) for k in policies if (k, b) in acc],
-                                       [acc[(k, b)]["avg_at_k"] for k in policies if (k, b) in acc])
-                                      for b in benches], "optimizer updates", "avg@k"),
-        _plot("E[ratio | A<0] vs updates", [("E[ratio | A<0]", [s["update"] for s in data.steps],
-                                             [s["ratio_mean_neg_adv"] for s in data.steps])],
-              "optimizer updates", "ratio"),
-        _plot("Veto fraction vs updates", [
-            ("tokens", [s["update"] for s in data.steps], [s["veto_token_frac"] for s in data.steps]),
-            ("responses", [s["update"] for s in data.steps], [s["veto_response_frac"] for s in data.steps]),
-        ], "optimizer updates", "fraction vetoed"),
-        _plot("Response length by stage", [
-            ("mean", [r["stage"] for r in rs], [r["mean_len"] for r in rs]),
-            ("p90", [r["stage"] for r in rs], [r["p90_len"] for r in rs]),
-        ], "stage", "tokens"),
+        _plot(
+            "Training reward vs wall clock",
+            [("mean reward", [clock.get(r["stage"], 0) for r in rs], [r["mean_reward"] for r in rs])],
+            "seconds",
+            "reward",
+        ),
+        _plot(
+            "Training reward vs updates",
+            [
+                ("rollouts (per stage)", [policy_updates(r["stage"]) for r in rs], [r["mean_reward"] for r in rs]),
+                ("minibatch", [s["update"] for s in data.steps], [s["mean_reward"] for s in data.steps]),
+            ],
+            "optimizer updates",
+            "reward",
+        ),
+        _plot(
+            "Accuracy vs wall clock",
+            [
+                (
+                    b,
+                    [clock.get(k, 0) for k in policies if (k, b) in acc],
+                    [acc[(k, b)]["avg_at_k"] for k in policies if (k, b) in acc],
+                )
+                for b in benches
+            ],
+            "seconds",
+            "avg@k",
+        ),
+        _plot(
+            "Accuracy vs updates",
+            [
+                (
+                    b,
+                    [policy_updates(k) for k in policies if (k, b) in acc],
+                    [acc[(k, b)]["avg_at_k"] for k in policies if (k, b) in acc],
+                )
+                for b in benches
+            ],
+            "optimizer updates",
+            "avg@k",
+        ),
+        _plot(
+            "E[ratio | A<0] vs updates",
+            [("E[ratio | A<0]", [s["update"] for s in data.steps], [s["ratio_mean_neg_adv"] for s in data.steps])],
+            "optimizer updates",
+            "ratio",
+        ),
+        _plot(
+            "Veto fraction vs updates",
+            [
+                ("tokens", [s["update"] for s in data.steps], [s["veto_token_frac"] for s in data.steps]),
+                ("responses", [s["update"] for s in data.steps], [s["veto_response_frac"] for s in data.steps]),
+            ],
+            "optimizer updates",
+            "fraction vetoed",
+        ),
+        _plot(
+            "Response length by stage",
+            [
+                ("mean", [r["stage"] for r in rs], [r["mean_len"] for r in rs]),
+                ("p90", [r["stage"] for r in rs], [r["p90_len"] for r in rs]),
+            ],
+            "stage",
+            "tokens",
+        ),
     ]
     lengths = _table(
-        ["stage", "rollouts", "mean reward", "boxed rate", "accuracy", "mean len", "p50", "p90", "max",
-         "truncated", "zero-var groups"],
-        [[r["stage"], r["rollouts"], r["mean_reward"], r["boxed_rate"], r["accuracy"], r["mean_len"],
-          r["p50_len"], r["p90_len"], r["max_len"], r["truncated"], r["zero_var_frac"]] for r in rs],
+        [
+            "stage",
+            "rollouts",
+            "mean reward",
+            "boxed rate",
+            "accuracy",
+            "mean len",
+            "p50",
+            "p90",
+            "max",
+            "truncated",
+            "zero-var groups",
+        ],
+        [
+            [
+                r["stage"],
+                r["rollouts"],
+                r["mean_reward"],
+                r["boxed_rate"],
+                r["accuracy"],
+                r["mean_len"],
+                r["p50_len"],
+                r["p90_len"],
+                r["max_len"],
+                r["truncated"],
+                r["zero_var_frac"],
+            ]
+            for r in rs
+        ],
     )
     files = "".join(f"<li><code>{html.escape(f)}</code></li>" for f in data.files)
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -215,7 +290,7 @@ report generated {now}.</p>
 time (the paper's T_roll), T_switch the job start, engine start and weight-load overhead inside all the jobs.</p>
 {_table(head1, table1)}
 <h2>Plots</h2>
-<div class="plots">{''.join(plots)}</div>
+<div class="plots">{"".join(plots)}</div>
 <h2>Rollouts and response lengths</h2>
 {lengths}
 <h2>Parquet files</h2>
@@ -237,10 +312,12 @@ def table1_markdown(data: ReportData) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for k in policies:
         t = timing.get(k, {})
-        cells = [f"stage {k}" if k in timing else f"final ({k})",
-                 f"{rewards[k]:.3f}" if k in rewards else "-",
-                 *(f"{acc[(k, b)]:.3f}" if (k, b) in acc else "-" for b in benches),
-                 *(f"{t[c]:.0f}" if t.get(c) is not None else "-" for c in ("t_gen", "t_train", "t_total"))]
+        cells = [
+            f"stage {k}" if k in timing else f"final ({k})",
+            f"{rewards[k]:.3f}" if k in rewards else "-",
+            *(f"{acc[(k, b)]:.3f}" if (k, b) in acc else "-" for b in benches),
+            *(f"{t[c]:.0f}" if t.get(c) is not None else "-" for c in ("t_gen", "t_train", "t_total")),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -251,8 +328,9 @@ def write_report(target: str, storage_options: dict | None = None, out: str | No
     return write_report_data(collect(target, storage_options), target, storage_options, out)
 
 
-def write_report_data(data: ReportData, target: str, storage_options: dict | None = None,
-                      out: str | None = None) -> str:
+def write_report_data(
+    data: ReportData, target: str, storage_options: dict | None = None, out: str | None = None
+) -> str:
     """Write already-collected report data (see :func:`write_report`)."""
     from mugrpo.storage import Store
 

@@ -32,7 +32,10 @@ def code_version() -> str:
     """The package version plus the git commit of the source tree when available."""
     try:
         sha = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True,
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
             timeout=5,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
@@ -70,8 +73,12 @@ def init_run(cfg: Config) -> Store:
     else:
         store.write_json(
             layout.run_json,
-            {"run_id": cfg.run.id, "created_at": datetime.now(UTC).isoformat(), "code_version": code_version(),
-             "config": new},
+            {
+                "run_id": cfg.run.id,
+                "created_at": datetime.now(UTC).isoformat(),
+                "code_version": code_version(),
+                "config": new,
+            },
         )
     ensure_initial_policy(cfg, store)
     return store
@@ -202,8 +209,11 @@ def run_status(store: Store, cfg: Config) -> RunStatus:
         st.committed = st.manifest is not None
         st.jobs = {job: read_job_manifest(store, cfg.run.id, k, job) is not None for job in JOBS}
         st.shards_written = sum(1 for n in store.listdir(layout.rollouts_dir(k)) if n.endswith(".parquet"))
-        st.checkpoints = sum(1 for n in store.listdir(layout.checkpoints_dir(k))
-                             if store.is_complete_dir(f"{layout.checkpoints_dir(k)}/{n}"))
+        st.checkpoints = sum(
+            1
+            for n in store.listdir(layout.checkpoints_dir(k))
+            if store.is_complete_dir(f"{layout.checkpoints_dir(k)}/{n}")
+        )
         stages.append(st)
     final = (not cfg.eval.benchmarks) or read_job_manifest(store, cfg.run.id, cfg.run.num_stages, "eval") is not None
     return RunStatus(cfg.run.id, store.uri(layout.run_dir), cfg.run.num_stages, stages, final)

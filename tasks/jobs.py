@@ -102,13 +102,22 @@ def run_job(
     """
     logger = get_run_logger()
     request = JobRequest(
-        kind=kind, spec_url=spec_url, timeout_s=timeout_s, python=python, env=dict(env or {}), module=module,
+        kind=kind,
+        spec_url=spec_url,
+        timeout_s=timeout_s,
+        python=python,
+        env=dict(env or {}),
+        module=module,
         labels=dict(labels or {}),
     )
     impl = LAUNCHERS[launcher](**dict(launcher_options or {}))
     logger.info(
         "launching %s job (attempt %d, %s launcher, timeout %g s): %s",
-        kind, current_task_run.run_count, launcher, timeout_s, shlex.join(request.command(sys.executable)),
+        kind,
+        current_task_run.run_count,
+        launcher,
+        timeout_s,
+        shlex.join(request.command(sys.executable)),
     )
     result = launch_job(request, impl, on_line=lambda line: logger.info("[%s] %s", kind, line))
     logger.info("%s job %s finished in %.1f s", kind, result.job_id, result.seconds)

@@ -59,8 +59,8 @@ class KubernetesJobSettings(BaseModel):
     )
     node_selector: dict[str, str] = Field(default_factory=dict, description="nodeSelector of every job pod.")
     gpu_node_selector: dict[str, str] = Field(
-        default_factory=dict, description="Extra nodeSelector of GPU job pods, e.g. {cloud.google.com/gke-accelerator: "
-        "nvidia-h100-80gb}."
+        default_factory=dict,
+        description="Extra nodeSelector of GPU job pods, e.g. {cloud.google.com/gke-accelerator: nvidia-h100-80gb}.",
     )
     tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Tolerations of every job pod.")
     gpu_tolerations: list[dict[str, Any]] = Field(
@@ -280,8 +280,10 @@ class KubernetesLauncher(Launcher):
             return LaunchOutcome(exit_code=None, job_id=job_id, timed_out=True)
         except RuntimeError as e:  # the helper's message names the Job's failure reasons
             return LaunchOutcome(
-                exit_code=self._exit_code(credentials, job_name), job_id=job_id,
-                timed_out="DeadlineExceeded" in str(e), detail=str(e),
+                exit_code=self._exit_code(credentials, job_name),
+                job_id=job_id,
+                timed_out="DeadlineExceeded" in str(e),
+                detail=str(e),
             )
         except BaseException:
             self._delete(credentials, job_name)
@@ -309,7 +311,9 @@ class KubernetesLauncher(Launcher):
         try:
             run_coro_as_sync(
                 delete_namespaced_job.fn(
-                    kubernetes_credentials=credentials, job_name=job_name, namespace=self.settings.namespace,
+                    kubernetes_credentials=credentials,
+                    job_name=job_name,
+                    namespace=self.settings.namespace,
                     delete_options=V1DeleteOptions(propagation_policy="Foreground", grace_period_seconds=0),
                 )
             )
@@ -324,7 +328,8 @@ class KubernetesLauncher(Launcher):
         try:
             pods = run_coro_as_sync(
                 list_namespaced_pod.fn(
-                    kubernetes_credentials=credentials, namespace=self.settings.namespace,
+                    kubernetes_credentials=credentials,
+                    namespace=self.settings.namespace,
                     label_selector=f"job-name={job_name}",
                 )
             )

@@ -215,13 +215,17 @@ def launch_job(request: JobRequest, launcher: Launcher, on_line: LineSink | None
         raise JobTimeoutError(
             f"{where} exceeded its timeout of {request.timeout_s:g} s and was killed after {seconds:.1f} s"
             + (f"; {outcome.detail}" if outcome.detail else ""),
-            kind=request.kind, timeout_s=request.timeout_s, last_lines=last,
+            kind=request.kind,
+            timeout_s=request.timeout_s,
+            last_lines=last,
         )
     if outcome.exit_code != 0:
         raise JobFailedError(
             f"{where} failed after {seconds:.1f} s: {describe_exit(outcome.exit_code)}"
             + (f"; {outcome.detail}" if outcome.detail else ""),
-            kind=request.kind, exit_code=outcome.exit_code, last_lines=last,
+            kind=request.kind,
+            exit_code=outcome.exit_code,
+            last_lines=last,
         )
     return JobResult(request.kind, 0, seconds, last, launcher.name, outcome.job_id)
 

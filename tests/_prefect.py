@@ -144,9 +144,22 @@ def _start_server(stack: ExitStack, home: Path) -> PrefectServer:
     log_path = home / "server.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [prefect_cli(), "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui",
-             "--analytics-off"],
-            env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                prefect_cli(),
+                "server",
+                "start",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--no-ui",
+                "--analytics-off",
+            ],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     stack.callback(_stop, proc)
     api_url = f"http://127.0.0.1:{port}/api"
@@ -171,9 +184,7 @@ def _point_api(stack: ExitStack, api_url: str) -> str:
     mp = stack.enter_context(pytest.MonkeyPatch.context())
     mp.setenv("PREFECT_API_URL", api_url)
     mp.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    stack.enter_context(
-        temporary_settings(updates={PREFECT_API_URL: api_url, PREFECT_SERVER_ANALYTICS_ENABLED: False})
-    )
+    stack.enter_context(temporary_settings(updates={PREFECT_API_URL: api_url, PREFECT_SERVER_ANALYTICS_ENABLED: False}))
     return api_url
 
 
@@ -202,7 +213,11 @@ def _start_worker(stack: ExitStack, api_url: str, home: Path) -> ProcessWorker:
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [prefect_cli(), "worker", "start", "--pool", pool, "--type", "process", "--name", name],
-            env=env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO_ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
     stack.callback(_stop, proc)
@@ -242,7 +257,12 @@ def process_worker(request, prefect_api: str, tmp_path_factory) -> ProcessWorker
 
 
 def deploy_local_flow(
-    entrypoint: str, *, name: str, pool: str, source: Path = REPO_ROOT, parameters: dict[str, Any] | None = None,
+    entrypoint: str,
+    *,
+    name: str,
+    pool: str,
+    source: Path = REPO_ROOT,
+    parameters: dict[str, Any] | None = None,
     job_variables: dict[str, Any] | None = None,
 ) -> uuid.UUID:
     """Register a deployment of ``entrypoint`` (``path/to/file.py:flow_fn``, relative to ``source``) on ``pool``,
@@ -250,13 +270,20 @@ def deploy_local_flow(
     from prefect import flow
 
     return flow.from_source(source=str(source), entrypoint=entrypoint).deploy(
-        name=name, work_pool_name=pool, parameters=parameters or {}, job_variables=job_variables or {},
-        build=False, push=False, print_next_steps=False, ignore_warnings=True,
+        name=name,
+        work_pool_name=pool,
+        parameters=parameters or {},
+        job_variables=job_variables or {},
+        build=False,
+        push=False,
+        print_next_steps=False,
+        ignore_warnings=True,
     )
 
 
-def run_deployment_and_wait(deployment_id: uuid.UUID, *, parameters: dict[str, Any] | None = None,
-                            timeout_s: float = 300.0) -> Any:
+def run_deployment_and_wait(
+    deployment_id: uuid.UUID, *, parameters: dict[str, Any] | None = None, timeout_s: float = 300.0
+) -> Any:
     """Create a flow run of the deployment, wait until it reaches a final state (or ``timeout_s``); returns the
     flow run (check ``.state``)."""
     from prefect.deployments import run_deployment
@@ -277,7 +304,8 @@ def flow_run_logs(flow_run_id: uuid.UUID, *, wait_for: str | None = None, timeou
     while True:
         with get_client(sync_client=True) as client:
             logs = client.read_logs(
-                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), sort=LogSort.TIMESTAMP_ASC,
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
+                sort=LogSort.TIMESTAMP_ASC,
                 limit=200,
             )
         messages = [log.message for log in logs]

@@ -72,8 +72,9 @@ def test_new_run_status_and_a_refused_config_change(tmp_path, tiny_model_dir):
 def test_report_and_status_on_wrong_paths(tmp_path, tiny_model_dir):
     result = runner.invoke(app, ["report", str(tmp_path / "nope")])
     assert result.exit_code == 2 and "does not exist" in result.output
-    cfg = load_config("configs/gsm8k-smollm2-quick.yaml",
-                      [f"run.root={tmp_path}", "run.id=r2", f"model.source={tiny_model_dir}"])
+    cfg = load_config(
+        "configs/gsm8k-smollm2-quick.yaml", [f"run.root={tmp_path}", "run.id=r2", f"model.source={tiny_model_dir}"]
+    )
     init_run(cfg)
     result = runner.invoke(app, ["status", str(tmp_path)])
     assert result.exit_code == 2 and "is a folder of runs; pass one of" in result.output and "/r2" in result.output

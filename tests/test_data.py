@@ -39,8 +39,13 @@ def test_shared_datasets_load_with_a_gold_answer_for_every_row(rel, mapping, row
 
 def test_math500_solutions_yield_boxed_golds():
     problems, report = load_problems(
-        DatasetConfig(name="math", path=str(DATA / "math500/test.jsonl"), question_field="problem",
-                      answer_field="solution", answer_kind="boxed")
+        DatasetConfig(
+            name="math",
+            path=str(DATA / "math500/test.jsonl"),
+            question_field="problem",
+            answer_field="solution",
+            answer_kind="boxed",
+        )
     )
     assert report.loaded == 500 and all(p.ground_truth for p in problems)
 
@@ -76,8 +81,14 @@ def test_malformed_row_names_file_and_line(tmp_path):
 def test_skip_mode_counts_skips_in_the_summary(tmp_path):
     f = _write(
         tmp_path / "d.jsonl",
-        [{"question": "q1", "answer": "#### 1"}, "{not json", {"question": "q3"}, {"question": " ", "answer": "#### 2"},
-         {"question": "q1", "answer": "#### 1"}, {"question": "q5", "answer": "no marker"}],
+        [
+            {"question": "q1", "answer": "#### 1"},
+            "{not json",
+            {"question": "q3"},
+            {"question": " ", "answer": "#### 2"},
+            {"question": "q1", "answer": "#### 1"},
+            {"question": "q5", "answer": "no marker"},
+        ],
     )
     problems, report = load_problems(DatasetConfig(name="d", path=str(f), answer_kind="gsm8k", on_bad_row="skip"))
     assert [p.question for p in problems] == ["q1"]

@@ -39,16 +39,33 @@ def tiny_config(root: Path, model_dir: Path) -> dict:
     return {
         "run": {"id": RUN, "root": str(root), "seed": 5, "num_stages": 2},
         "model": {"source": str(model_dir), "max_context": 512},
-        "data": {"train": {"name": "gsm8k", "path": str(DATA / "gsm8k/train.jsonl"), "answer_kind": "gsm8k",
-                           "limit": 40}},
-        "generation": {"prompts_per_stage": 4, "shard_size": 2,
-                       "sampling": {"temperature": 1.0, "max_new_tokens": 6, "n": 2}},
+        "data": {
+            "train": {"name": "gsm8k", "path": str(DATA / "gsm8k/train.jsonl"), "answer_kind": "gsm8k", "limit": 40}
+        },
+        "generation": {
+            "prompts_per_stage": 4,
+            "shard_size": 2,
+            "sampling": {"temperature": 1.0, "max_new_tokens": 6, "n": 2},
+        },
         "reward": {"components": {"math_correctness": 1.0, "format": 0.5}, "num_workers": 1},
-        "train": {"updates_per_stage": 3, "rollouts_per_update": 4, "micro_batch_size": 2, "checkpoint_every": 1,
-                  "skip_zero_variance_groups": False, "lr": 1e-3},
-        "eval": {"every_stage": False, "benchmarks": [
-            {"dataset": {"name": "gsm8k", "path": str(DATA / "gsm8k/test.jsonl"), "answer_kind": "gsm8k"},
-             "num_prompts": 2, "max_new_tokens": 4}]},
+        "train": {
+            "updates_per_stage": 3,
+            "rollouts_per_update": 4,
+            "micro_batch_size": 2,
+            "checkpoint_every": 1,
+            "skip_zero_variance_groups": False,
+            "lr": 1e-3,
+        },
+        "eval": {
+            "every_stage": False,
+            "benchmarks": [
+                {
+                    "dataset": {"name": "gsm8k", "path": str(DATA / "gsm8k/test.jsonl"), "answer_kind": "gsm8k"},
+                    "num_prompts": 2,
+                    "max_new_tokens": 4,
+                }
+            ],
+        },
         "orchestration": {"retries": 0},
     }
 
@@ -84,8 +101,12 @@ def kill_tree(proc: subprocess.Popen) -> None:
 
 
 def start_run(config_path: Path, env: dict, log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "mugrpo.cli", "run", str(config_path)], env=env,
-                            stdout=log.open("ab"), stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "mugrpo.cli", "run", str(config_path)],
+        env=env,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+    )
 
 
 def wait_for(proc: subprocess.Popen, cond, what: str, log: Path, timeout: float = 900) -> None:
@@ -132,9 +153,11 @@ def test_sigkill_at_six_points_then_resume_matches_uninterrupted(tmp_path, tiny_
         ("during training", lambda: (run / "checkpoints/stage=0/step=000001/_COMPLETE").exists(), {}),
         ("between stages", lambda: (run / "stages/stage=0.json").exists(), {}),
         ("during stage-1 generation", lambda: (run / "rollouts/stage=1/shard=00000.parquet").exists(), {}),
-        ("during the stage manifest write",
-         lambda: any(p.name.startswith(".stage=1.json.tmp-") for p in (run / "stages").glob(".*")),
-         {"MUGRPO_FAULT_PAUSE": "stages/stage=1.json:60"}),
+        (
+            "during the stage manifest write",
+            lambda: any(p.name.startswith(".stage=1.json.tmp-") for p in (run / "stages").glob(".*")),
+            {"MUGRPO_FAULT_PAUSE": "stages/stage=1.json:60"},
+        ),
         ("during the final evaluation", lambda: (run / "jobs/stage=2/eval.spec.json").exists(), {}),
     ]
     log = tmp_path / "killed.log"
@@ -149,15 +172,19 @@ def test_sigkill_at_six_points_then_resume_matches_uninterrupted(tmp_path, tiny_
 
     keys = rollout_keys(root)
     assert len(keys) == 2 * 4 * 2 and set(keys.values()) == {1}
-    steps = sorted(u for f in (run / "train_steps").rglob("part-*.parquet")
-                   for u in pq.read_table(f, columns=["update"])["update"].to_pylist())
+    steps = sorted(
+        u
+        for f in (run / "train_steps").rglob("part-*.parquet")
+        for u in pq.read_table(f, columns=["update"])["update"].to_pylist()
+    )
     assert steps == list(range(1, 7))
     weights = final_weights(root)
     assert weights.keys() == reference.keys()
     for name, tensor in reference.items():
         assert tensor.equal(weights[name]), f"{name} differs from the uninterrupted run"
-    out = subprocess.run([sys.executable, "-m", "mugrpo.cli", "status", str(run)], env=env, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "mugrpo.cli", "status", str(run)], env=env, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0 and "complete" in out.stdout, out.stdout + out.stderr
 
 

@@ -62,8 +62,12 @@ def all_rollouts(root: Path, stage: int = 0) -> pa.Table:
 def launch(spec: GenerateSpec, tmp: Path) -> subprocess.Popen:
     path = tmp / f"spec-{time.monotonic_ns()}.json"
     path.write_text(spec.model_dump_json())
-    return subprocess.Popen([sys.executable, "-m", "mugrpo.jobs.generate", str(path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "mugrpo.jobs.generate", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 @pytest.mark.slow
@@ -95,8 +99,9 @@ def test_sigkill_mid_shard_then_rerun_gives_each_rollout_exactly_once(tmp_path, 
     assert proc.returncode == 0, out
     assert "already written" in out
     table = all_rollouts(root)
-    keys = Counter(zip(table["stage"].to_pylist(), table["prompt_id"].to_pylist(), table["sample_idx"].to_pylist(),
-                       strict=True))
+    keys = Counter(
+        zip(table["stage"].to_pylist(), table["prompt_id"].to_pylist(), table["sample_idx"].to_pylist(), strict=True)
+    )
     assert len(keys) == 6 * 3 and set(keys.values()) == {1}
     # Same seed, same config: the resumed run produced the same rollouts as the uninterrupted one.
     for col in ("prompt_id", "sample_idx", "response_token_ids", "behavior_logprobs", "reward", "advantage"):
@@ -145,8 +150,11 @@ def test_too_long_prompts_are_skipped_and_counted_or_fail(tmp_path, tiny_model_d
     assert skipped >= 1
     assert manifest.counts["rows"] == (4 - skipped) * 3
     with pytest.raises(GenerationError, match=r"prompt [0-9a-f]{16} \(.*train.jsonl:\d+\) is too_long"):
-        run_generate(make_spec(with_policy(tmp_path / "b", tiny_model_dir), num_prompts=4, max_context=150,
-                               on_bad_prompt="error"))
+        run_generate(
+            make_spec(
+                with_policy(tmp_path / "b", tiny_model_dir), num_prompts=4, max_context=150, on_bad_prompt="error"
+            )
+        )
 
 
 class _FailingSecondCall:

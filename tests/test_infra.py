@@ -154,7 +154,10 @@ def test_work_pool_created_on_a_local_prefect_server_serves_the_template(prefect
     pool = f"mugrpo-k8s-{uuid.uuid4().hex[:8]}"
     proc = subprocess.run(
         [prefect_cli(), "work-pool", "create", pool, "--type", "kubernetes", "--base-job-template", str(TEMPLATE)],
-        capture_output=True, text=True, timeout=180, env={**os.environ, "PREFECT_API_URL": prefect_api},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "PREFECT_API_URL": prefect_api},
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with get_client(sync_client=True) as client:
@@ -188,7 +191,9 @@ def test_generation_job_manifest_gpu_secret_cache_and_scheduling():
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
     env = {e["name"]: e for e in container["env"]}
     assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"] == {
-        "name": "mugrpo-s3", "key": "AWS_SECRET_ACCESS_KEY"}
+        "name": "mugrpo-s3",
+        "key": "AWS_SECRET_ACCESS_KEY",
+    }
     assert env["MUGRPO_STORAGE_OPTIONS"]["value"] == "{}" and env["HF_HOME"]["value"] == "/cache/huggingface"
     assert {"name": "hf-cache", "persistentVolumeClaim": {"claimName": "mugrpo-hf-cache"}} in pod["volumes"]
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
@@ -198,8 +203,12 @@ def test_generation_job_manifest_gpu_secret_cache_and_scheduling():
 
 
 def test_cpu_job_manifest_has_no_gpu_scheduling_and_names_are_valid():
-    request = JobRequest(kind="train", spec_url="s3://b/r/jobs/stage=0/train.spec.json", timeout_s=60.5,
-                         labels={"run": "A run/with odd chars!" * 5})
+    request = JobRequest(
+        kind="train",
+        spec_url="s3://b/r/jobs/stage=0/train.spec.json",
+        timeout_s=60.5,
+        labels={"run": "A run/with odd chars!" * 5},
+    )
     settings = EXAMPLE_SETTINGS.model_copy(update={"hf_cache_claim_name": None, "s3_secret_name": None})
     manifest = build_job_manifest(request, settings)
     validate_strict(manifest)
@@ -224,7 +233,11 @@ def test_job_settings_from_the_flow_pod_environment():
     }
     settings = KubernetesJobSettings.from_env(environ)
     assert (settings.namespace, settings.image, settings.gpus, settings.s3_secret_name) == (
-        "team-a", "r/m:cpu", {"generate": 2}, "mugrpo-s3")
+        "team-a",
+        "r/m:cpu",
+        {"generate": 2},
+        "mugrpo-s3",
+    )
     assert settings.image_for("generate") == "r/m:gpu" and settings.image_for("eval") == "r/m:cpu"
     with pytest.raises(ValueError, match="MUGRPO_K8S_JOB_SETTINGS is not valid JSON"):
         KubernetesJobSettings.from_env({"MUGRPO_K8S_JOB_SETTINGS": "{gpus: 1"})
@@ -287,8 +300,7 @@ def test_a_deployment_runs_end_to_end_on_a_process_work_pool(process_worker, tmp
     subprocess, and the job it launches streams its lines into the flow run's logs."""
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"before": ["hello from a deployed job"]}))
-    deployment_id = deploy_local_flow("tests/flows_fixture.py:job_flow", name="fixture-check",
-                                      pool=process_worker.pool)
+    deployment_id = deploy_local_flow("tests/flows_fixture.py:job_flow", name="fixture-check", pool=process_worker.pool)
     flow_run = run_deployment_and_wait(deployment_id, parameters={"spec_url": str(spec)}, timeout_s=240)
     assert flow_run.state.is_completed(), f"{flow_run.state}\n{process_worker.log_tail()}"
     logs = "\n".join(flow_run_logs(flow_run.id, wait_for="hello from a deployed job"))
@@ -302,13 +314,30 @@ def test_prefect_deploy_registers_the_infra_deployments(prefect_api):
 
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "MUGRPO_IMAGE": "registry.example.com/mugrpo:test"}
     create = subprocess.run(
-        [prefect_cli(), "work-pool", "create", "mugrpo-k8s", "--type", "kubernetes", "--base-job-template",
-         str(TEMPLATE), "--overwrite"], capture_output=True, text=True, timeout=180, env=env,
+        [
+            prefect_cli(),
+            "work-pool",
+            "create",
+            "mugrpo-k8s",
+            "--type",
+            "kubernetes",
+            "--base-job-template",
+            str(TEMPLATE),
+            "--overwrite",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
     )
     assert create.returncode == 0, create.stdout + create.stderr
     deploy = subprocess.run(
         [prefect_cli(), "--no-prompt", "deploy", "--all", "--prefect-file", str(INFRA / "prefect.yaml")],
-        capture_output=True, text=True, timeout=300, env=env, cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=REPO_ROOT,
     )
     assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
     with get_client(sync_client=True) as client:
@@ -317,4 +346,5 @@ def test_prefect_deploy_registers_the_infra_deployments(prefect_api):
             assert deployment.work_pool_name == "mugrpo-k8s"
             assert deployment.job_variables["image"] == "registry.example.com/mugrpo:test"
             assert deployment.pull_steps == [
-                {"prefect.deployments.steps.set_working_directory": {"directory": "/opt/mugrpo"}}]
+                {"prefect.deployments.steps.set_working_directory": {"directory": "/opt/mugrpo"}}
+            ]

@@ -41,8 +41,9 @@ def write_spec(path: Path, **spec) -> str:
 
 
 def standin(spec_url: str, timeout_s: float = 60.0, env: dict[str, str] | None = None) -> JobRequest:
-    return JobRequest(kind="standin", spec_url=spec_url, timeout_s=timeout_s, module="jobs_fixture",
-                      env={**JOB_ENV, **(env or {})})
+    return JobRequest(
+        kind="standin", spec_url=spec_url, timeout_s=timeout_s, module="jobs_fixture", env={**JOB_ENV, **(env or {})}
+    )
 
 
 def alive(pid: int) -> bool:
@@ -65,12 +66,21 @@ def wait_gone(pids, timeout_s: float = 5.0) -> list[int]:
 # ------------------------------------------------------------------------------------------- request and registry
 def test_job_command_and_request_validation():
     req = JobRequest(kind="generate", spec_url="s3://bucket/run/specs/gen.json", timeout_s=10)
-    assert req.command("/venv/bin/python") == ["/venv/bin/python", "-m", "mugrpo.jobs.generate",
-                                               "s3://bucket/run/specs/gen.json"]
+    assert req.command("/venv/bin/python") == [
+        "/venv/bin/python",
+        "-m",
+        "mugrpo.jobs.generate",
+        "s3://bucket/run/specs/gen.json",
+    ]
     vllm = JobRequest(kind="generate", spec_url="spec.json", timeout_s=10, python="/opt/vllm/bin/python")
     assert vllm.command(sys.executable)[0] == "/opt/vllm/bin/python"
-    for bad in ({"kind": "Generate"}, {"kind": "../x"}, {"module": "a..b"}, {"timeout_s": 0},
-                {"env": {"AWS_REGION": 1}}):
+    for bad in (
+        {"kind": "Generate"},
+        {"kind": "../x"},
+        {"module": "a..b"},
+        {"timeout_s": 0},
+        {"env": {"AWS_REGION": 1}},
+    ):
         with pytest.raises(ValueError):
             JobRequest(**{"kind": "train", "spec_url": "s.json", "timeout_s": 1.0, **bad})
 
@@ -89,14 +99,29 @@ def test_launcher_registry():
 def test_lines_stream_as_they_arrive_with_parent_env_and_extra_env(tmp_path, monkeypatch):
     monkeypatch.setenv("MUGRPO_TEST_PARENT", "from-parent")
     monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # the launcher must set it: the job never flushes
-    spec = write_spec(tmp_path / "spec.json", before=["first"], stderr=["to stderr"],
-                      print_env=["MUGRPO_TEST_PARENT", "MUGRPO_TEST_EXTRA"], sleep_s=1.5, after=["last"])
+    spec = write_spec(
+        tmp_path / "spec.json",
+        before=["first"],
+        stderr=["to stderr"],
+        print_env=["MUGRPO_TEST_PARENT", "MUGRPO_TEST_EXTRA"],
+        sleep_s=1.5,
+        after=["last"],
+    )
     seen: list[tuple[float, str]] = []
-    result = launch_job(standin(spec, env={"MUGRPO_TEST_EXTRA": "extra"}), SubprocessLauncher(),
-                        on_line=lambda line: seen.append((time.monotonic(), line)))
+    result = launch_job(
+        standin(spec, env={"MUGRPO_TEST_EXTRA": "extra"}),
+        SubprocessLauncher(),
+        on_line=lambda line: seen.append((time.monotonic(), line)),
+    )
     lines = [line for _, line in seen]
-    assert lines == ["first", "to stderr", "MUGRPO_TEST_PARENT=from-parent", "MUGRPO_TEST_EXTRA=extra",
-                     "attempt 1", "last"]
+    assert lines == [
+        "first",
+        "to stderr",
+        "MUGRPO_TEST_PARENT=from-parent",
+        "MUGRPO_TEST_EXTRA=extra",
+        "attempt 1",
+        "last",
+    ]
     # "first" reached us while the job was still sleeping, not when it exited: streamed, not buffered.
     assert seen[-1][0] - seen[0][0] >= 1.2
     assert result.exit_code == 0 and result.seconds >= 1.5 and result.launcher == "subprocess"
@@ -110,7 +135,7 @@ def test_nonzero_exit_raises_with_the_last_lines(tmp_path):
         launch_job(standin(spec), SubprocessLauncher())
     err = info.value
     assert err.exit_code == 3 and err.transient
-    assert err.last_lines == (*out[-(TAIL_LINES - 1):], "attempt 1")
+    assert err.last_lines == (*out[-(TAIL_LINES - 1) :], "attempt 1")
     assert "exit code 3" in str(err) and "line 29" in str(err) and "line 10" not in str(err)
     # Exit code 2 (usage error, invalid spec) is not worth a retry.
     spec2 = write_spec(tmp_path / "spec2.json", exit_code=2)
@@ -122,8 +147,14 @@ def test_nonzero_exit_raises_with_the_last_lines(tmp_path):
 def test_timeout_kills_the_whole_process_group(tmp_path):
     pid_file = tmp_path / "pids.json"
     # Job and grandchild both ignore SIGTERM: only the SIGKILL to the group after the grace period ends them.
-    spec = write_spec(tmp_path / "spec.json", before=["started"], grandchild=True, ignore_term=True,
-                      pid_file=str(pid_file), sleep_s=600)
+    spec = write_spec(
+        tmp_path / "spec.json",
+        before=["started"],
+        grandchild=True,
+        ignore_term=True,
+        pid_file=str(pid_file),
+        sleep_s=600,
+    )
     t0 = time.monotonic()
     with pytest.raises(JobTimeoutError) as info:
         launch_job(standin(spec, timeout_s=3.0), SubprocessLauncher(kill_grace_s=1.0))
@@ -181,8 +212,9 @@ def test_task_defaults_follow_the_config():
     defaults = OrchestrationSection()
     assert (run_job.retries, run_job.retry_delay_seconds) == (defaults.retries, defaults.retry_delay_s)
     assert (DEFAULT_RETRIES, DEFAULT_RETRY_DELAY_S) == (defaults.retries, defaults.retry_delay_s)
-    task = run_job.with_options(**job_options(OrchestrationSection(retries=3, retry_delay_s=0.5),
-                                              tags=["run:r1", "stage:0"]))
+    task = run_job.with_options(
+        **job_options(OrchestrationSection(retries=3, retry_delay_s=0.5), tags=["run:r1", "stage:0"])
+    )
     assert (task.retries, task.retry_delay_seconds, task.tags) == (3, 0.5, {"run:r1", "stage:0"})
     assert task.retry_condition_fn is run_job.retry_condition_fn is not None
 
@@ -194,8 +226,13 @@ def test_run_job_logs_lines_retries_transient_failures_not_usage_errors(tmp_path
 
     ok = write_spec(tmp_path / "ok.json", before=["hello from the job"], stderr=["a warning on stderr"])
     flaky_counter, usage_counter = tmp_path / "flaky.count", tmp_path / "usage.count"
-    flaky = write_spec(tmp_path / "flaky.json", counter_file=str(flaky_counter), fail_attempts=1, exit_code=1,
-                       before=["flaky job running"])
+    flaky = write_spec(
+        tmp_path / "flaky.json",
+        counter_file=str(flaky_counter),
+        fail_attempts=1,
+        exit_code=1,
+        before=["flaky job running"],
+    )
     usage = write_spec(tmp_path / "usage.json", counter_file=str(usage_counter), exit_code=2)
     retrying = run_job.with_options(retries=2, retry_delay_seconds=0)
 
@@ -252,8 +289,11 @@ class FakeCluster:
 
         async def list_jobs(kubernetes_credentials, namespace, label_selector):
             key, value = label_selector.split("=")
-            items = [SimpleNamespace(metadata=SimpleNamespace(name=n), status=SimpleNamespace(active=1))
-                     for n, spec in self.active.items() if spec == value]
+            items = [
+                SimpleNamespace(metadata=SimpleNamespace(name=n), status=SimpleNamespace(active=1))
+                for n, spec in self.active.items()
+                if spec == value
+            ]
             return SimpleNamespace(items=items)
 
         async def delete_job(kubernetes_credentials, job_name, namespace, delete_options):
@@ -281,8 +321,11 @@ def test_kubernetes_launcher_streams_pod_logs_and_replaces_stale_jobs(monkeypatc
 
     launcher = KubernetesLauncher(image="r/mugrpo:gpu", namespace="mugrpo")
     spec_hash = build_job_manifest(k8s_request(), launcher.settings)["metadata"]["labels"][SPEC_LABEL]
-    cluster = FakeCluster(monkeypatch, logs=["engine up", "shard 0 done"],
-                          active=[("mugrpo-generate-old", spec_hash), ("other-spec", "0" * 16)])
+    cluster = FakeCluster(
+        monkeypatch,
+        logs=["engine up", "shard 0 done"],
+        active=[("mugrpo-generate-old", spec_hash), ("other-spec", "0" * 16)],
+    )
     seen = []
     result = launch_job(k8s_request(), launcher, on_line=seen.append)
     assert result.exit_code == 0 and result.launcher == "kubernetes"
@@ -295,8 +338,12 @@ def test_kubernetes_launcher_streams_pod_logs_and_replaces_stale_jobs(monkeypatc
 
 @pytest.mark.parametrize(
     ("outcome", "exit_code", "error", "transient"),
-    [("BackoffLimitExceeded", 2, JobFailedError, False), ("BackoffLimitExceeded", 137, JobFailedError, True),
-     ("DeadlineExceeded", 137, JobTimeoutError, True), ("Timeout", None, JobTimeoutError, True)],
+    [
+        ("BackoffLimitExceeded", 2, JobFailedError, False),
+        ("BackoffLimitExceeded", 137, JobFailedError, True),
+        ("DeadlineExceeded", 137, JobTimeoutError, True),
+        ("Timeout", None, JobTimeoutError, True),
+    ],
 )
 def test_kubernetes_launcher_failures(monkeypatch, outcome, exit_code, error, transient):
     from tasks.kubernetes import KubernetesLauncher

@@ -26,8 +26,16 @@ def chromium() -> str:
     return path
 
 
-HEADLESS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+HEADLESS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def test_report_content(tmp_path: Path):
@@ -40,8 +48,13 @@ def test_report_content(tmp_path: Path):
     assert page.count("<svg") == PLOTS
     assert "<script" not in page
     assert re.search(r'(src|href)\s*=\s*["\']?(https?:)?//', page) is None  # nothing to fetch: no network needed
-    for heading in ("Per-stage summary", "E[ratio | A&lt;0] vs updates", "Veto fraction vs updates",
-                    "Response length by stage", "Parquet files"):
+    for heading in (
+        "Per-stage summary",
+        "E[ratio | A&lt;0] vs updates",
+        "Veto fraction vs updates",
+        "Response length by stage",
+        "Parquet files",
+    ):
         assert heading in page
     assert "rollouts/stage=0/" in page and ".parquet" in page
 
@@ -51,13 +64,21 @@ def test_report_renders_in_headless_chromium(tmp_path: Path):
     write_run(Store(str(tmp_path)), "r1")
     out = Path(write_report(str(tmp_path / "r1"), out=str(tmp_path / "report.html")))
     profile = tmp_path / "profile"
-    dom = subprocess.run([exe, *HEADLESS, f"--user-data-dir={profile}", "--dump-dom", out.as_uri()],
-                         capture_output=True, text=True, timeout=180)
+    dom = subprocess.run(
+        [exe, *HEADLESS, f"--user-data-dir={profile}", "--dump-dom", out.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert dom.stdout.count("<svg") == PLOTS  # every plot is in the rendered DOM
     assert "Per-stage summary" in dom.stdout
     shot = tmp_path / "shot.png"
-    res = subprocess.run([exe, *HEADLESS, f"--user-data-dir={profile}", f"--screenshot={shot}",
-                          "--window-size=1200,2400", out.as_uri()], capture_output=True, text=True, timeout=180)
+    res = subprocess.run(
+        [exe, *HEADLESS, f"--user-data-dir={profile}", f"--screenshot={shot}", "--window-size=1200,2400", out.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert res.returncode == 0 and shot.exists(), res.stderr[-2000:]
     assert shot.stat().st_size > 20_000  # a page of plots, not a blank screen

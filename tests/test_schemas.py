@@ -17,12 +17,31 @@ def rollout_rows(n: int = 3) -> list[dict]:
     now = datetime(2026, 1, 1, tzinfo=UTC)
     return [
         dict(
-            run_id="r", stage=0, policy_version=0, prompt_id="p0", sample_idx=i, group_size=n,
-            prompt_text="q", prompt_token_ids=[1, 2], response_text="a", response_token_ids=[5, 2],
-            behavior_logprobs=[-0.5, -0.25], finish_reason="stop", num_tokens=2, reward=float(i),
-            reward_components={"math_correctness": float(i), "format": 1.0}, reward_status="ok",
-            ground_truth="4", extracted_answer=None if i == 0 else "4", advantage=0.5 * i, zero_variance=False,
-            temperature=1.0, top_p=1.0, seed=7, engine="transformers", created_at=now,
+            run_id="r",
+            stage=0,
+            policy_version=0,
+            prompt_id="p0",
+            sample_idx=i,
+            group_size=n,
+            prompt_text="q",
+            prompt_token_ids=[1, 2],
+            response_text="a",
+            response_token_ids=[5, 2],
+            behavior_logprobs=[-0.5, -0.25],
+            finish_reason="stop",
+            num_tokens=2,
+            reward=float(i),
+            reward_components={"math_correctness": float(i), "format": 1.0},
+            reward_status="ok",
+            ground_truth="4",
+            extracted_answer=None if i == 0 else "4",
+            advantage=0.5 * i,
+            zero_variance=False,
+            temperature=1.0,
+            top_p=1.0,
+            seed=7,
+            engine="transformers",
+            created_at=now,
         )
         for i in range(n)
     ]

@@ -36,15 +36,23 @@ def _launch(root: Path, tmp: Path, name: str) -> subprocess.Popen:
         run_id=RUN,
         stage=0,
         policy_version=0,
-        train={"updates_per_stage": UPDATES, "rollouts_per_update": 8, "micro_batch_size": 4, "checkpoint_every": 2,
-               "lr": 1e-3, "warmup_updates": 2, "lr_schedule": "cosine"},
+        train={
+            "updates_per_stage": UPDATES,
+            "rollouts_per_update": 8,
+            "micro_batch_size": 4,
+            "checkpoint_every": 2,
+            "lr": 1e-3,
+            "warmup_updates": 2,
+            "lr_schedule": "cosine",
+        },
     )
     path = tmp / f"{name}.spec.json"
     path.write_text(spec.model_dump_json())
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     log = open(tmp / f"{name}.log", "ab")  # noqa: SIM115  (closed with the process)
-    return subprocess.Popen([sys.executable, "-m", "mugrpo.jobs.train", str(path)], cwd=REPO, env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "mugrpo.jobs.train", str(path)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
 
 
 def _wait(proc: subprocess.Popen, tmp: Path, name: str) -> None:
@@ -89,8 +97,10 @@ def test_sigkill_mid_run_then_resume_is_bitwise_equal(tiny_model_dir, tmp_path):
     unequal = [name for name in a if not torch.equal(a[name], b[name])]
     assert not unequal, f"weights differ after resume: {unequal}"
 
-    rows = {name: pq.read_table(Store(str(root)).local_path(layout.train_steps_dir(0))).sort_by("stage_update")
-            for name, root in roots.items()}
+    rows = {
+        name: pq.read_table(Store(str(root)).local_path(layout.train_steps_dir(0))).sort_by("stage_update")
+        for name, root in roots.items()
+    }
     assert rows["killed"].column("stage_update").to_pylist() == list(range(1, UPDATES + 1))  # no duplicates
     for column in ("loss", "grad_norm", "lr", "ratio_mean", "num_tokens"):
         assert rows["killed"].column(column).to_pylist() == rows["straight"].column(column).to_pylist(), column

@@ -45,8 +45,14 @@ def _env() -> dict[str, str]:
 
 
 def _spec(root: Path, **train) -> TrainSpec:
-    settings = {"updates_per_stage": 4, "rollouts_per_update": 8, "micro_batch_size": 4, "checkpoint_every": 2,
-                "lr": 1e-3, **train}
+    settings = {
+        "updates_per_stage": 4,
+        "rollouts_per_update": 8,
+        "micro_batch_size": 4,
+        "checkpoint_every": 2,
+        "lr": 1e-3,
+        **train,
+    }
     return TrainSpec(root=str(root), run_id=RUN, stage=0, policy_version=0, train=settings)
 
 
@@ -86,8 +92,9 @@ def test_forward_logprobs_match_a_full_forward(tiny_model_dir):
         batch.temperatures = torch.tensor(temps)
         with torch.no_grad():
             logprobs, entropy = wrapper(batch)
-        expected = response_logprobs(model, [r.prompt_token_ids for r in rollouts],
-                                     [r.response_token_ids for r in rollouts], temps)
+        expected = response_logprobs(
+            model, [r.prompt_token_ids for r in rollouts], [r.response_token_ids for r in rollouts], temps
+        )
         for i, r in enumerate(rollouts):
             torch.testing.assert_close(logprobs[i, : r.num_tokens], torch.tensor(expected[i]), atol=2e-5, rtol=0)
         assert torch.isfinite(entropy).all() and (entropy[batch.response_mask] > 0).all()
@@ -129,8 +136,14 @@ def test_full_job_run(stage_root, tmp_path):
     """Subprocess run: 4 train_steps rows with sane metrics, a checkpoint, policies/stage=1, a manifest; the
     re-run is a no-op."""
     spec_path = _write_spec(_spec(stage_root), tmp_path / "train.spec.json")
-    proc = subprocess.run([sys.executable, "-m", "mugrpo.jobs.train", str(spec_path)], env=_env(), cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mugrpo.jobs.train", str(spec_path)],
+        env=_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     store, layout = Store(str(stage_root)), RunLayout(RUN)
 
@@ -172,8 +185,15 @@ def test_micro_batch_size_does_not_change_the_update(tiny_model_dir, tmp_path):
     entries (|g| ~ eps) into differences of up to ~lr; the grad norm (before clipping) is the scale-sensitive check.
     """
     results = {}
-    commit_synthetic_stage(Store(str(tmp_path / "micro2")), RUN, tiny_model_dir, num_prompts=4, group_size=4,
-                           seed=3, response_tokens=(2, 30))
+    commit_synthetic_stage(
+        Store(str(tmp_path / "micro2")),
+        RUN,
+        tiny_model_dir,
+        num_prompts=4,
+        group_size=4,
+        seed=3,
+        response_tokens=(2, 30),
+    )
     shutil.copytree(tmp_path / "micro2", tmp_path / "micro4")  # the very same committed rollouts
     for micro in (2, 4):
         root = tmp_path / f"micro{micro}"
@@ -222,13 +242,17 @@ def test_nonfinite_gradient_stops_the_job_and_keeps_the_last_checkpoint(tiny_mod
     commit_synthetic_stage(store, RUN, tiny_model_dir, num_prompts=6, group_size=4, seed=5)
     spec = _spec(root, updates_per_stage=6, checkpoint_every=1)
     data = load_rollouts(store, RUN, [0], skip_zero_variance_groups=True)
-    order = make_minibatch_order(data, rollouts_per_update=8, group_minibatches=False,
-                                 seed=derive_seed(spec.seed, 0, "train-data-order"))
+    order = make_minibatch_order(
+        data, rollouts_per_update=8, group_minibatches=False, seed=derive_seed(spec.seed, 0, "train-data-order")
+    )
     first, second = set(order.minibatch(0)), order.minibatch(1)
     victim = next(i for i in second if i not in first)  # first drawn by update 2
     bad = data.rollouts[victim]
-    rows = [r for f in read_job_manifest(store, RUN, 0, "generate").files
-            for r in read_table(store, layout.abs(f.path), "rollouts").to_pylist()]
+    rows = [
+        r
+        for f in read_job_manifest(store, RUN, 0, "generate").files
+        for r in read_table(store, layout.abs(f.path), "rollouts").to_pylist()
+    ]
     for r in rows:
         if (r["prompt_id"], r["sample_idx"]) == (bad.prompt_id, bad.sample_idx):
             r["advantage"] = 1e30
@@ -246,8 +270,9 @@ def test_nonfinite_gradient_stops_the_job_and_keeps_the_last_checkpoint(tiny_mod
     assert report["prompt_ids"] == sorted({data.rollouts[i].prompt_id for i in second})
     assert latest_checkpoint(store, layout, 0) == 1 and not store.exists(layout.checkpoint_dir(0, 2))
     store.download_dir(layout.checkpoint_dir(0, 1), tmp_path / "verify")  # every checksum still matches
-    assert [r["stage_update"] for r in read_table(store, layout.train_steps_part(0, 1), "train_steps").to_pylist()] \
-        == [1]
+    assert [r["stage_update"] for r in read_table(store, layout.train_steps_part(0, 1), "train_steps").to_pylist()] == [
+        1
+    ]
     assert not store.exists(layout.train_steps_part(0, 2)) and not store.exists(layout.policy_dir(1))
     assert read_job_manifest(store, RUN, 0, "train") is None
     assert json.dumps(report)  # plain JSON

@@ -42,8 +42,13 @@ class JobSpec(BaseModel):
     @staticmethod
     def run_fields(cfg, stage: int) -> dict[str, Any]:
         """The fields above, taken from a run config (:class:`mugrpo.config.Config`) for stage ``stage``."""
-        return {"root": cfg.run.root, "storage_options": cfg.run.storage_options, "run_id": cfg.run.id,
-                "stage": stage, "seed": cfg.run.seed}
+        return {
+            "root": cfg.run.root,
+            "storage_options": cfg.run.storage_options,
+            "run_id": cfg.run.id,
+            "stage": stage,
+            "seed": cfg.run.seed,
+        }
 
 
 def load_spec(url: str, cls: type[S]) -> S:

@@ -125,8 +125,11 @@ def run_eval(spec: EvalSpec) -> JobManifest:
         tokenizer = AutoTokenizer.from_pretrained(policy)
         engine = make_engine(spec.engine, policy, dtype=spec.dtype, seed=spec.seed, **spec.engine_kwargs)
         scorer = RewardScorer(
-            RewardConfig(components={"math_correctness": 1.0}, verify_timeout_s=spec.verify_timeout_s,
-                         num_workers=spec.reward_workers)
+            RewardConfig(
+                components={"math_correctness": 1.0},
+                verify_timeout_s=spec.verify_timeout_s,
+                num_workers=spec.reward_workers,
+            )
         )
         t_switch = since_start() - t_start
         t0 = time.monotonic()
@@ -134,8 +137,9 @@ def run_eval(spec: EvalSpec) -> JobManifest:
             for bench in todo:
                 console.print(f"eval policy {spec.stage}: {bench.dataset.name} ...")
                 rows = _bench_rows(spec, bench, tokenizer, engine, scorer)
-                write_table(store, layout.eval_file(spec.stage, bench.dataset.name), table_from_rows(rows, "evals"),
-                            "evals")
+                write_table(
+                    store, layout.eval_file(spec.stage, bench.dataset.name), table_from_rows(rows, "evals"), "evals"
+                )
         finally:
             scorer.close()
             engine.close()
@@ -156,8 +160,14 @@ def run_eval(spec: EvalSpec) -> JobManifest:
             + "  ".join(f"{k}={v:.3f}" for k, v in bench_metrics(rows, bench.k).items())
         )
     manifest = JobManifest(
-        run_id=spec.run_id, stage=spec.stage, job="eval", created_at=datetime.now(UTC), files=files,
-        counts=counts, metrics=metrics, timings={"switch": t_switch, "eval": t_eval, "total": since_start() - t_start},
+        run_id=spec.run_id,
+        stage=spec.stage,
+        job="eval",
+        created_at=datetime.now(UTC),
+        files=files,
+        counts=counts,
+        metrics=metrics,
+        timings={"switch": t_switch, "eval": t_eval, "total": since_start() - t_start},
     )
     write_job_manifest(store, manifest)
     return manifest

@@ -317,8 +317,11 @@ def run_generate(spec: GenerateSpec) -> JobManifest:
         rel = layout.rollout_shard(spec.stage, s)
         data = store.read_bytes(rel)
         table = read_table(store, rel, "rollouts")
-        all_rows.extend(table.select(["prompt_id", "reward", "reward_components", "zero_variance", "num_tokens",
-                                      "finish_reason"]).to_pylist())
+        all_rows.extend(
+            table.select(
+                ["prompt_id", "reward", "reward_components", "zero_variance", "num_tokens", "finish_reason"]
+            ).to_pylist()
+        )
         files.append(FileRecord(path=layout.rel(rel), sha256=sha256_bytes(data), bytes=len(data), rows=table.num_rows))
     metrics = _summary(all_rows)
     if t_gen > 0:

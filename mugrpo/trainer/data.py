@@ -126,9 +126,7 @@ def _to_rollout(row: dict, where: str) -> Rollout:
     )
 
 
-def load_rollouts(
-    store: Store, run_id: str, stages: list[int], *, skip_zero_variance_groups: bool
-) -> RolloutSet:
+def load_rollouts(store: Store, run_id: str, stages: list[int], *, skip_zero_variance_groups: bool) -> RolloutSet:
     """Read the committed rollouts of ``stages`` through each stage's generation job manifest.
 
     Every file is checked against the sha256 the manifest recorded and against the rollout schema and version

@@ -135,8 +135,18 @@ def _print_summary(spec: TrainSpec, steps, t_switch: float, t_train: float, t_to
     table.add_column("last", justify="right")
     if steps.num_rows:
         cols = steps.to_pydict()
-        for name in ("loss", "ratio_mean", "ratio_max", "clip_frac_high", "veto_token_frac", "approx_kl_behavior",
-                     "entropy", "grad_norm", "lr", "tokens_per_second"):
+        for name in (
+            "loss",
+            "ratio_mean",
+            "ratio_max",
+            "clip_frac_high",
+            "veto_token_frac",
+            "approx_kl_behavior",
+            "entropy",
+            "grad_norm",
+            "lr",
+            "tokens_per_second",
+        ):
             first, last = cols[name][0], cols[name][-1]
             table.add_row(name, "-" if first is None else f"{first:.4g}", "-" if last is None else f"{last:.4g}")
     console.print(table)
@@ -319,11 +329,24 @@ def run_training(spec: TrainSpec) -> JobManifest:
                         mean_reward=sum(r.reward for r in rollouts) / len(rollouts),
                     )
                 )
-                bar.update(task, completed=u, loss=result.metrics.get("loss", 0.0),
-                           tps=pending[-1]["tokens_per_second"])
+                bar.update(
+                    task, completed=u, loss=result.metrics.get("loss", 0.0), tps=pending[-1]["tokens_per_second"]
+                )
                 if u % train.checkpoint_every == 0 or u == total:
-                    _checkpoint(spec, store, layout, accelerator, model, optimizer, unwrapped_policy, tokenizer,
-                                schedule, data, u, pending)
+                    _checkpoint(
+                        spec,
+                        store,
+                        layout,
+                        accelerator,
+                        model,
+                        optimizer,
+                        unwrapped_policy,
+                        tokenizer,
+                        schedule,
+                        data,
+                        u,
+                        pending,
+                    )
                     pending = []
         t_train = time.monotonic() - t0
 
@@ -411,7 +434,9 @@ def _finish_without_updates(spec: TrainSpec, store: Store, layout: RunLayout, da
     )
     if not store.is_complete_dir(spec.output_policy_dir):
         _copy_committed_dir(
-            store, spec.policy_dir, spec.output_policy_dir,
+            store,
+            spec.policy_dir,
+            spec.output_policy_dir,
             meta={"stage": spec.stage + 1, "policy_version": spec.policy_version},
         )
     manifest = JobManifest(
