@@ -23,6 +23,7 @@ from mugrpo.layout import validate_run_id
 from mugrpo.losses.config import PolicyLossConfig
 from mugrpo.prompts import PromptConfig
 from mugrpo.rewards import RewardConfig
+from mugrpo.schedules import StageScheduleConfig
 
 
 class ConfigError(ValueError):
@@ -45,6 +46,7 @@ class RunSection(_Section):
     )
     seed: int = Field(0, description="Seeds data order, sampling and initialization of every job.")
     num_stages: int = Field(4, ge=1, description="K: rollout refreshes. Mu-GRPO uses 4 stages (arXiv 2605.17570).")
+    stage_schedule: StageScheduleConfig = Field(default_factory=StageScheduleConfig)
 
     @field_validator("id")
     @classmethod
@@ -192,11 +194,14 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Config:
+        from mugrpo.schedules import stage_sizes
+
         if self.train.micro_batch_size > self.train.rollouts_per_update:
             raise ValueError(
                 f"train.micro_batch_size ({self.train.micro_batch_size}) must be <= train.rollouts_per_update "
                 f"({self.train.rollouts_per_update})"
             )
+        stage_sizes(self)  # raises ValueError naming the run.stage_schedule field that cannot size a stage
         return self
 
     def to_json_dict(self) -> dict[str, Any]:

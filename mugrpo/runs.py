@@ -16,6 +16,7 @@ from mugrpo import __version__
 from mugrpo.config import Config
 from mugrpo.layout import RunLayout
 from mugrpo.manifest import new_manifest, read_job_manifest, read_manifest, write_manifest
+from mugrpo.schedules import stage_plan
 from mugrpo.storage import Store
 from schemas import StageManifest, StageTimings
 
@@ -51,6 +52,17 @@ def _comparable(config: dict) -> dict:
     return {k: v for k, v in config.items() if k not in RESUMABLE_SECTIONS}
 
 
+def _upgraded(config: dict, source: str) -> dict:
+    """A stored config as this version of the code reads it: keys added since it was written get their defaults.
+
+    Raises:
+        ConfigError: the stored config no longer validates (a key was removed or renamed); names the key.
+    """
+    from mugrpo.config import config_from_dict
+
+    return config_from_dict(config, source=source).to_json_dict()
+
+
 def init_run(cfg: Config) -> Store:
     """Create the run (run.json, policies/stage=0) or check that an existing one has the same config.
 
@@ -61,7 +73,7 @@ def init_run(cfg: Config) -> Store:
     layout = RunLayout(cfg.run.id)
     new = cfg.to_json_dict()
     if store.exists(layout.run_json):
-        old = store.read_json(layout.run_json)["config"]
+        old = _upgraded(store.read_json(layout.run_json)["config"], store.uri(layout.run_json))
         if _comparable(old) != _comparable(new):
             a = json.dumps(_comparable(old), indent=2, sort_keys=True).splitlines()
             b = json.dumps(_comparable(new), indent=2, sort_keys=True).splitlines()
@@ -111,8 +123,8 @@ def load_run_config(root: str, run_id: str, storage_options: dict | None = None)
 
 
 def policy_version(cfg: Config, stage: int) -> int:
-    """Optimizer updates done before stage ``stage``'s behavior policy."""
-    return stage * cfg.train.updates_per_stage
+    """Optimizer updates done before stage ``stage``'s behavior policy (``run.stage_schedule``)."""
+    return stage_plan(cfg, stage).policy_version
 
 
 def write_job_specs(cfg: Config, stage: int, *, with_eval: bool | None = None) -> dict[str, str]:

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mugrpo.cli import app
-from mugrpo.config import load_config
+from mugrpo.config import ConfigError, load_config
 from mugrpo.runs import ConfigMismatchError, init_run
 
 runner = CliRunner()
@@ -67,6 +67,17 @@ def test_new_run_status_and_a_refused_config_change(tmp_path, tiny_model_dir):
     assert '-    "lr": 1e-05' in str(e.value) and '+    "lr": 5e-05' in str(e.value)
     # Orchestration settings may change on resume.
     init_run(load_config("configs/gsm8k-smollm2-quick.yaml", [*overrides, "orchestration.retries=3"]))
+    # A run.json written before a key existed resumes with that key's default; one holding a key this version no
+    # longer has is refused, naming the key and the file.
+    run_json = tmp_path / "r1" / "run.json"
+    older = json.loads(run_json.read_text())
+    del older["config"]["run"]["stage_schedule"]
+    run_json.write_text(json.dumps(older))
+    init_run(cfg)
+    older["config"]["train"]["removed_knob"] = 1
+    run_json.write_text(json.dumps(older))
+    with pytest.raises(ConfigError, match=r"r1/run.json.*unknown key 'train.removed_knob'"):
+        init_run(cfg)
 
 
 def test_report_and_status_on_wrong_paths(tmp_path, tiny_model_dir):

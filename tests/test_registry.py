@@ -7,6 +7,7 @@ from mugrpo.engines import ROLLOUT_ENGINES, load_builtin_engines
 from mugrpo.losses import POLICY_LOSSES
 from mugrpo.registry import Registry, UnknownNameError
 from mugrpo.rewards import REWARD_FUNCTIONS
+from mugrpo.schedules import STAGE_SCHEDULES
 from mugrpo.trainer.optim import LR_SCHEDULES
 from tasks.launchers import LAUNCHERS
 
@@ -58,6 +59,7 @@ def test_every_plugin_kind_is_a_registry_with_its_builtins():
         "rollout engine": (ROLLOUT_ENGINES, {"transformers", "vllm"}),
         "lr schedule": (LR_SCHEDULES, {"constant", "cosine", "linear"}),
         "launcher": (LAUNCHERS, {"subprocess", "kubernetes"}),
+        "stage schedule": (STAGE_SCHEDULES, {"constant", "per_stage"}),
     }
     for kind, (registry, names) in builtins.items():
         assert isinstance(registry, Registry) and registry.kind == kind

@@ -35,6 +35,7 @@ from mugrpo.layout import RunLayout
 from mugrpo.manifest import read_job_manifest, write_job_manifest
 from mugrpo.prompts import PromptConfig, encode_prompt, render_prompt
 from mugrpo.rewards import RewardConfig, RewardInput, RewardScorer
+from mugrpo.schedules import stage_plan
 from mugrpo.storage import Store, sha256_bytes
 from mugrpo.tables import table_from_rows, write_table
 from schemas import FileRecord, JobManifest
@@ -70,14 +71,15 @@ class GenerateSpec(JobSpec):
     def from_config(cls, cfg, stage: int, policy_version: int) -> GenerateSpec:
         """The spec of stage ``stage`` of run config ``cfg`` (a :class:`mugrpo.config.Config`)."""
         g = cfg.generation
+        plan = stage_plan(cfg, stage)
         return cls(
             **cls.run_fields(cfg, stage),
             policy_version=policy_version,
             policy_dir=RunLayout(cfg.run.id).policy_dir(stage),
             dataset=cfg.data.train,
             prompt=cfg.data.prompt,
-            prompt_start=stage * g.prompts_per_stage,
-            num_prompts=g.prompts_per_stage,
+            prompt_start=plan.prompt_start,
+            num_prompts=plan.num_prompts,
             shard_size=g.shard_size,
             sampling=g.sampling,
             engine=g.engine,
@@ -100,7 +102,8 @@ class PreparedPrompt:
 def select_problems(problems: list[Problem], seed: int, start: int, count: int) -> list[Problem]:
     """``count`` problems from position ``start`` of a seed-fixed permutation, wrapping around.
 
-    Stage k takes positions [k*P, (k+1)*P), so consecutive stages see fresh prompts until the set is exhausted.
+    Each stage starts where the previous one ended (:func:`mugrpo.schedules.stage_plan`), so consecutive stages see
+    fresh prompts until the set is exhausted.
     """
     if not problems:
         raise ValueError("the prompt dataset is empty")

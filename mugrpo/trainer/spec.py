@@ -8,6 +8,7 @@ from mugrpo.config import Config, TrainSection
 from mugrpo.jobs.common import JobSpec
 from mugrpo.layout import RunLayout
 from mugrpo.losses.config import PolicyLossConfig
+from mugrpo.schedules import stage_plan, total_updates
 
 
 class TrainSpec(JobSpec):
@@ -91,12 +92,16 @@ class TrainSpec(JobSpec):
 
     @classmethod
     def from_config(cls, cfg: Config, stage: int, policy_version: int) -> TrainSpec:
-        """The training spec of stage ``stage`` of run config ``cfg``; the LR schedule spans all stages."""
+        """The training spec of stage ``stage`` of run config ``cfg``; the LR schedule spans all stages.
+
+        ``train.updates_per_stage`` is this stage's update count from ``run.stage_schedule``.
+        """
+        updates = stage_plan(cfg, stage).updates
         return cls(
             **cls.run_fields(cfg, stage),
             policy_version=policy_version,
             max_response_len=cfg.generation.sampling.max_new_tokens,
-            total_updates=cfg.run.num_stages * cfg.train.updates_per_stage,
-            train=cfg.train,
+            total_updates=total_updates(cfg),
+            train=cfg.train.model_copy(update={"updates_per_stage": updates}),
             loss=cfg.loss,
         )
