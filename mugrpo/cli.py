@@ -123,6 +123,7 @@ def _execute(cfg) -> None:
     _prefect_env()
     from flows.run import run_flow
     from mugrpo.runs import ConfigMismatchError, open_store
+    from tasks.launchers import JobError
 
     uri = open_store(cfg).uri(cfg.run.id)
     console.print(f"[bold]run {cfg.run.id}[/bold] lives at {uri}")
@@ -134,6 +135,14 @@ def _execute(cfg) -> None:
     except ConfigMismatchError as e:
         err.print(f"[red]{e}[/red]")
         raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        # The launcher has already killed the running job's process group; everything committed is kept.
+        err.print(f"[yellow]interrupted[/yellow]: committed work is kept. Continue with `mugrpo resume {uri}`.")
+        raise typer.Exit(130) from None
+    except JobError as e:
+        err.print(f"run {cfg.run.id} stopped: {e}", style="red", markup=False, highlight=False)
+        err.print(f"committed work is kept; after fixing the cause, continue with `mugrpo resume {uri}`.")
+        raise typer.Exit(1) from None
     console.print(f"[green]run {cfg.run.id} complete[/green] in {result['seconds']:.0f} s: {uri}")
     if result["final_eval"]:
         console.print("  final policy: " + "  ".join(f"{k}={v:.3f}" for k, v in sorted(result["final_eval"].items())))

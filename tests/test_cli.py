@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from _prefect import prefect_api, prefect_server  # noqa: F401  (fixtures)
 from typer.testing import CliRunner
 
 from mugrpo.cli import app
@@ -89,3 +90,21 @@ def test_report_and_status_on_wrong_paths(tmp_path, tiny_model_dir):
     init_run(cfg)
     result = runner.invoke(app, ["status", str(tmp_path)])
     assert result.exit_code == 2 and "is a folder of runs; pass one of" in result.output and "/r2" in result.output
+
+
+def test_a_failed_job_stops_the_run_with_its_error_and_the_resume_command(tmp_path, tiny_model_dir, prefect_api):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"question": "q", "answer": "#### 1"}) + "\n{oops\n")
+    overrides = [
+        f"run.root={tmp_path}",
+        "run.id=broken",
+        f"model.source={tiny_model_dir}",
+        f"data.train.path={bad}",
+        "data.train.on_bad_row=error",
+        "orchestration.retries=0",
+    ]
+    result = runner.invoke(app, ["run", "configs/gsm8k-smollm2-quick.yaml", *overrides])
+    out = result.output.replace("\n", " ")
+    assert result.exit_code == 1, result.output
+    assert "run broken stopped" in out and "bad.jsonl:2" in out and f"mugrpo resume {tmp_path}/broken" in out
+    assert (tmp_path / "broken" / "policies/stage=0/_COMPLETE").exists()  # committed work is kept
