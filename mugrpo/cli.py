@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import typer
@@ -119,6 +120,10 @@ def _stored_config(run: str, root: str | None):
         raise typer.Exit(2) from None
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def _execute(cfg) -> None:
     _prefect_env()
     from flows.run import run_flow
@@ -130,6 +135,7 @@ def _execute(cfg) -> None:
     console.print(f"  watch it:  mugrpo status {uri}")
     console.print("  (for the Prefect UI, start `prefect server start` and set PREFECT_API_URL before `mugrpo run`)")
     console.print(f'  query it:  mugrpo sql {uri} "SELECT stage, avg(reward) FROM rollouts GROUP BY ALL"')
+    signal.signal(signal.SIGTERM, _interrupt)  # preemption: stop like Ctrl-C, so Prefect's temporary server stops too
     try:
         result = run_flow(config=cfg.to_json_dict())
     except ConfigMismatchError as e:

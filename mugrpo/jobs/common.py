@@ -20,7 +20,7 @@ from mugrpo.storage import Store
 #: Process start as seen by the job (set at import of this module, i.e. right after the interpreter started).
 PROCESS_START = time.monotonic()
 
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # log lines are not cut at 80 columns when piped
 
 S = TypeVar("S", bound="JobSpec")
 
