@@ -116,7 +116,11 @@ class TrainSection(_Section):
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = Field((0.9, 0.999))
     warmup_updates: int = Field(0, ge=0, description="Linear warmup from 0 over this many updates.")
-    lr_schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="After warmup.")
+    lr_schedule: str = Field(
+        "constant",
+        description="After warmup: 'constant', 'cosine' (SGDR, arXiv 1608.03983, to 0 at the last update of the run) "
+        "or 'linear' (to 0), or any multiplier registered in mugrpo.trainer.optim.LR_SCHEDULES.",
+    )
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient-norm clipping threshold.")
     checkpoint_every: int = Field(4, ge=1, description="Updates between checkpoints (and one at the end).")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
@@ -128,6 +132,14 @@ class TrainSection(_Section):
     )
     mixed_precision: Literal["no", "bf16", "fp16"] = Field("no", description="accelerate mixed precision.")
     python: str | None = Field(None, description="Interpreter of the training job; None = this one.")
+
+    @field_validator("lr_schedule")
+    @classmethod
+    def _known_lr_schedule(cls, name: str) -> str:
+        from mugrpo.trainer.optim import LR_SCHEDULES
+
+        LR_SCHEDULES[name]  # raises UnknownNameError (a ValueError) listing the registered names
+        return name
 
 
 class BenchmarkConfig(_Section):
@@ -177,9 +189,7 @@ class Config(_Section):
     def _known_loss(cls, loss: PolicyLossConfig) -> PolicyLossConfig:
         from mugrpo.losses import POLICY_LOSSES
 
-        if loss.name not in POLICY_LOSSES:
-            known = list(POLICY_LOSSES)
-            raise ValueError(f"loss.name {loss.name!r} is not a registered policy loss; choose one of {known}")
+        POLICY_LOSSES[loss.name]  # raises UnknownNameError (a ValueError) listing the registered names
         return loss
 
     @field_validator("generation")

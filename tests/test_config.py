@@ -83,10 +83,12 @@ def test_docs_config_reference_is_current():
 def test_registry_names_are_checked_at_load():
     with pytest.raises(
         ConfigError,
-        match=r"override 'loss.name=mugrpo': loss.name 'mugrpo' is not a registered "
-        r"policy loss; choose one of \['grpo', 'gspo', 'mu_grpo'\]",
+        match=r"override 'loss.name=mugrpo': unknown policy loss 'mugrpo' \(did you mean 'mu_grpo'\?\); "
+        r"registered: grpo, gspo, mu_grpo",
     ):
         load_config(None, ["loss.name=mugrpo"])
+    with pytest.raises(ConfigError, match=r"unknown lr schedule 'cosin' \(did you mean 'cosine'\?\)"):
+        load_config(None, ["train.lr_schedule=cosin"])
     with pytest.raises(ConfigError, match=r"generation.engine 'vlm' is not a rollout engine"):
         load_config(None, ["generation.engine=vlm"])
 
