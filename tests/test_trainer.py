@@ -210,6 +210,45 @@ def test_micro_batch_size_does_not_change_the_update(tiny_model_dir, tmp_path):
         torch.testing.assert_close(w2[name], w4[name], atol=1e-6, rtol=0)
 
 
+def test_two_data_parallel_processes_give_the_update_of_one(tiny_model_dir, tmp_path):
+    """DDP for real: 2 CPU processes (torchrun, gloo) each take half of every minibatch; with the loss normalized by
+    the whole minibatch's counts they publish the policy one process publishes, up to fp32 summation order.
+    (FSDP cannot run here: accelerate shards only on accelerators; no GPU is lent to CI.)"""
+    commit_synthetic_stage(Store(str(tmp_path / "one")), RUN, tiny_model_dir, num_prompts=8, group_size=4, seed=1)
+    shutil.copytree(tmp_path / "one", tmp_path / "two")
+    python = [sys.executable, "-m"]
+    launchers = {
+        "one": python,
+        "two": [*python, "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m"],
+    }
+    out, weights, steps = {}, {}, {}
+    for name, launcher in launchers.items():
+        spec = _write_spec(_spec(tmp_path / name, micro_batch_size=2), tmp_path / f"{name}.spec.json")
+        proc = subprocess.run(
+            [*launcher, "mugrpo.jobs.train", str(spec)],
+            env={**_env(), "ACCELERATE_USE_CPU": "true"},
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out[name] = proc.stdout + proc.stderr
+        store = Store(str(tmp_path / name))
+        weights[name] = _weights(store, RunLayout(RUN).policy_dir(1))
+        steps[name] = pq.read_table(store.local_path(RunLayout(RUN).train_steps_dir(0))).sort_by("stage_update")
+    assert "1 process(es) (NO)" in out["one"] and "2 process(es) (MULTI_CPU)" in out["two"]
+    one, two = steps["one"].to_pydict(), steps["two"].to_pydict()
+    assert one["stage_update"] == two["stage_update"] == [1, 2, 3, 4]  # rank 0 alone writes the table
+    assert two["num_sequences"] == [8] * 4  # metrics are reduced over both ranks
+    assert two["loss"] == pytest.approx(one["loss"], rel=1e-4, abs=1e-6)
+    assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-4)
+    w0 = _weights(Store(str(tmp_path / "one")), RunLayout(RUN).policy_dir(0))
+    assert max((weights["one"][n] - w0[n]).abs().max().item() for n in w0) > 1e-3  # the weights did move
+    for name in w0:
+        torch.testing.assert_close(weights["two"][name], weights["one"][name], atol=2e-5, rtol=0)
+
+
 def test_wrong_rollout_schema_version_is_a_clear_error(stage_root, tmp_path, capsys):
     """A rollout shard stamped with another schema version stops the job (exit 2) naming file and version."""
     from mugrpo.jobs.train import main

@@ -17,6 +17,9 @@ the job reads nothing else from it):
     # the whole minibatch's counts, so results do not depend on the number of GPUs
     accelerate launch --multi_gpu --num_processes 4 -m mugrpo.jobs.train SPEC
 
+    # the same data parallelism on CPU processes (gloo); the tests check it matches one process
+    ACCELERATE_USE_CPU=true torchrun --standalone --nproc_per_node 2 -m mugrpo.jobs.train SPEC
+
     # several GPUs, sharded (FSDP): parameters, gradients and AdamW state sharded over ranks; checkpoints and the
     # published policy are gathered to full state dicts on rank 0
     accelerate launch --use_fsdp --num_processes 4 --fsdp_version 2 \\

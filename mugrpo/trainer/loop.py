@@ -178,7 +178,11 @@ def run_training(spec: TrainSpec) -> JobManifest:
     data = load_rollouts(
         store, spec.run_id, spec.rollout_stages, skip_zero_variance_groups=train.skip_zero_variance_groups
     )
-    console.print(f"train stage {spec.stage}: rollouts {data.counts}")
+    if main:
+        console.print(
+            f"train stage {spec.stage}: rollouts {data.counts}; {accelerator.num_processes} process(es) "
+            f"({accelerator.distributed_type.value}) on {accelerator.device}"
+        )
     if not data.rollouts:
         return _finish_without_updates(spec, store, layout, data, t_start)
     order = make_minibatch_order(
