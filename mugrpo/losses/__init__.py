@@ -15,6 +15,7 @@ Built-in losses: ``grpo``, ``mu_grpo``, ``gspo``, ``conspo``. Add one with ``@PO
 from mugrpo.losses import clipped, conspo, gspo  # noqa: F401  (importing registers the built-in losses)
 from mugrpo.losses.aggregation import AGGREGATIONS, aggregate_token_values
 from mugrpo.losses.clipped import clipped_surrogate, grpo_loss, mu_grpo_loss
+from mugrpo.losses.config import AggMode, KLEstimator, PolicyLossConfig, VetoScope
 from mugrpo.losses.conspo import (
     PositiveLabeler,
     conspo_loss,
@@ -24,7 +25,6 @@ from mugrpo.losses.conspo import (
     sequence_scores,
     training_progress,
 )
-from mugrpo.losses.config import AggMode, KLEstimator, PolicyLossConfig, VetoScope
 from mugrpo.losses.gspo import gspo_loss, sequence_log_ratio
 from mugrpo.losses.interface import LossContext, LossOutput, PolicyLossFn
 from mugrpo.losses.kl import KL_ESTIMATORS, kl_estimate
