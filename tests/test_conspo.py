@@ -345,6 +345,11 @@ def test_tiny_end_to_end_run_then_resume_from_a_checkpoint_is_exact(tmp_path, ti
     first = read_table(store, layout.train_steps_part(0, 2), "train_steps").to_pydict()
     assert all(math.isfinite(x) for x in first["loss"] + steps["loss"])
     assert all(g > 0 for g in first["grad_norm"] + steps["grad_norm"])  # 2 groups per update, at most 1 discarded
+    metrics = [dict(m) for m in first["loss_metrics"] + steps["loss_metrics"]]  # ConSPO's metrics, per update
+    assert all(m["conspo_valid_groups"] + m["conspo_discarded_groups"] == 2 for m in metrics)
+    assert sum(m["conspo_discarded_groups"] for m in metrics[:3]) == 1  # epoch 1 draws the all-negative group once
+    assert [m["conspo_progress"] for m in metrics] == [0.0, 1 / 8, 2 / 8, 3 / 8]
+    assert [m["conspo_margin"] for m in metrics] == pytest.approx([margin_schedule(u / 8, 1.0, 1.0) for u in range(4)])
     before = load_file(str(store.local_path(layout.policy_dir(0)) / "model.safetensors"))
     after = load_file(str(store.local_path(layout.policy_dir(1)) / "model.safetensors"))
     assert any(not torch.equal(before[k], after[k]) for k in before)  # it learned something
@@ -356,6 +361,7 @@ def test_tiny_end_to_end_run_then_resume_from_a_checkpoint_is_exact(tmp_path, ti
     assert resumed.counts["resumed_from"] == 2
     again = read_table(store, layout.train_steps_part(0, 4), "train_steps").to_pydict()
     assert again["loss"] == steps["loss"] and again["grad_norm"] == steps["grad_norm"]
+    assert again["loss_metrics"] == steps["loss_metrics"]  # same lambda_t, margin and group counts after resume
     final = load_file(str(store.local_path(layout.policy_dir(1)) / "model.safetensors"))
     assert all(torch.equal(after[k], final[k]) for k in after)
     assert read_job_manifest(store, RUN, 0, "train").counts["resumed_from"] == 2
