@@ -144,8 +144,12 @@ def _parquet_source(paths: list[str], table: str) -> str:
     # The files also hold a `stage` column; Hive partitioning types the folder's value the same way. A table with
     # readable older versions (schemas.OLDER_SCHEMAS) is read by column name, so an older file's missing columns are
     # NULL; that reads every file's footer when the view is created, so only those tables pay for it.
-    by_name = ", union_by_name = true" if any(t == table for t, _ in OLDER_SCHEMAS) else ""
+    by_name = ", union_by_name = true" if _has_older_versions(table) else ""
     return f"read_parquet([{files}], hive_partitioning = true, hive_types = {{'stage': INTEGER}}{by_name})"
+
+
+def _has_older_versions(table: str) -> bool:
+    return any(t == table for t, _ in OLDER_SCHEMAS)
 
 
 class RunCatalog:
@@ -261,11 +265,10 @@ def connect(target: str, storage_options: dict[str, Any] | None = None) -> RunCa
         con.execute("SET parquet_metadata_cache = true")  # files are immutable once committed
         for table in TABLE_FILES:
             paths = [p for files in tgt.runs.values() for p in files.tables[table]]
-            source = (
-                _parquet_source(paths, table)
-                if paths
-                else _register(con, f"empty_{table}", TABLES[table].empty_table())
-            )
+            empty = _register(con, f"empty_{table}", TABLES[table].empty_table())
+            source = _parquet_source(paths, table) if paths else empty
+            if paths and _has_older_versions(table):  # files of older versions only: still the current columns
+                source = f"(SELECT * FROM {empty} UNION ALL BY NAME SELECT * FROM {source})"
             con.execute(f"CREATE VIEW {table} AS SELECT * FROM {source}")
         con.execute(f"CREATE VIEW stages AS SELECT * FROM {_register(con, 'stages', _stage_rows(tgt))}")
         runs = _register(con, "runs", _run_rows(tgt))
