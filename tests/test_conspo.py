@@ -5,6 +5,7 @@ that is resumed from a checkpoint (the training progress lambda_t, hence the mar
 from __future__ import annotations
 
 import math
+import shutil
 
 import pytest
 import torch
@@ -365,3 +366,24 @@ def test_tiny_end_to_end_run_then_resume_from_a_checkpoint_is_exact(tmp_path, ti
     final = load_file(str(store.local_path(layout.policy_dir(1)) / "model.safetensors"))
     assert all(torch.equal(after[k], final[k]) for k in after)
     assert read_job_manifest(store, RUN, 0, "train").counts["resumed_from"] == 2
+
+
+def test_micro_batches_of_one_or_two_groups_give_the_same_update(tmp_path, tiny_model_dir):
+    """The trainer passes the whole update's valid-group count: micro-batches of one group (micro_batch_size 4) and
+    of two groups (8) give the same loss, gradient norm and weights (see test_trainer's micro-batch test for the lr)."""
+    commit_synthetic_stage(Store(str(tmp_path / "m4")), RUN, tiny_model_dir, num_prompts=4, group_size=4, seed=3)
+    shutil.copytree(tmp_path / "m4", tmp_path / "m8")  # the very same committed rollouts
+    results = {}
+    for micro in (4, 8):
+        root = tmp_path / f"m{micro}"
+        run_training(_spec(root, updates_per_stage=2, micro_batch_size=micro, lr=1e-5))
+        store, layout = Store(str(root)), RunLayout(RUN)
+        steps = read_table(store, layout.train_steps_part(0, 2), "train_steps").to_pydict()
+        results[micro] = (steps, load_file(str(store.local_path(layout.policy_dir(1)) / "model.safetensors")))
+    (s4, w4), (s8, w8) = results[4], results[8]
+    assert [dict(m)["conspo_valid_groups"] for m in s4["loss_metrics"]] == [2.0, 2.0]
+    assert s4["loss"] == pytest.approx(s8["loss"], rel=1e-5) and s4["grad_norm"] == pytest.approx(
+        s8["grad_norm"], rel=1e-5
+    )
+    for name in w4:
+        torch.testing.assert_close(w4[name], w8[name], atol=1e-6, rtol=0)
