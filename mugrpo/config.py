@@ -212,6 +212,7 @@ class Config(_Section):
                 f"({self.train.rollouts_per_update})"
             )
         stage_sizes(self)  # raises ValueError naming the run.stage_schedule field that cannot size a stage
+        _check_loss_inputs(self)
         return self
 
     def to_json_dict(self) -> dict[str, Any]:
@@ -219,6 +220,25 @@ class Config(_Section):
         d = self.model_dump(mode="json")
         d["run"]["storage_options"] = {k: v for k, v in d["run"]["storage_options"].items() if not _is_secret_key(k)}
         return d
+
+
+def _check_loss_inputs(cfg: Config) -> None:
+    """What the policy loss needs from training and rewards (ConSPO: whole groups, a correctness component).
+
+    Raises:
+        ValueError: naming the config key to set.
+    """
+    from mugrpo.losses import check_trainer_settings, loss_requirements
+    from mugrpo.losses.conspo import CORRECTNESS_COMPONENT
+
+    check_trainer_settings(cfg.loss, group_minibatches=cfg.train.group_minibatches)
+    needs_labels = loss_requirements(cfg.loss.name).positive_labels
+    if needs_labels and cfg.loss.positive_rule == "correctness" and CORRECTNESS_COMPONENT not in cfg.reward.components:
+        raise ValueError(
+            f"loss.positive_rule=correctness labels a response positive when its {CORRECTNESS_COMPONENT!r} reward "
+            f"component is 1, but reward.components is {sorted(cfg.reward.components)}: add it, or use "
+            "loss.positive_rule=reward_threshold with loss.positive_threshold"
+        )
 
 
 def _is_secret_key(key: str) -> bool:

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mugrpo.storage import Store
-from schemas import META_TABLE, META_VERSION, SCHEMA_VERSIONS, TABLES, FileRecord
+from schemas import META_TABLE, META_VERSION, OLDER_SCHEMAS, SCHEMA_VERSIONS, TABLES, FileRecord
 
 
 class SchemaError(ValueError):
@@ -52,19 +52,23 @@ def write_table(store: Store, rel: str, table: pa.Table, name: str, *, run_rel: 
     return FileRecord(path=run_rel or rel, sha256=digest, bytes=len(data), rows=table.num_rows)
 
 
-def check_schema(schema: pa.Schema, name: str, where: str) -> None:
-    """Raise SchemaError unless ``schema``'s metadata says table ``name`` at the current version."""
+def check_schema(schema: pa.Schema, name: str, where: str) -> int:
+    """Raise SchemaError unless ``schema``'s metadata says table ``name`` at the current version or an older one
+    listed in ``schemas.OLDER_SCHEMAS``; returns the version."""
     meta = schema.metadata or {}
     table = meta.get(META_TABLE, b"").decode()
     version = meta.get(META_VERSION, b"").decode()
     if table != name:
         raise SchemaError(f"{where}: expected a mugrpo {name!r} table, file says {table or 'nothing'!r}")
     expected = SCHEMA_VERSIONS[name]
-    if version != str(expected):
+    readable = [expected, *sorted(v for t, v in OLDER_SCHEMAS if t == name)]
+    if version not in {str(v) for v in readable}:
         raise SchemaError(
             f"{where}: {name!r} schema version {version or 'missing'!r} is not supported "
-            f"(this mugrpo reads version {expected}); re-generate the file or use a matching mugrpo version"
+            f"(this mugrpo reads version {', '.join(map(str, readable))}); re-generate the file or use a matching "
+            "mugrpo version"
         )
+    return int(version)
 
 
 def read_table(store: Store, rel: str, name: str, *, expected_sha256: str | None = None) -> pa.Table:
@@ -80,7 +84,10 @@ def read_table(store: Store, rel: str, name: str, *, expected_sha256: str | None
         table = pq.read_table(pa.BufferReader(data))
     except pa.ArrowInvalid as e:
         raise SchemaError(f"{where}: not a readable Parquet file: {e}") from e
-    check_schema(table.schema, name, where)
-    if not table.schema.remove_metadata().equals(TABLES[name]):
-        raise SchemaError(f"{where}: columns differ from the {name!r} schema version {SCHEMA_VERSIONS[name]}")
+    version = check_schema(table.schema, name, where)
+    schema = TABLES[name] if version == SCHEMA_VERSIONS[name] else OLDER_SCHEMAS[(name, version)]
+    if not table.schema.remove_metadata().equals(schema):
+        raise SchemaError(f"{where}: columns differ from the {name!r} schema version {version}")
+    for missing in (f for f in TABLES[name] if f.name not in schema.names):  # an older version: NULL columns
+        table = table.append_column(missing, pa.nulls(table.num_rows, missing.type))
     return table

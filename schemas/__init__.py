@@ -1,7 +1,8 @@
 """Arrow schemas of every table mugrpo writes, and their versions.
 
 Each Parquet file carries two metadata keys, ``mugrpo.table`` (which schema) and ``mugrpo.schema_version``.
-A reader refuses a file whose table name or version it does not know (see :mod:`mugrpo.tables`).
+A reader refuses a file whose table name or version it does not know (see :mod:`mugrpo.tables`), except the older
+versions listed in ``OLDER_SCHEMAS``, whose missing columns it reads as NULL.
 Bump a table's version whenever its schema changes.
 """
 
@@ -17,6 +18,7 @@ from schemas.tables import (
     EVAL_SCHEMA,
     META_TABLE,
     META_VERSION,
+    OLDER_SCHEMAS,
     ROLLOUT_SCHEMA,
     SCHEMA_VERSIONS,
     TABLES,
@@ -28,6 +30,7 @@ __all__ = [
     "MANIFEST_VERSION",
     "META_TABLE",
     "META_VERSION",
+    "OLDER_SCHEMAS",
     "ROLLOUT_SCHEMA",
     "SCHEMA_VERSIONS",
     "STAGE_VIEW_SCHEMA",

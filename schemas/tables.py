@@ -69,8 +69,13 @@ TRAIN_STEP_SCHEMA = pa.schema(
         pa.field("staleness", pa.int64(), nullable=False),  # updates since the rollouts' behavior policy
         pa.field("mean_reward", pa.float64()),
         pa.field("created_at", _ts, nullable=False),
+        # v2: every other metric of the loss (e.g. ConSPO's conspo_valid_groups), name -> value; NULL in v1 files.
+        pa.field("loss_metrics", pa.map_(pa.string(), pa.float64())),
     ]
 )
+
+#: train_steps version 1 = version 2 without ``loss_metrics`` (read as NULL).
+TRAIN_STEP_SCHEMA_V1 = pa.schema([f for f in TRAIN_STEP_SCHEMA if f.name != "loss_metrics"])
 
 #: One row per evaluation sample.
 EVAL_SCHEMA = pa.schema(
@@ -102,4 +107,8 @@ TABLES: dict[str, pa.Schema] = {
 }
 
 #: Current version of each table's schema. Readers accept exactly these versions.
-SCHEMA_VERSIONS: dict[str, int] = {"rollouts": 1, "train_steps": 1, "evals": 1}
+SCHEMA_VERSIONS: dict[str, int] = {"rollouts": 1, "train_steps": 2, "evals": 1}
+
+#: Older versions a reader still accepts: (table, version) -> the schema of that version. Columns added since are
+#: read as NULL (:func:`mugrpo.tables.read_table`; the SQL views read files by column name).
+OLDER_SCHEMAS: dict[tuple[str, int], pa.Schema] = {("train_steps", 1): TRAIN_STEP_SCHEMA_V1}

@@ -89,3 +89,52 @@ def test_wrong_table_or_missing_column_is_refused(tmp_path):
     pq.write_table(pa.table({"a": [1]}), tmp_path / "r/plain.parquet")
     with pytest.raises(SchemaError, match="file says 'nothing'"):
         read_table(store, "r/plain.parquet", "rollouts")
+
+
+def _train_step(stage: int, update: int, metrics: dict[str, float]) -> dict:
+    from mugrpo.trainer.records import train_step_row
+
+    return train_step_row(
+        run_id="r",
+        stage=stage,
+        stage_update=update,
+        policy_version=0,
+        metrics={"policy_loss": 0.5, "loss": 0.5, **metrics},
+        grad_norm=1.0,
+        lr=1e-5,
+        num_sequences=8,
+        num_tokens=100,
+        seconds=1.0,
+        staleness=0,
+        mean_reward=0.1,
+    )
+
+
+def test_train_steps_version_1_reads_with_null_loss_metrics_in_python_and_sql(tmp_path):
+    """train_steps v2 added the loss_metrics map (a loss's own metrics, e.g. ConSPO's); v1 files stay readable."""
+    from mugrpo.sql import connect
+    from schemas.tables import TRAIN_STEP_SCHEMA_V1
+
+    store = Store(str(tmp_path))
+    new_rel, old_rel = "r/train_steps/stage=1/part-00001.parquet", "r/train_steps/stage=0/part-00001.parquet"
+    row = _train_step(1, 1, {"conspo_valid_groups": 2.0, "ratio_mean": 1.0})
+    assert dict(row["loss_metrics"]) == {"conspo_valid_groups": 2.0} and row["ratio_mean"] == 1.0
+    old = pa.Table.from_pylist([_train_step(0, 1, {})], schema=TRAIN_STEP_SCHEMA_V1)  # as mugrpo wrote v1
+    old = old.replace_schema_metadata({b"mugrpo.table": b"train_steps", META_VERSION: b"1"})
+    (tmp_path / old_rel).parent.mkdir(parents=True)
+    pq.write_table(old, tmp_path / old_rel)
+
+    assert SCHEMA_VERSIONS["train_steps"] == 2
+    back = read_table(store, old_rel, "train_steps")
+    assert back.schema.remove_metadata().equals(TABLES["train_steps"]) and back.column("loss_metrics").null_count == 1
+    with connect(str(tmp_path / "r")) as cat:  # the current columns over older files only: loss_metrics NULL
+        assert cat.arrow("SELECT loss_metrics FROM train_steps WHERE stage = 0").to_pylist() == [{"loss_metrics": None}]
+    write_table(store, new_rel, table_from_rows([row], "train_steps"), "train_steps")
+    with connect(str(tmp_path / "r")) as cat:
+        rows = cat.arrow(
+            "SELECT stage, loss_metrics['conspo_valid_groups'] AS valid FROM train_steps ORDER BY stage"
+        ).to_pylist()
+    assert rows == [{"stage": 0, "valid": None}, {"stage": 1, "valid": 2.0}]
+    assert dict(read_table(store, new_rel, "train_steps").column("loss_metrics")[0].as_py()) == {
+        "conspo_valid_groups": 2.0
+    }

@@ -9,13 +9,22 @@ Usage::
                               context=LossContext(global_num_tokens=tokens_in_update))
     out.loss.backward()
 
-Built-in losses: ``grpo``, ``mu_grpo``, ``gspo``. Add one with ``@POLICY_LOSSES.register("name")``.
+Built-in losses: ``grpo``, ``mu_grpo``, ``gspo``, ``conspo``. Add one with ``@POLICY_LOSSES.register("name")``.
 """
 
-from mugrpo.losses import clipped, gspo  # noqa: F401  (importing registers the built-in losses)
+from mugrpo.losses import clipped, conspo, gspo  # noqa: F401  (importing registers the built-in losses)
 from mugrpo.losses.aggregation import AGGREGATIONS, aggregate_token_values
 from mugrpo.losses.clipped import clipped_surrogate, grpo_loss, mu_grpo_loss
 from mugrpo.losses.config import AggMode, KLEstimator, PolicyLossConfig, VetoScope
+from mugrpo.losses.conspo import (
+    PositiveLabeler,
+    conspo_loss,
+    count_valid_groups,
+    margin_schedule,
+    positive_labeler,
+    sequence_scores,
+    training_progress,
+)
 from mugrpo.losses.gspo import gspo_loss, sequence_log_ratio
 from mugrpo.losses.interface import LossContext, LossOutput, PolicyLossFn
 from mugrpo.losses.kl import KL_ESTIMATORS, kl_estimate
@@ -25,10 +34,18 @@ from mugrpo.losses.pipeline import (
     TokenSurrogate,
     apply_veto,
     finalize_loss,
+    finalize_sequence_loss,
     importance_ratio,
     prepare_batch,
 )
-from mugrpo.losses.registry import POLICY_LOSSES, compute_policy_loss
+from mugrpo.losses.registry import (
+    POLICY_LOSSES,
+    LossRequirements,
+    check_trainer_settings,
+    compute_policy_loss,
+    loss_requirements,
+    requires,
+)
 from mugrpo.losses.veto import VETO_SCOPES, VetoInfo, negative_advantage_veto_mask
 
 __all__ = [
@@ -40,26 +57,38 @@ __all__ = [
     "KLEstimator",
     "LossContext",
     "LossOutput",
+    "LossRequirements",
     "MetricStat",
     "PolicyLossConfig",
     "PolicyLossFn",
+    "PositiveLabeler",
     "PreparedBatch",
     "TokenSurrogate",
     "VetoInfo",
     "VetoScope",
     "aggregate_token_values",
     "apply_veto",
+    "check_trainer_settings",
     "clipped_surrogate",
     "compute_policy_loss",
+    "conspo_loss",
+    "count_valid_groups",
     "finalize_loss",
+    "finalize_sequence_loss",
     "grpo_loss",
     "gspo_loss",
     "importance_ratio",
     "kl_estimate",
+    "loss_requirements",
+    "margin_schedule",
     "merge_stats",
     "mu_grpo_loss",
     "negative_advantage_veto_mask",
+    "positive_labeler",
     "prepare_batch",
     "reduce_metrics",
+    "requires",
     "sequence_log_ratio",
+    "sequence_scores",
+    "training_progress",
 ]

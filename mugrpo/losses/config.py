@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 VetoScope = Literal["trigger", "suffix", "non_trigger_suffix", "sequence"]
 KLEstimator = Literal["k1", "k2", "k3"]
+PositiveRule = Literal["correctness", "reward_threshold"]
 
 
 class PolicyLossConfig(BaseModel):
@@ -25,6 +26,10 @@ class PolicyLossConfig(BaseModel):
       unit of grad(log pi), so masking it or not changes the gradient by a negligible amount.
     * Vetoed tokens contribute zero loss but stay in the normalizer of the aggregation, so the normalizer is
       known before the forward pass and global counts (``LossContext.global_num_tokens``) stay exact.
+    * ConSPO (arXiv 2605.12969) is silent on group size, batch size, KL and aggregation across groups: the loss
+      is the mean over the update's valid groups (``LossContext.global_num_valid_groups``), the KL term is the
+      same optional ``kl_coef`` term as for the other losses, and a positive is chosen by ``positive_rule``
+      (docs/algorithms/conspo.md).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -33,7 +38,9 @@ class PolicyLossConfig(BaseModel):
         default="mu_grpo",
         description="Registry key of the policy loss: grpo (PPO/GRPO clipped surrogate), mu_grpo (Mu-GRPO "
         "relaxed clipping + negative-advantage veto, arXiv 2605.17570), gspo (sequence-level ratio, "
-        "arXiv 2507.18071), or any loss registered with @POLICY_LOSSES.register.",
+        "arXiv 2507.18071), conspo (group InfoNCE over length-normalized sequence log-probs with a cosine "
+        "margin, arXiv 2605.12969; needs train.group_minibatches), or any loss registered with "
+        "@POLICY_LOSSES.register.",
     )
     eps_low: float = Field(
         default=0.2,
@@ -116,8 +123,47 @@ class PolicyLossConfig(BaseModel):
         "LossContext.trainer_behavior_logprobs.",
     )
 
+    conspo_tau: float = Field(
+        default=10.0,
+        gt=0.0,
+        description="ConSPO temperature tau (arXiv 2605.12969: 10): the group InfoNCE compares scores s/tau and "
+        "the loss is scaled by tau.",
+    )
+    conspo_margin: float = Field(
+        default=0.01,
+        ge=0.0,
+        description="ConSPO maximum margin M (arXiv 2605.12969: 0.01) subtracted from each positive's score: "
+        "m_t = (M/2)(1 - cos(pi min(lambda_t/alpha, 1))), lambda_t = updates done / the run's total updates.",
+    )
+    conspo_margin_alpha: float = Field(
+        default=0.3,
+        gt=0.0,
+        le=1.0,
+        description="ConSPO margin ramp alpha (arXiv 2605.12969: 0.3): the margin rises from 0 to M over the "
+        "first alpha of training (cosine), then stays at M.",
+    )
+    positive_rule: PositiveRule = Field(
+        default="correctness",
+        description="Which responses are positives for ConSPO (arXiv 2605.12969: verified-correct responses). "
+        "correctness: the math_correctness reward component equals 1 (the paper's rule); reward_threshold "
+        "(our choice, for policies that are almost never correct, e.g. SmolLM2-135M on GSM8K): total reward "
+        ">= positive_threshold. The label is computed from each rollout row when the trainer loads it.",
+    )
+    positive_threshold: float | None = Field(
+        default=None,
+        description="Total-reward threshold of positive_rule=reward_threshold (a response with reward >= it is a "
+        "positive); required by that rule and rejected by the other.",
+    )
+
     @model_validator(mode="after")
     def _check_clip_ranges(self) -> PolicyLossConfig:
         if self.ratio_min >= self.ratio_max:
             raise ValueError(f"ratio_min ({self.ratio_min}) must be < ratio_max ({self.ratio_max})")
+        if self.positive_rule == "reward_threshold" and self.positive_threshold is None:
+            raise ValueError("positive_rule=reward_threshold needs positive_threshold (e.g. 0.5)")
+        if self.positive_rule != "reward_threshold" and self.positive_threshold is not None:
+            raise ValueError(
+                f"positive_threshold={self.positive_threshold} is only used with positive_rule=reward_threshold "
+                f"(positive_rule is {self.positive_rule!r})"
+            )
         return self

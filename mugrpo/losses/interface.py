@@ -28,8 +28,15 @@ class LossContext:
         entropy: [B, T] per-token entropy of pi_theta (nats); only reported as a metric.
         trainer_behavior_logprobs: [B, T] the trainer's recomputation of the behavior policy's log-probs;
             required when ``tis_cap`` is set (truncated importance sampling).
-        group_index: [B] int group id of each response (one prompt = one group). Not used by the built-in
-            losses; carried for group-wise losses (ConSPO, arXiv 2605.12969).
+        group_index: [B] int group id of each response (one prompt = one group). Used by group-wise losses
+            (ConSPO, arXiv 2605.12969); the trainer never splits a group across micro-batches for them.
+        positive: [B] bool, each response's positive/negative label (ConSPO: verified correct, or the
+            configured ``positive_rule``), computed by the data path from the rollout rows, not by the loss.
+        global_num_valid_groups: groups of the whole optimizer update (all micro-batches and ranks) with at least
+            one positive and one negative non-empty response: ConSPO's normalizer, known from the rewards
+            before the forward pass.
+        progress: training progress lambda_t in [0, 1]: global updates done before this update / the run's total
+            updates (ConSPO's margin schedule).
     """
 
     global_num_tokens: float | None = None
@@ -39,12 +46,17 @@ class LossContext:
     entropy: torch.Tensor | None = None
     trainer_behavior_logprobs: torch.Tensor | None = None
     group_index: torch.Tensor | None = None
+    positive: torch.Tensor | None = None
+    global_num_valid_groups: float | None = None
+    progress: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("global_num_tokens", "global_num_seqs", "max_response_len"):
+        for name in ("global_num_tokens", "global_num_seqs", "max_response_len", "global_num_valid_groups"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"LossContext.{name} must be > 0 when given, got {value}")
+        if self.progress is not None and not 0.0 <= self.progress <= 1.0:
+            raise ValueError(f"LossContext.progress must lie in [0, 1], got {self.progress}")
 
 
 @dataclass(frozen=True)

@@ -101,8 +101,10 @@ def prepare_batch(
         value = getattr(context, name)
         if value is not None:
             _check_shape(f"LossContext.{name}", value, shape)
-    if context.group_index is not None and context.group_index.shape != shape[:1]:
-        raise ValueError(f"LossContext.group_index has shape {tuple(context.group_index.shape)}, expected [{shape[0]}]")
+    for name in ("group_index", "positive"):
+        value = getattr(context, name)
+        if value is not None and value.shape != shape[:1]:
+            raise ValueError(f"LossContext.{name} has shape {tuple(value.shape)}, expected [{shape[0]}]")
     if config.kl_coef > 0 and context.ref_logprobs is None:
         raise ValueError(f"kl_coef={config.kl_coef} needs LossContext.ref_logprobs (reference policy log-probs)")
 
@@ -160,8 +162,47 @@ def finalize_loss(
     policy_loss, is_global = aggregate_token_values(
         torch.where(keep, token_loss, zero), mask, config.agg_mode, batch.context
     )
+    return _with_kl_and_totals(batch, policy_loss, is_global, _standard_stats(batch, surrogate, keep, info), config)
+
+
+def finalize_sequence_loss(
+    batch: PreparedBatch,
+    policy_loss: torch.Tensor,
+    is_global: bool,
+    config: PolicyLossConfig,
+    extra_stats: dict[str, MetricStat],
+) -> LossOutput:
+    """The :class:`LossOutput` of a loss that is not a sum of per-token surrogates (ConSPO, arXiv 2605.12969).
+
+    loss = policy_loss + kl_coef * agg(KL_t over response tokens), exactly as in :func:`finalize_loss`; the
+    standard metrics are reported with no clipped and no vetoed token (such a loss has neither).
+
+    Args:
+        batch: the prepared inputs.
+        policy_loss: scalar policy term of this micro-batch (differentiable).
+        is_global: whether ``policy_loss`` is normalized by counts of the whole update (micro-batch losses add up).
+        config: the loss config (``kl_coef``, ``kl_estimator``, ``agg_mode`` of the KL term).
+        extra_stats: the loss's own metrics.
+    """
+    mask = batch.response_mask
+    none = torch.zeros_like(mask)
+    surrogate = TokenSurrogate(torch.zeros_like(batch.logprobs), none, none, none, extra_stats)
+    return _with_kl_and_totals(
+        batch, policy_loss, is_global, _standard_stats(batch, surrogate, mask, _no_veto(mask)), config
+    )
+
+
+def _with_kl_and_totals(
+    batch: PreparedBatch,
+    policy_loss: torch.Tensor,
+    is_global: bool,
+    stats: dict[str, MetricStat],
+    config: PolicyLossConfig,
+) -> LossOutput:
+    """Add the optional KL penalty to the policy term and the ``policy_loss`` / ``loss`` metrics."""
+    mask = batch.response_mask
+    zero = torch.zeros((), dtype=torch.float32, device=policy_loss.device)
     loss = policy_loss
-    stats = _standard_stats(batch, surrogate, keep, info)
     if config.kl_coef > 0:
         ref = torch.where(mask, batch.context.ref_logprobs.detach().float(), zero)
         kl_tokens = kl_estimate(batch.logprobs, ref, config.kl_estimator)

@@ -1,6 +1,9 @@
-"""Registry of policy losses, looked up by ``PolicyLossConfig.name``."""
+"""Registry of policy losses, looked up by ``PolicyLossConfig.name``, and what a loss needs from the trainer."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -10,6 +13,54 @@ from mugrpo.registry import Registry
 
 #: Policy losses by ``PolicyLossConfig.name``; add one with ``@POLICY_LOSSES.register("name")``.
 POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
+
+
+@dataclass(frozen=True)
+class LossRequirements:
+    """What a registered loss needs from the trainer beyond the four core tensors.
+
+    Attributes:
+        whole_groups: every group must sit whole in one micro-batch and one update (``train.group_minibatches``),
+            because the loss compares the responses of a group with each other.
+        positive_labels: each response needs a positive/negative label (``LossContext.positive``), computed by the
+            data path from the rollout rows with ``PolicyLossConfig.positive_rule``.
+    """
+
+    whole_groups: bool = False
+    positive_labels: bool = False
+
+
+def requires(*, whole_groups: bool = False, positive_labels: bool = False) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Decorator declaring a loss's :class:`LossRequirements` (apply it below ``@POLICY_LOSSES.register``)."""
+
+    def mark(fn: PolicyLossFn) -> PolicyLossFn:
+        fn.requirements = LossRequirements(whole_groups=whole_groups, positive_labels=positive_labels)
+        return fn
+
+    return mark
+
+
+def loss_requirements(name: str) -> LossRequirements:
+    """The :class:`LossRequirements` of the loss registered as ``name`` (none declared: no requirement).
+
+    Raises:
+        UnknownNameError: no policy loss is registered as ``name``.
+    """
+    return getattr(POLICY_LOSSES[name], "requirements", LossRequirements())
+
+
+def check_trainer_settings(config: PolicyLossConfig, *, group_minibatches: bool) -> None:
+    """Check that the training settings give the loss what it needs.
+
+    Raises:
+        ValueError: the loss needs whole groups per update and ``train.group_minibatches`` is off.
+        UnknownNameError: unknown loss name.
+    """
+    if loss_requirements(config.name).whole_groups and not group_minibatches:
+        raise ValueError(
+            f"loss.name={config.name} compares the responses of a group with each other, so a group must never be "
+            "split across updates or micro-batches: set train.group_minibatches=true"
+        )
 
 
 def compute_policy_loss(

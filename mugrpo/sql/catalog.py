@@ -36,7 +36,7 @@ from mugrpo.sql.readonly import (
     sql_string,
 )
 from mugrpo.sql.redact import Redactor
-from schemas import STAGE_VIEW_SCHEMA, TABLES, StageManifest
+from schemas import OLDER_SCHEMAS, STAGE_VIEW_SCHEMA, TABLES, StageManifest
 
 log = logging.getLogger(__name__)
 
@@ -139,10 +139,17 @@ def _register(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table) -> str
     return internal
 
 
-def _parquet_source(paths: list[str]) -> str:
+def _parquet_source(paths: list[str], table: str) -> str:
     files = ", ".join(sql_string(f"{PROTOCOL}://{p}") for p in paths)
-    # The files also hold a `stage` column; Hive partitioning types the folder's value the same way.
-    return f"read_parquet([{files}], hive_partitioning = true, hive_types = {{'stage': INTEGER}})"
+    # The files also hold a `stage` column; Hive partitioning types the folder's value the same way. A table with
+    # readable older versions (schemas.OLDER_SCHEMAS) is read by column name, so an older file's missing columns are
+    # NULL; that reads every file's footer when the view is created, so only those tables pay for it.
+    by_name = ", union_by_name = true" if _has_older_versions(table) else ""
+    return f"read_parquet([{files}], hive_partitioning = true, hive_types = {{'stage': INTEGER}}{by_name})"
+
+
+def _has_older_versions(table: str) -> bool:
+    return any(t == table for t, _ in OLDER_SCHEMAS)
 
 
 class RunCatalog:
@@ -258,7 +265,10 @@ def connect(target: str, storage_options: dict[str, Any] | None = None) -> RunCa
         con.execute("SET parquet_metadata_cache = true")  # files are immutable once committed
         for table in TABLE_FILES:
             paths = [p for files in tgt.runs.values() for p in files.tables[table]]
-            source = _parquet_source(paths) if paths else _register(con, f"empty_{table}", TABLES[table].empty_table())
+            empty = _register(con, f"empty_{table}", TABLES[table].empty_table())
+            source = _parquet_source(paths, table) if paths else empty
+            if paths and _has_older_versions(table):  # files of older versions only: still the current columns
+                source = f"(SELECT * FROM {empty} UNION ALL BY NAME SELECT * FROM {source})"
             con.execute(f"CREATE VIEW {table} AS SELECT * FROM {source}")
         con.execute(f"CREATE VIEW stages AS SELECT * FROM {_register(con, 'stages', _stage_rows(tgt))}")
         runs = _register(con, "runs", _run_rows(tgt))

@@ -29,6 +29,7 @@ class TokenBatch:
         temperatures: [B] float32 temperature of each row's behavior distribution.
         group_index: [B] int64 index of each row's group in the rollout set.
         prompt_ids: B prompt ids (for error reports).
+        positive: [B] bool positive/negative label of each row (ConSPO), or None when the rollouts carry none.
     """
 
     input_ids: torch.Tensor
@@ -41,6 +42,7 @@ class TokenBatch:
     temperatures: torch.Tensor
     group_index: torch.Tensor
     prompt_ids: list[str]
+    positive: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -95,4 +97,9 @@ def collate(rollouts: list[Rollout], group_index: list[int], pad_token_id: int) 
         temperatures=torch.tensor([r.temperature for r in rollouts], dtype=torch.float32),
         group_index=torch.tensor(group_index, dtype=torch.long),
         prompt_ids=[r.prompt_id for r in rollouts],
+        positive=(
+            None
+            if any(r.positive is None for r in rollouts)
+            else torch.tensor([r.positive for r in rollouts], dtype=torch.bool)
+        ),
     )

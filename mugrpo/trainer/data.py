@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mugrpo.layout import RunLayout
+from mugrpo.losses.conspo import PositiveLabeler, count_valid_groups
 from mugrpo.manifest import read_job_manifest
 from mugrpo.storage import Store
 from mugrpo.tables import read_table
@@ -33,6 +34,7 @@ ROLLOUT_COLUMNS = [
     "behavior_logprobs",
     "num_tokens",
     "reward",
+    "reward_components",
     "advantage",
     "zero_variance",
     "temperature",
@@ -49,7 +51,8 @@ class Rollout:
 
     ``temperature`` is the temperature of the distribution the behavior log-probs are log-probs of: the
     sampling temperature, or 1.0 for greedy rollouts (T = 0), whose engines report the T = 1 policy
-    (:mod:`mugrpo.engines.base`).
+    (:mod:`mugrpo.engines.base`). ``positive`` is the row's positive/negative label for losses that need one
+    (ConSPO), from the loss's ``positive_rule``; None when the loss needs none.
     """
 
     stage: int
@@ -62,6 +65,7 @@ class Rollout:
     reward: float
     advantage: float
     temperature: float
+    positive: bool | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -91,8 +95,8 @@ def _row_error(where: str, row: dict, message: str) -> RolloutDataError:
     )
 
 
-def _to_rollout(row: dict, where: str) -> Rollout:
-    """Validate one rollout row (lengths, finiteness) and convert it."""
+def _to_rollout(row: dict, where: str, positive_label: PositiveLabeler | None = None) -> Rollout:
+    """Validate one rollout row (lengths, finiteness) and convert it, labeled by ``positive_label`` when given."""
     response, logprobs = row["response_token_ids"], row["behavior_logprobs"]
     if not len(response) == len(logprobs) == row["num_tokens"]:
         raise _row_error(
@@ -112,6 +116,12 @@ def _to_rollout(row: dict, where: str) -> Rollout:
     temperature = float(row["temperature"])
     if not temperature >= 0:
         raise _row_error(where, row, f"temperature {temperature} is negative")
+    positive = None
+    if positive_label is not None:
+        try:
+            positive = positive_label(float(row["reward"]), dict(row["reward_components"]))
+        except ValueError as e:
+            raise _row_error(where, row, f"reward_components: {e}") from None
     return Rollout(
         stage=row["stage"],
         policy_version=row["policy_version"],
@@ -123,11 +133,22 @@ def _to_rollout(row: dict, where: str) -> Rollout:
         reward=float(row["reward"]),
         advantage=float(row["advantage"]),
         temperature=temperature if temperature > 0 else 1.0,
+        positive=positive,
     )
 
 
-def load_rollouts(store: Store, run_id: str, stages: list[int], *, skip_zero_variance_groups: bool) -> RolloutSet:
+def load_rollouts(
+    store: Store,
+    run_id: str,
+    stages: list[int],
+    *,
+    skip_zero_variance_groups: bool,
+    positive_label: PositiveLabeler | None = None,
+) -> RolloutSet:
     """Read the committed rollouts of ``stages`` through each stage's generation job manifest.
+
+    With ``positive_label`` (:func:`mugrpo.losses.conspo.positive_labeler`), every rollout is labeled positive or
+    negative from its row's reward and reward components, and the rule is part of the data fingerprint.
 
     Every file is checked against the sha256 the manifest recorded and against the rollout schema and version
     (:func:`mugrpo.tables.read_table`).
@@ -141,6 +162,8 @@ def load_rollouts(store: Store, run_id: str, stages: list[int], *, skip_zero_var
     layout = RunLayout(run_id)
     rows: list[tuple[dict, str]] = []
     digest = hashlib.sha256(f"skip_zero_variance_groups={skip_zero_variance_groups}".encode())
+    if positive_label is not None:
+        digest.update(positive_label.describe().encode())
     for stage in sorted(set(stages)):
         manifest = read_job_manifest(store, run_id, stage, "generate")
         if manifest is None:
@@ -170,7 +193,7 @@ def load_rollouts(store: Store, run_id: str, stages: list[int], *, skip_zero_var
             dropped += 1
             continue
         start = len(rollouts)
-        rollouts.extend(_to_rollout(row, where) for row, where in members)
+        rollouts.extend(_to_rollout(row, where, positive_label) for row, where in members)
         groups.append(list(range(start, len(rollouts))))
     counts = {
         "rows_read": len(rows),
@@ -180,6 +203,18 @@ def load_rollouts(store: Store, run_id: str, stages: list[int], *, skip_zero_var
         "groups": len(groups),
     }
     return RolloutSet(rollouts, groups, digest.hexdigest(), counts)
+
+
+def valid_groups_in(indices: list[int], data: RolloutSet) -> int | None:
+    """Groups of the rollouts ``indices`` (a whole minibatch) with a positive and a negative non-empty response:
+    ConSPO's normalizer, known before the forward pass. None when the rollouts carry no labels."""
+    if any(data.rollouts[i].positive is None for i in indices):
+        return None
+    group_of = {i: g for g, members in enumerate(data.groups) for i in members}
+    rows = [data.rollouts[i] for i in indices]
+    return count_valid_groups(
+        [group_of[i] for i in indices], [r.positive for r in rows], [r.num_tokens > 0 for r in rows]
+    )
 
 
 class MinibatchOrder:

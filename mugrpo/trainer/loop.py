@@ -33,6 +33,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from mugrpo.jobs.common import console, derive_seed, local_policy_dir, since_start
 from mugrpo.layout import RunLayout
+from mugrpo.losses import positive_labeler, training_progress
 from mugrpo.manifest import read_job_manifest, write_job_manifest
 from mugrpo.models import load_policy, load_tokenizer
 from mugrpo.storage import COMPLETE_MARKER, Store
@@ -46,7 +47,7 @@ from mugrpo.trainer.checkpoint import (
     restore_rng_state,
     write_checkpoint,
 )
-from mugrpo.trainer.data import RolloutSet, load_rollouts, make_minibatch_order, split_minibatch
+from mugrpo.trainer.data import RolloutSet, load_rollouts, make_minibatch_order, split_minibatch, valid_groups_in
 from mugrpo.trainer.forward import PolicyTokenLogprobs
 from mugrpo.trainer.optim import build_lr_schedule, build_optimizer
 from mugrpo.trainer.records import delete_parts_after, read_steps, train_step_row, write_steps_part
@@ -176,7 +177,11 @@ def run_training(spec: TrainSpec) -> JobManifest:
     accelerator = Accelerator(mixed_precision=train.mixed_precision)
     main = accelerator.is_main_process
     data = load_rollouts(
-        store, spec.run_id, spec.rollout_stages, skip_zero_variance_groups=train.skip_zero_variance_groups
+        store,
+        spec.run_id,
+        spec.rollout_stages,
+        skip_zero_variance_groups=train.skip_zero_variance_groups,
+        positive_label=positive_labeler(spec.loss),
     )
     if main:
         console.print(
@@ -300,6 +305,8 @@ def run_training(spec: TrainSpec) -> JobManifest:
                         max_response_len=spec.max_response_len,
                         reference=reference,
                         trainer_behavior_logprobs=tis,
+                        global_num_valid_groups=valid_groups_in(indices, data),
+                        progress=training_progress(spec.policy_version + u - 1, spec.total_updates),
                     )
                 except NonFiniteError as e:
                     if main:

@@ -51,7 +51,8 @@ def train_step_row(
     staleness: int,
     mean_reward: float | None,
 ) -> dict:
-    """One ``train_steps`` row. Loss metrics missing from ``metrics`` (e.g. kl_ref without a KL term) are null."""
+    """One ``train_steps`` row. Loss metrics missing from ``metrics`` (e.g. kl_ref without a KL term) are null; the
+    loss's other metrics (e.g. ConSPO's ``conspo_*``) go to the ``loss_metrics`` map."""
     row = {
         "run_id": run_id,
         "stage": stage,
@@ -68,6 +69,7 @@ def train_step_row(
         "created_at": datetime.now(UTC),
     }
     row.update({name: metrics.get(name) for name in LOSS_METRIC_COLUMNS})
+    row["loss_metrics"] = {k: float(v) for k, v in sorted(metrics.items()) if k not in LOSS_METRIC_COLUMNS}
     missing = [f.name for f in TRAIN_STEP_SCHEMA if f.name not in row]
     if missing:  # the schema gained a column this module does not fill
         raise KeyError(f"train_steps columns not filled: {missing}")

@@ -8,6 +8,7 @@ from mugrpo.config import Config, TrainSection
 from mugrpo.jobs.common import JobSpec
 from mugrpo.layout import RunLayout
 from mugrpo.losses.config import PolicyLossConfig
+from mugrpo.losses.registry import check_trainer_settings
 from mugrpo.schedules import stage_plan, total_updates
 
 
@@ -78,6 +79,7 @@ class TrainSpec(JobSpec):
                 f"train.micro_batch_size ({self.train.micro_batch_size}) must be <= train.rollouts_per_update "
                 f"({self.train.rollouts_per_update})"
             )
+        check_trainer_settings(self.loss, group_minibatches=self.train.group_minibatches)
         if self.train.mixed_precision == "fp16":
             raise ValueError(
                 "train.mixed_precision=fp16 is not supported: fp16 loss scaling meets inf gradients by design and "

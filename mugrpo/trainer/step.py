@@ -86,6 +86,8 @@ def train_update(
     max_response_len: int | None = None,
     reference: torch.nn.Module | None = None,
     trainer_behavior_logprobs: list[torch.Tensor] | None = None,
+    global_num_valid_groups: int | None = None,
+    progress: float | None = None,
 ) -> UpdateResult:
     """Run one optimizer update over this rank's micro-batches.
 
@@ -101,6 +103,9 @@ def train_update(
         max_response_len: Dr. GRPO's constant normalizer (``seq-mean-token-sum-norm``).
         reference: frozen reference policy wrapper, required when ``loss_config.kl_coef > 0``.
         trainer_behavior_logprobs: per micro-batch [B, R] trainer-recomputed behavior log-probs (TIS), or None.
+        global_num_valid_groups: groups of the whole minibatch over all ranks with a positive and a negative
+            response (ConSPO's normalizer), or None.
+        progress: training progress lambda_t in [0, 1] of this update (ConSPO's margin), or None.
 
     Returns:
         :class:`UpdateResult`.
@@ -133,6 +138,11 @@ def train_update(
                 entropy=entropy,
                 trainer_behavior_logprobs=tis,
                 group_index=batch.group_index,
+                positive=batch.positive,
+                global_num_valid_groups=(
+                    None if global_num_valid_groups is None else float(max(global_num_valid_groups, 1))
+                ),
+                progress=progress,
             )
             out = compute_policy_loss(
                 logprobs, batch.behavior_logprobs, batch.advantages, batch.response_mask, loss_config, context=context

@@ -94,7 +94,7 @@ def synthetic_rollout_rows(
                 "finish_reason": "stop",
                 "num_tokens": len(ids),
                 "reward": reward,
-                "reward_components": [("correctness", reward)],
+                "reward_components": [("math_correctness", reward)],
                 "reward_status": "ok",
                 "ground_truth": str(answer),
                 "extracted_answer": None,
