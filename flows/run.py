@@ -14,6 +14,7 @@ from flows.stage import launch, stage_flow
 from mugrpo.config import config_from_dict
 from mugrpo.manifest import read_job_manifest
 from mugrpo.runs import init_run, write_final_eval_spec
+from mugrpo.tracking.session import TrackingSession
 
 
 def artifact_key(run_id: str, suffix: str) -> str:
@@ -56,15 +57,17 @@ def run_flow(config: dict[str, Any]) -> dict[str, Any]:
     store = init_run(cfg)
     logger.info("run %s lives at %s", cfg.run.id, store.uri(cfg.run.id))
     results = []
-    for k in range(cfg.run.num_stages):
-        results.append(stage_flow(config=cfg.to_json_dict(), stage=k))
     final = {}
-    spec = write_final_eval_spec(cfg)
-    if spec is not None:
-        with tags(f"run:{cfg.run.id}", "final-eval"):
-            if read_job_manifest(store, cfg.run.id, cfg.run.num_stages, "eval") is None:
-                launch(cfg, "eval", spec, cfg.run.num_stages)
-        final = read_job_manifest(store, cfg.run.id, cfg.run.num_stages, "eval").metrics
+    with TrackingSession(cfg, store) as tracking:  # live mirror of committed metrics (tracking.sinks)
+        for k in range(cfg.run.num_stages):
+            results.append(stage_flow(config=cfg.to_json_dict(), stage=k))
+            tracking.sync()
+        spec = write_final_eval_spec(cfg)
+        if spec is not None:
+            with tags(f"run:{cfg.run.id}", "final-eval"):
+                if read_job_manifest(store, cfg.run.id, cfg.run.num_stages, "eval") is None:
+                    launch(cfg, "eval", spec, cfg.run.num_stages)
+            final = read_job_manifest(store, cfg.run.id, cfg.run.num_stages, "eval").metrics
     try:
         report = publish_report(cfg, store.uri(cfg.run.id))
     except Exception as e:  # the report is derived from committed files: never fail a finished run over it

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -29,6 +31,33 @@ console = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
 OverridesArg = typer.Argument(None, help="Dotted overrides applied after the file, e.g. train.lr=1e-6 run.id=exp2.")
+StorageOptionsOpt = typer.Option(
+    None, "--storage-option", "-o", help="fsspec option KEY=VALUE (e.g. endpoint_url=http://127.0.0.1:9000)."
+)
+
+
+@contextmanager
+def storage_guard(url: str, storage_options: dict | None = None) -> Iterator[None]:
+    """Turn a storage fault a user can fix (endpoint, credentials, bucket) into one line and exit code 2."""
+    from mugrpo.storage_errors import StorageUnavailable, explain_storage_error
+
+    try:
+        yield
+    except StorageUnavailable as e:
+        err.print(f"Error: {e}", markup=False, highlight=False)
+        raise typer.Exit(2) from None
+    except Exception as e:
+        message = explain_storage_error(e, url, storage_options)
+        if message is None:
+            raise
+        err.print(f"Error: {message}", markup=False, highlight=False)
+        raise typer.Exit(2) from None
+
+
+def _storage_options(pairs: list[str] | None) -> dict:
+    from mugrpo.sql.cli import parse_storage_options
+
+    return parse_storage_options(pairs)
 
 
 def _load(config: Path | None, overrides: list[str] | None):
@@ -99,14 +128,17 @@ def split_run(run: str, root: str | None) -> tuple[str, str]:
     return root or "runs", run
 
 
-def _stored_config(run: str, root: str | None):
-    """The config in a run's run.json; exits with a clear message when the run does not exist."""
+def _stored_config(run: str, root: str | None, storage_options: dict | None = None):
+    """The config in a run's run.json; exits with a clear message when the run or its storage cannot be read."""
     from mugrpo.runs import load_run_config
     from mugrpo.storage import Store
+    from mugrpo.storage_errors import check_store
 
     root, run_id = split_run(run, root)
     try:
-        return load_run_config(root, run_id)
+        with storage_guard(f"{root.rstrip('/')}/{run_id}", storage_options):
+            check_store(Store(root, storage_options), f"{root.rstrip('/')}/{run_id}")
+            return load_run_config(root, run_id, storage_options)
     except FileNotFoundError as e:
         folder = Store(root).listdir(run_id) if Store(root).exists(run_id) else []
         inside = [n for n in folder if Store(root).exists(f"{run_id}/{n}/run.json")]
@@ -128,9 +160,13 @@ def _execute(cfg) -> None:
     _prefect_env()
     from flows.run import run_flow
     from mugrpo.runs import ConfigMismatchError, open_store
+    from mugrpo.storage_errors import check_store
     from tasks.launchers import JobError
 
-    uri = open_store(cfg).uri(cfg.run.id)
+    store = open_store(cfg)
+    uri = store.uri(cfg.run.id)
+    with storage_guard(uri, cfg.run.storage_options):  # fail fast, before Prefect's server starts
+        check_store(store, uri)
     console.print(f"[bold]run {cfg.run.id}[/bold] lives at {uri}")
     console.print(f"  watch it:  mugrpo status {uri}")
     console.print("  (for the Prefect UI, start `prefect server start` and set PREFECT_API_URL before `mugrpo run`)")
@@ -172,23 +208,26 @@ def run_cmd(
 def resume_cmd(
     run: str = typer.Argument(..., help="Run id (with --root) or run folder/URL ROOT/RUN_ID."),
     root: str | None = typer.Option(None, help="Storage root holding the run (default: runs)."),
+    storage_option: list[str] | None = StorageOptionsOpt,
 ):
     """Continue a run with the config stored in its run.json."""
-    _execute(_stored_config(run, root))
+    _execute(_stored_config(run, root, _storage_options(storage_option)))
 
 
 @app.command("status")
 def status_cmd(
     run: str = typer.Argument(..., help="Run id (with --root) or run folder/URL ROOT/RUN_ID."),
     root: str | None = typer.Option(None, help="Storage root holding the run (default: runs)."),
+    storage_option: list[str] | None = StorageOptionsOpt,
 ):
     """Show what a run has committed, what is left, and the timings of each stage."""
     from rich.table import Table
 
     from mugrpo.runs import open_store, run_status
 
-    cfg = _stored_config(run, root)
-    st = run_status(open_store(cfg), cfg)
+    cfg = _stored_config(run, root, _storage_options(storage_option))
+    with storage_guard(open_store(cfg).uri(cfg.run.id), cfg.run.storage_options):
+        st = run_status(open_store(cfg), cfg)
     table = Table(title=f"run {st.run_id} ({st.uri})")
     for col in (
         "stage",
@@ -231,20 +270,27 @@ def report_cmd(
     run: str = typer.Argument(..., help="Run folder or URL ROOT/RUN_ID (or a run id with --root)."),
     root: str | None = typer.Option(None, help="Storage root holding the run (default: runs)."),
     out: Path | None = typer.Option(None, help="Write the HTML here instead of {run}/report.html in storage."),
+    storage_option: list[str] | None = StorageOptionsOpt,
 ):
     """Write the run's self-contained HTML report: Table-1-style stage summary, plots, lengths, file paths."""
     from mugrpo.report import write_report
     from mugrpo.runs import load_run_config
+    from mugrpo.sql import TargetError
+    from mugrpo.storage import Store
+    from mugrpo.storage_errors import check_store
 
     root, run_id = split_run(run, root)
+    given = _storage_options(storage_option)
+    url = f"{root.rstrip('/')}/{run_id}"
+    with storage_guard(url, given):
+        check_store(Store(root, given), url)
+        try:
+            opts = {**load_run_config(root, run_id, given).run.storage_options, **given}
+        except FileNotFoundError:
+            opts = given
     try:
-        opts = load_run_config(root, run_id).run.storage_options
-    except FileNotFoundError:
-        opts = {}
-    from mugrpo.sql import TargetError
-
-    try:
-        where = write_report(f"{root.rstrip('/')}/{run_id}", opts, str(out) if out else None)
+        with storage_guard(url, opts):
+            where = write_report(url, opts, str(out) if out else None)
     except (TargetError, ValueError) as e:
         err.print(f"[red]{e}[/red]")
         raise typer.Exit(2) from None

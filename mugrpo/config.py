@@ -170,6 +170,50 @@ class OrchestrationSection(_Section):
     launcher: Literal["subprocess", "kubernetes"] = Field("subprocess")
 
 
+class TrackingSection(_Section):
+    """Experiment trackers that mirror the run's committed metrics (verl's ``trainer.logger``, TRL's ``report_to``).
+
+    The run flow logs what the store has committed: every update's train_steps row (step = global update), each
+    stage's timings, counts and eval metrics (avg@k, pass@k), the config as hyper-parameters (without credentials)
+    and a sample of each stage's rollouts. A killed and resumed run continues the same tracker run with no step
+    logged twice (each sink reads back what it holds). Changing this section on an existing run is allowed.
+    """
+
+    sinks: list[str] = Field(
+        default_factory=list,
+        description="Tracker sinks: any of tensorboard, wandb, mlflow (extras tracking-tensorboard, tracking-wandb, "
+        "tracking-mlflow). [] = none.",
+    )
+    dir: str | None = Field(
+        None,
+        description="Local folder for tracker files (TensorBoard events, W&B offline runs, MLflow's default SQLite "
+        "db). None = {run folder}/tracking for a local run root, else ./tracking/{run id}.",
+    )
+    project: str = Field("mugrpo", description="W&B project and MLflow experiment name.")
+    poll_s: float = Field(
+        30.0, gt=0, description="Seconds between syncs while jobs run (live progress at checkpoint granularity)."
+    )
+    rollout_samples: int = Field(8, ge=0, description="Rollouts per stage shown as a table (0 = none).")
+    wandb_mode: Literal["online", "offline"] | None = Field(
+        None, description="W&B mode; None = the WANDB_MODE environment variable, else online."
+    )
+    wandb_entity: str | None = Field(None, description="W&B entity (team or user); None = your default.")
+    mlflow_tracking_uri: str | None = Field(
+        None, description="MLflow tracking URI; None = MLFLOW_TRACKING_URI, else sqlite in the tracking folder."
+    )
+
+    @field_validator("sinks")
+    @classmethod
+    def _known_installed_sinks(cls, sinks: list[str]) -> list[str]:
+        from mugrpo.tracking import TRACKING_SINKS
+
+        for name in sinks:
+            TRACKING_SINKS[name].check_installed(name)  # unknown name or missing package: ValueError
+        if len(set(sinks)) != len(sinks):
+            raise ValueError(f"tracking.sinks lists a sink twice: {sinks}")
+        return sinks
+
+
 class Config(_Section):
     """The whole run configuration; saved resolved as ``run.json`` at the run root."""
 
@@ -183,6 +227,7 @@ class Config(_Section):
     train: TrainSection = Field(default_factory=TrainSection)
     eval: EvalSection = Field(default_factory=EvalSection)
     orchestration: OrchestrationSection = Field(default_factory=OrchestrationSection)
+    tracking: TrackingSection = Field(default_factory=TrackingSection)
 
     @field_validator("loss")
     @classmethod

@@ -22,7 +22,7 @@ from schemas import StageManifest, StageTimings
 
 JOBS = ("generate", "train", "eval")
 #: Config sections that may change when a run is resumed (they do not change what the run computes).
-RESUMABLE_SECTIONS = ("orchestration",)
+RESUMABLE_SECTIONS = ("orchestration", "tracking")
 
 
 class ConfigMismatchError(RuntimeError):

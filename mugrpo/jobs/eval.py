@@ -22,6 +22,7 @@ from mugrpo.jobs.common import JobSpec, console, derive_seed, fail, load_spec, l
 from mugrpo.layout import RunLayout
 from mugrpo.manifest import read_job_manifest, write_job_manifest
 from mugrpo.metrics import avg_at_k, mean_pass_at_k
+from mugrpo.progress import quiet_library_bars
 from mugrpo.prompts import PromptConfig, encode_prompt, render_prompt
 from mugrpo.rewards import RewardConfig, RewardInput, RewardScorer
 from mugrpo.storage import sha256_bytes
@@ -177,7 +178,9 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         fail("usage: python -m mugrpo.jobs.eval SPEC (an EvalSpec JSON path or URL)", 2)
-    run_eval(load_spec(argv[0], EvalSpec))
+    spec = load_spec(argv[0], EvalSpec)
+    quiet_library_bars()
+    run_eval(spec)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ from typing import Literal
 
 import numpy as np
 from pydantic import Field
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from mugrpo.advantages import AdvantageConfig, compute_advantages
 from mugrpo.data import DatasetConfig, Problem, load_problems
@@ -33,6 +32,7 @@ from mugrpo.engines.base import SamplingParams
 from mugrpo.jobs.common import JobSpec, console, derive_seed, fail, load_spec, local_policy_dir, since_start
 from mugrpo.layout import RunLayout
 from mugrpo.manifest import read_job_manifest, write_job_manifest
+from mugrpo.progress import job_progress, quiet_library_bars
 from mugrpo.prompts import PromptConfig, encode_prompt, render_prompt
 from mugrpo.rewards import RewardConfig, RewardInput, RewardScorer
 from mugrpo.schedules import stage_plan
@@ -283,14 +283,8 @@ def run_generate(spec: GenerateSpec) -> JobManifest:
 
         t0 = time.monotonic()
         try:
-            with Progress(
-                TextColumn("[bold]generate[/bold] stage " + str(spec.stage)),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("prompts"),
-                TextColumn("{task.fields[tps]:.0f} tok/s"),
-                TimeElapsedColumn(),
-                console=console,
+            with job_progress(
+                f"generate stage {spec.stage}", "prompts", "{task.fields[tps]:.0f} tok/s", console
             ) as bar:
                 task = bar.add_task("gen", total=len(selected), tps=0.0)
                 bar.update(task, completed=sum(len(shards[s]) for s in range(len(shards)) if s not in todo))
@@ -361,6 +355,7 @@ def main(argv: list[str] | None = None) -> None:
     if len(argv) != 1:
         fail("usage: python -m mugrpo.jobs.generate SPEC (a GenerateSpec JSON path or URL)", 2)
     spec = load_spec(argv[0], GenerateSpec)
+    quiet_library_bars()
     try:
         run_generate(spec)
     except GenerationError as e:

@@ -41,6 +41,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from mugrpo.jobs.common import fail, load_spec
+from mugrpo.progress import quiet_library_bars
 from mugrpo.storage import ChecksumError
 from mugrpo.tables import SchemaError
 from mugrpo.trainer.data import RolloutDataError
@@ -55,7 +56,8 @@ def main(argv: list[str] | None = None) -> None:
     if len(args) != 1:
         fail("usage: python -m mugrpo.jobs.train SPEC_PATH_OR_URL", 2)
     spec = load_spec(args[0], TrainSpec)
-    hf_logging.disable_progress_bar()  # the job draws its own progress bar
+    quiet_library_bars()
+    hf_logging.disable_progress_bar()  # in a terminal too: the job draws its own progress bar
     # CPU: flush subnormal floats to zero. Softmax probabilities below 1.2e-38 (common over a 49k-152k vocabulary)
     # are subnormal, and x86 arithmetic on them is 10-100x slower; as zeros they change no log-prob (those are
     # computed in log space) and no gradient measurably. Deterministic, so resume stays bitwise exact.

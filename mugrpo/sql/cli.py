@@ -23,7 +23,7 @@ SHELL_HELP = """Statements end with ';'. Commands:
   .quit / .exit      leave (or end of input)"""
 
 
-def _parse_options(pairs: list[str] | None) -> dict:
+def parse_storage_options(pairs: list[str] | None) -> dict:
     """``KEY=VALUE`` pairs; values are YAML (``anon=true``), except credentials, which stay strings verbatim."""
     import yaml
 
@@ -168,13 +168,20 @@ def sql_command(
 
     if fmt not in FORMATS:
         raise typer.BadParameter(f"{fmt!r} is not one of {', '.join(sorted(FORMATS))}", param_hint="--format")
-    options = {**(_config_options(config) if config else {}), **_parse_options(storage_option)}
+    options = {**(_config_options(config) if config else {}), **parse_storage_options(storage_option)}
+    from mugrpo.cli import storage_guard
+    from mugrpo.storage import Store
+    from mugrpo.storage_errors import check_store
+
     try:
-        catalog = connect(target, options)
+        with storage_guard(target, options):
+            if "://" in target and not target.startswith("file://"):  # a local Store would create the folder
+                check_store(Store(target, options))
+            catalog = connect(target, options)
     except TargetError as e:
         typer.echo(f"Error: {e}", err=True)
         raise typer.Exit(2) from None
-    with catalog:
+    with catalog, storage_guard(target, options):
         if parquet and _inside(parquet, catalog):
             typer.echo(f"Error: --parquet {parquet} is inside {catalog.target.url}, which is read-only", err=True)
             raise typer.Exit(2)

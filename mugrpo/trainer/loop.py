@@ -22,7 +22,6 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object, set_seed
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -36,6 +35,7 @@ from mugrpo.layout import RunLayout
 from mugrpo.losses import positive_labeler, training_progress
 from mugrpo.manifest import read_job_manifest, write_job_manifest
 from mugrpo.models import load_policy, load_tokenizer
+from mugrpo.progress import job_progress
 from mugrpo.storage import COMPLETE_MARKER, Store
 from mugrpo.trainer.batch import TokenBatch, collate
 from mugrpo.trainer.checkpoint import (
@@ -261,13 +261,11 @@ def run_training(spec: TrainSpec) -> JobManifest:
         unwrapped_policy = accelerator.unwrap_model(model).policy
         pending: list[dict] = []
         t0 = time.monotonic()
-        with Progress(
-            TextColumn(f"[bold]train[/bold] stage {spec.stage}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("updates  loss {task.fields[loss]:+.4f}  {task.fields[tps]:.0f} tok/s"),
-            TimeElapsedColumn(),
-            console=console,
+        with job_progress(
+            f"train stage {spec.stage}",
+            "updates",
+            "loss {task.fields[loss]:+.4f}  {task.fields[tps]:.0f} tok/s",
+            console,
             disable=not main,
         ) as bar:
             task = bar.add_task("train", total=total, completed=start_step, loss=0.0, tps=0.0)

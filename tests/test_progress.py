@@ -1,0 +1,72 @@
+"""Job progress in logs: a few plain lines instead of bar frames when the output is not a terminal."""
+
+from __future__ import annotations
+
+import io
+import os
+
+from rich.console import Console
+from rich.progress import Progress
+
+from mugrpo.progress import PlainProgress, job_progress, quiet_library_bars
+
+
+def _piped_console() -> tuple[Console, io.StringIO]:
+    out = io.StringIO()
+    return Console(file=out, force_terminal=False, soft_wrap=True), out
+
+
+def test_piped_output_gets_start_every_tenth_and_end_lines():
+    console, out = _piped_console()
+    with job_progress("train stage 0", "updates", "loss {task.fields[loss]:+.2f}", console) as bar:
+        assert isinstance(bar, PlainProgress)
+        task = bar.add_task("train", total=100, loss=0.0)
+        for u in range(1, 101):
+            bar.update(task, completed=u, loss=u / 100)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 11, lines  # 0%, 10%, ..., 100%
+    assert lines[0].startswith("train stage 0: 0/100 updates (0%)  loss +0.00")
+    assert lines[-1].startswith("train stage 0: 100/100 updates (100%)  loss +1.00")
+    assert "\r" not in out.getvalue() and "\x1b" not in out.getvalue()
+
+
+def test_resumed_progress_and_advance_count_from_where_they_start():
+    console, out = _piped_console()
+    with job_progress("generate stage 1", "prompts", "{task.fields[tps]:.0f} tok/s", console) as bar:
+        task = bar.add_task("gen", total=8, tps=0.0)
+        bar.update(task, completed=4)  # shards committed by an earlier attempt
+        for _ in range(4):
+            bar.update(task, advance=1, tps=120.0)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("generate stage 1: 0/8 prompts (0%)")
+    assert lines[1].startswith("generate stage 1: 4/8 prompts (50%)")
+    assert lines[-1].startswith("generate stage 1: 8/8 prompts (100%)  120 tok/s")
+    assert len(lines) == 6
+
+
+def test_a_terminal_gets_a_rich_bar():
+    console = Console(file=io.StringIO(), force_terminal=True)
+    assert isinstance(job_progress("train stage 0", "updates", "", console), Progress)
+
+
+def test_library_bars_are_quiet_when_not_a_terminal(monkeypatch):
+    from transformers.utils import logging as hf_logging
+
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    try:
+        assert quiet_library_bars(io.StringIO()) is True
+        assert os.environ["TQDM_DISABLE"] == "1" and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+        assert not hf_logging.is_progress_bar_enabled()
+    finally:
+        hf_logging.enable_progress_bar()
+
+
+def test_library_bars_stay_in_a_terminal(monkeypatch):
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    assert quiet_library_bars(Tty()) is False
+    assert "TQDM_DISABLE" not in os.environ
