@@ -46,7 +46,10 @@ def committed_train_events(store: Store, layout: RunLayout, stage: int, after_up
         for row in read_table(store, layout.train_steps_part(stage, part), "train_steps").to_pylist():
             if row["update"] <= after_update:
                 continue
-            values = {f"train/{k}": float(v) for k, v in row.items() if k not in _NOT_METRICS and _finite(v)}
+            extra = dict(row.pop("loss_metrics", None) or [])  # v2: loss metrics without a column of their own
+            values = {
+                f"train/{k}": float(v) for k, v in {**row, **extra}.items() if k not in _NOT_METRICS and _finite(v)
+            }
             values["train/stage"] = float(stage)
             values[TRAIN_CURSOR_KEY] = float(row["update"])  # the cursor key goes last
             events.append(Event("train", int(row["update"]), values, stage=stage))
