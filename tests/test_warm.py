@@ -175,15 +175,15 @@ def test_warm_commits_the_cold_layout_and_publishes_every_n(runs):
         assert manifest.counts["train/updates"] == UPDATES
         paths = [{f.path for f in m.files if not f.path.startswith("policies/")} for m in (reference, manifest)]
         assert paths[0] == paths[1] and any(p.startswith("rollouts/") for p in paths[1])
-    # publish_policy_every=2: stage 1's trained policy (policies/stage=2) is not published; stage 2 sampled from
-    # stage 1's final checkpoint, which is kept while stage 0's final checkpoint was pruned.
-    assert [warm.is_complete_dir(layout.policy_dir(k)) for k in range(STAGES + 1)] == [True, True, False, True]
+    # publish_policy_every=2: policies/stage=1 (stage 0's trained policy) is not published; stage 1 sampled from
+    # stage 0's final checkpoint. Once later stages committed, checkpoints no stage needs any more were pruned.
+    assert [warm.is_complete_dir(layout.policy_dir(k)) for k in range(STAGES + 1)] == [True, False, True, True]
     assert all(cold.is_complete_dir(layout.policy_dir(k)) for k in range(STAGES + 1))
     for job in ("generate", "train", "eval"):
-        spec = json.loads(warm.read_bytes(layout.job_spec(2, job)))
-        assert spec["policy_dir"] == layout.checkpoint_dir(1, UPDATES), job
-    assert checkpoint_steps(warm, layout, 0) == []
-    assert checkpoint_steps(warm, layout, 1) == [UPDATES]
+        spec = json.loads(warm.read_bytes(layout.job_spec(1, job)))
+        assert spec["policy_dir"] == layout.checkpoint_dir(0, UPDATES), job
+    assert [checkpoint_steps(warm, layout, k) for k in range(STAGES)] == [[], [], [UPDATES]]
+    assert [checkpoint_steps(cold, layout, k) for k in range(STAGES)] == [[UPDATES]] * STAGES
     progress = [line for line in runs["warm_log"].splitlines() if line.startswith(PROGRESS_TAG)]
     assert len(progress) == STAGES
 
