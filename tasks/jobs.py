@@ -18,6 +18,7 @@ No result is persisted and nothing is cached: object storage, not Prefect, decid
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shlex
 import sys
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.exceptions import MissingContextError
 from prefect.runtime import task_run as current_task_run
 
 from tasks.launchers import LAUNCHERS, JobError, JobRequest, JobResult, launch_job
@@ -137,13 +139,29 @@ def run_job(
     return result
 
 
+def _logger() -> logging.Logger | logging.LoggerAdapter:
+    """The run logger inside a flow or task run, else this module's logger."""
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger(__name__)
+
+
 class ProgressArtifact:
     """A Prefect progress artifact fed by a job's :data:`PROGRESS_TAG` lines: percent of the job's stages
     committed, with the last stage's updates, reward and T_switch in its description. Never fails the job: a
     malformed line or an unreachable API is logged and ignored."""
 
-    def __init__(self, kind: str, labels: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        kind: str,
+        labels: Mapping[str, str],
+        *,
+        create: Any = create_progress_artifact,
+        update: Any = update_progress_artifact,
+    ) -> None:
         self.kind = kind
+        self._create, self._update = create, update
         raw = f"{labels.get('run', 'run')}-{kind}-{labels.get('stage', '0')}".lower()
         self.key = re.sub(r"[^a-z0-9-]", "-", raw)
         self.artifact_id = None
@@ -163,16 +181,16 @@ class ProgressArtifact:
                 f"T_switch {record.get('t_switch', 0.0):.2f} s"
             )
         except (ValueError, KeyError, TypeError) as e:
-            get_run_logger().warning("malformed progress line %r: %s", line, e)
+            _logger().warning("malformed progress line %r: %s", line, e)
             return None
         self.records.append(record)
         try:
             if self.artifact_id is None:
-                self.artifact_id = create_progress_artifact(progress=percent, key=self.key, description=text)
+                self.artifact_id = self._create(progress=percent, key=self.key, description=text)
             else:
-                update_progress_artifact(self.artifact_id, progress=percent, description=text)
+                self._update(self.artifact_id, progress=percent, description=text)
         except Exception as e:  # the artifact is a view: never fail a job over it
-            get_run_logger().warning("progress artifact %s not updated: %s", self.key, e)
+            _logger().warning("progress artifact %s not updated: %s", self.key, e)
         return record
 
 
