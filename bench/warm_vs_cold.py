@@ -1,6 +1,6 @@
 """Seconds per stage, warm against cold execution, on the standard-GRPO baseline config (short run).
 
-    python bench/warm_vs_cold.py                 # SmolLM2-135M, configs/gsm8k-smollm2-grpo.yaml shrunk to 3 stages
+    python bench/warm_vs_cold.py                 # SmolLM2-135M, gsm8k-smollm2-grpo.yaml, 3 small stages
     python bench/warm_vs_cold.py --quick         # tiny random model, 2 stages (CI: the plumbing, not the figures)
 
 Both arms run the same config in fresh run folders, as `mugrpo run` would launch them but without Prefect (whose
@@ -50,8 +50,15 @@ def config(root: Path, run_id: str, quick: bool, stages: int, model: str) -> dic
             "train.checkpoint_every=2",
             "train.skip_zero_variance_groups=false",
         ]
-    else:  # the GRPO baseline's stage size (8 prompts x G=8, 4 updates of 8) at a shorter response length
-        overrides += ["generation.sampling.max_new_tokens=48", "train.skip_zero_variance_groups=false"]
+    else:  # the GRPO baseline's G = 8 and sampling, with stages small enough that switching is visible on 2 cores
+        overrides += [
+            "generation.prompts_per_stage=2",
+            "generation.sampling.max_new_tokens=16",
+            "train.rollouts_per_update=4",
+            "train.updates_per_stage=2",
+            "train.checkpoint_every=2",
+            "train.skip_zero_variance_groups=false",
+        ]
     return load_config(REPO / "configs" / "gsm8k-smollm2-grpo.yaml", overrides)
 
 
