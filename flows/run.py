@@ -10,7 +10,7 @@ from typing import Any
 from prefect import flow, get_run_logger, tags
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
-from flows.stage import launch, stage_flow
+from flows.stage import launch, segment_flow, stage_flow
 from mugrpo.config import config_from_dict
 from mugrpo.manifest import read_job_manifest
 from mugrpo.runs import init_run, write_final_eval_spec
@@ -59,9 +59,15 @@ def run_flow(config: dict[str, Any]) -> dict[str, Any]:
     results = []
     final = {}
     with TrackingSession(cfg, store) as tracking:  # live mirror of committed metrics (tracking.sinks)
-        for k in range(cfg.run.num_stages):
-            results.append(stage_flow(config=cfg.to_json_dict(), stage=k))
-            tracking.sync()
+        if cfg.orchestration.execution == "warm":  # one job per segment of consecutive stages
+            size = cfg.orchestration.segment_stages
+            for first in range(0, cfg.run.num_stages, size):
+                results.extend(segment_flow(config=cfg.to_json_dict(), first=first, count=size))
+                tracking.sync()
+        else:
+            for k in range(cfg.run.num_stages):
+                results.append(stage_flow(config=cfg.to_json_dict(), stage=k))
+                tracking.sync()
         spec = write_final_eval_spec(cfg)
         if spec is not None:
             with tags(f"run:{cfg.run.id}", "final-eval"):

@@ -1,7 +1,8 @@
-"""The stage flow: generate -> train -> eval -> stage manifest (the commit point).
+"""The stage flow: generate -> train -> eval -> stage manifest (the commit point), and the segment flow: one warm
+job that runs several stages (``orchestration.execution: warm``, :mod:`mugrpo.jobs.segment`).
 
 A stage whose manifest exists is skipped; inside a stage each job resumes from what it committed, so re-running
-a stage after preemption loses and duplicates nothing.
+a stage (or a segment) after preemption loses and duplicates nothing.
 """
 
 from __future__ import annotations
@@ -24,12 +25,18 @@ WORK_TIMING = {"generate": "gen", "train": "train", "eval": "eval"}
 
 
 def job_python(cfg: Config, job: str) -> str | None:
-    """The interpreter configured for a job kind (e.g. a separate vLLM virtualenv for generation)."""
-    return {"generate": cfg.generation.python, "train": cfg.train.python, "eval": cfg.eval.python}[job]
+    """The interpreter configured for a job kind (e.g. a separate vLLM virtualenv for generation). A warm segment
+    generates and trains in one process: with the vLLM engine it runs in the generation interpreter (which then
+    needs the trainer's packages: accelerate), else in the training one."""
+    segment = cfg.generation.python if cfg.generation.engine == "vllm" else cfg.train.python
+    return {"generate": cfg.generation.python, "train": cfg.train.python, "eval": cfg.eval.python, "segment": segment}[
+        job
+    ]
 
 
-def launch(cfg: Config, job: str, spec_url: str, stage: int) -> float:
-    """Run one job through the launcher task with the config's retries and timeout; returns its wall seconds."""
+def launch(cfg: Config, job: str, spec_url: str, stage: int, *, stages: int = 1) -> float:
+    """Run one job through the launcher task with the config's retries and timeout (``job_timeout_s`` per stage
+    the job runs); returns its wall seconds."""
     orch = cfg.orchestration
     task = run_job.with_options(
         name=f"{job}-stage-{stage}",
@@ -43,7 +50,7 @@ def launch(cfg: Config, job: str, spec_url: str, stage: int) -> float:
         spec_url,
         python=job_python(cfg, job),
         env=job_env(cfg),
-        timeout_s=orch.job_timeout_s,
+        timeout_s=orch.job_timeout_s * stages,
         launcher=orch.launcher,
         labels={"run": cfg.run.id, "stage": str(stage)},
     )
@@ -71,6 +78,7 @@ def stage_table(manifest: StageManifest) -> str:
         f"| T_train (s) | {t.t_train:.1f} |",
         f"| T_eval (s) | {t.t_eval:.1f} |",
         f"| T_switch (s) | {t.t_switch:.1f} |",
+        f"| T_sync (s) | {t.t_sync:.3f} |",
         f"| T_total (s) | {t.t_total:.1f} |",
     ]
     return "\n".join(lines)
@@ -116,3 +124,37 @@ def stage_flow(config: dict[str, Any], stage: int) -> dict[str, Any]:
     )
     logger.info("stage %d committed in %.1f s", stage, timings.t_total)
     return manifest.model_dump(mode="json")
+
+
+@flow(name="mugrpo-segment", log_prints=True)
+def segment_flow(config: dict[str, Any], first: int, count: int) -> list[dict[str, Any]]:
+    """Run (or resume) stages ``first .. first + count - 1`` warm, as one segment job launched through the same
+    launcher task as the cold jobs; its progress lines update a Prefect progress artifact while it runs, and each
+    stage it commits gets the stage flow's summary artifact. Returns the stage manifests."""
+    from mugrpo.jobs.segment import SegmentSpec
+    from mugrpo.layout import RunLayout
+
+    cfg = config_from_dict(config, source="segment_flow(config)")
+    logger = get_run_logger()
+    store = open_store(cfg)
+    stages = range(first, min(first + count, cfg.run.num_stages))
+    if all(read_manifest(store, cfg.run.id, k) is not None for k in stages):
+        logger.info("stages %d..%d already committed: skipping", stages[0], stages[-1])
+    else:
+        rel = RunLayout(cfg.run.id).job_spec(first, "segment")
+        store.write_bytes(rel, SegmentSpec.from_config(cfg, first, count).model_dump_json(indent=2).encode())
+        with tags(f"run:{cfg.run.id}", f"segment:{first}"):
+            wall = launch(cfg, "segment", store.uri(rel), first, stages=len(stages))
+        logger.info("segment %d..%d done in %.1f s", stages[0], stages[-1], wall)
+    manifests = []
+    for k in stages:
+        manifest = read_manifest(store, cfg.run.id, k)
+        if manifest is None:
+            raise RuntimeError(f"segment job exited 0 but stage {k} has no manifest")
+        create_markdown_artifact(
+            markdown=stage_table(manifest),
+            key=re.sub(r"[^a-z0-9-]", "-", f"{cfg.run.id.lower()}-stage-{k}"),
+            description=f"mugrpo run {cfg.run.id}, stage {k} (warm)",
+        )
+        manifests.append(manifest.model_dump(mode="json"))
+    return manifests

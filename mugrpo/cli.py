@@ -228,7 +228,7 @@ def status_cmd(
     cfg = _stored_config(run, root, _storage_options(storage_option))
     with storage_guard(open_store(cfg).uri(cfg.run.id), cfg.run.storage_options):
         st = run_status(open_store(cfg), cfg)
-    table = Table(title=f"run {st.run_id} ({st.uri})")
+    table = Table(title=f"run {st.run_id} ({st.uri}), {cfg.orchestration.execution} execution")
     for col in (
         "stage",
         "state",
@@ -240,6 +240,7 @@ def status_cmd(
         "T_train",
         "T_eval",
         "T_switch",
+        "T_sync",
         "T_total",
     ):
         table.add_column(col, justify="right", no_wrap=True)
@@ -254,7 +255,10 @@ def status_cmd(
             str(s.shards_written),
             str(s.checkpoints),
             f"{reward:.3f}" if reward is not None else "-",
-            *((f"{getattr(t, f):.0f}s" if t else "-") for f in ("t_gen", "t_train", "t_eval", "t_switch", "t_total")),
+            *((f"{getattr(t, f):.0f}s" if t else "-") for f in ("t_gen", "t_train", "t_eval")),
+            f"{t.t_switch:.1f}s" if t else "-",
+            f"{t.t_sync:.2f}s" if t else "-",
+            f"{t.t_total:.0f}s" if t else "-",
         )
     Console(width=max(console.width, 130)).print(table)
     left = [s.stage for s in st.stages if not s.committed]

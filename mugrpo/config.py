@@ -158,6 +158,13 @@ class EvalSection(_Section):
 
     benchmarks: list[BenchmarkConfig] = Field(default_factory=list)
     every_stage: bool = Field(True, description="Evaluate the behavior policy of every stage (else only the final).")
+    every_n_stages: int = Field(
+        1,
+        ge=1,
+        description="With every_stage: evaluate the behavior policy of stages 0, n, 2n, ... only. A run with n times "
+        "more stages of 1/n the updates (standard GRPO's mu = 4 against Mu-GRPO's large stages) then evaluates the "
+        "same policy versions (optimizer updates) as the run it is compared with.",
+    )
     python: str | None = Field(None, description="Interpreter of the eval job; None = this one.")
 
 
@@ -168,6 +175,29 @@ class OrchestrationSection(_Section):
     retries: int = Field(1, ge=0, description="Retries of a failed job (resume makes them cheap).")
     retry_delay_s: float = Field(5, ge=0)
     launcher: Literal["subprocess", "kubernetes"] = Field("subprocess")
+    execution: Literal["cold", "warm"] = Field(
+        "cold",
+        description="'cold': each stage runs generate, train and eval as separate jobs (processes), each loading the "
+        "policy and starting its engine: right for Mu-GRPO's few large stages (arXiv 2605.17570). 'warm': one job "
+        "per segment of `segment_stages` consecutive stages keeps the policy, the optimizer, the rollout engine and "
+        "the verifier pool loaded and syncs weights in memory, as TRL's and verl's GRPO do: the fair way to run "
+        "standard GRPO's many short stages (mu = 4). Both commit the same files; on CPU they give the same rollouts "
+        "and weights (mugrpo.jobs.segment).",
+    )
+    segment_stages: int = Field(
+        16,
+        ge=1,
+        description="Warm execution: stages per segment job. A segment is one process start; a failed or killed "
+        "segment resumes from its last committed stage and checkpoint.",
+    )
+    publish_policy_every: int = Field(
+        1,
+        ge=1,
+        description="Publish policies/stage=k (a full HF copy of the weights) only when k is a multiple of this, and "
+        "always the final policy. An unpublished stage's behavior policy is the previous stage's final checkpoint "
+        "(mugrpo.runs.behavior_policy_dir); with a value > 1, final checkpoints of older stages are deleted once a "
+        "later stage commits, so 1,000 short stages do not keep 1,000 copies of the weights.",
+    )
 
 
 class TrackingSection(_Section):

@@ -127,23 +127,79 @@ def policy_version(cfg: Config, stage: int) -> int:
     return stage_plan(cfg, stage).policy_version
 
 
-def write_job_specs(cfg: Config, stage: int, *, with_eval: bool | None = None) -> dict[str, str]:
-    """Write the generate/train/eval specs of a stage to storage; returns {job: spec URL}."""
+def evaluates_stage(cfg: Config, stage: int) -> bool:
+    """Whether the behavior policy of stage ``stage`` is evaluated within the stage (``eval.every_stage``,
+    ``eval.every_n_stages``); the final policy is always evaluated when benchmarks are configured."""
+    return bool(cfg.eval.benchmarks) and cfg.eval.every_stage and stage % cfg.eval.every_n_stages == 0
+
+
+def publishes_policy(cfg: Config, stage: int) -> bool:
+    """Whether ``policies/stage={stage}`` is published (``orchestration.publish_policy_every``): stage 0 (the
+    initial policy), every N-th stage, and the final policy (stage K)."""
+    return stage % cfg.orchestration.publish_policy_every == 0 or stage == cfg.run.num_stages
+
+
+def behavior_policy_dir(store: Store, cfg: Config, stage: int) -> str:
+    """Store path of the behavior policy of stage ``stage`` (a folder :func:`mugrpo.jobs.common.local_policy_dir`
+    reads): ``policies/stage={stage}`` when published, else the final checkpoint of the stage before (a
+    ``checkpoints/stage=j/step=n`` folder holding the policy in ``model/``), going back over stages that made no
+    update (their policy is their behavior policy).
+
+    Raises:
+        FileNotFoundError: neither exists (the previous stage has not committed its training).
+    """
+    from mugrpo.trainer.checkpoint import latest_checkpoint
+
+    layout = RunLayout(cfg.run.id)
+    for k in range(stage, -1, -1):
+        if store.is_complete_dir(layout.policy_dir(k)):
+            return layout.policy_dir(k)
+        if k == 0:
+            break
+        train = read_job_manifest(store, cfg.run.id, k - 1, "train")
+        if train is None:
+            break  # stage k-1 has not finished training: its checkpoints are not final
+        step = latest_checkpoint(store, layout, k - 1)
+        if step is not None and step == train.counts.get("updates"):
+            return layout.checkpoint_dir(k - 1, step)
+        if train.counts.get("updates", 0) != 0:
+            break  # its final checkpoint is gone: no policy to fall back to
+    raise FileNotFoundError(
+        f"no behavior policy for stage {stage} under {store.uri(layout.run_dir)}: neither "
+        f"{layout.policy_dir(stage)} nor a final checkpoint of stage {stage - 1} is committed"
+    )
+
+
+def build_job_specs(cfg: Config, stage: int, *, with_eval: bool | None = None) -> dict:
+    """The generate/train(/eval) specs of a stage, as the cold jobs and a warm segment both run them.
+
+    The behavior policy is resolved with :func:`behavior_policy_dir`, so stage ``stage - 1`` must have committed
+    its training.
+    """
     from mugrpo.jobs.eval import EvalSpec
     from mugrpo.jobs.generate import GenerateSpec
     from mugrpo.trainer.spec import TrainSpec
 
     store = open_store(cfg)
-    layout = RunLayout(cfg.run.id)
     version = policy_version(cfg, stage)
+    behavior = behavior_policy_dir(store, cfg, stage)
     specs = {
-        "generate": GenerateSpec.from_config(cfg, stage, version),
-        "train": TrainSpec.from_config(cfg, stage, version),
+        "generate": GenerateSpec.from_config(cfg, stage, version).model_copy(update={"policy_dir": behavior}),
+        "train": TrainSpec.from_config(cfg, stage, version).model_copy(
+            update={"policy_dir": behavior, "publish_policy": publishes_policy(cfg, stage + 1)}
+        ),
     }
-    if (cfg.eval.every_stage if with_eval is None else with_eval) and cfg.eval.benchmarks:
-        specs["eval"] = EvalSpec.from_config(cfg, stage)
+    if evaluates_stage(cfg, stage) if with_eval is None else (with_eval and cfg.eval.benchmarks):
+        specs["eval"] = EvalSpec.from_config(cfg, stage).model_copy(update={"policy_dir": behavior})
+    return specs
+
+
+def write_job_specs(cfg: Config, stage: int, *, with_eval: bool | None = None) -> dict[str, str]:
+    """Write the generate/train/eval specs of a stage (:func:`build_job_specs`) to storage; returns {job: URL}."""
+    store = open_store(cfg)
+    layout = RunLayout(cfg.run.id)
     urls = {}
-    for job, spec in specs.items():
+    for job, spec in build_job_specs(cfg, stage, with_eval=with_eval).items():
         rel = layout.job_spec(stage, job)
         store.write_bytes(rel, spec.model_dump_json(indent=2).encode())
         urls[job] = store.uri(rel)
@@ -175,7 +231,7 @@ def commit_stage(cfg: Config, stage: int, timings: StageTimings) -> StageManifes
     """
     store = open_store(cfg)
     files, counts, metrics = [], {}, {}
-    jobs = ["generate", "train"] + (["eval"] if cfg.eval.every_stage and cfg.eval.benchmarks else [])
+    jobs = ["generate", "train"] + (["eval"] if evaluates_stage(cfg, stage) else [])
     for job in jobs:
         m = read_job_manifest(store, cfg.run.id, stage, job)
         if m is None:
@@ -185,7 +241,30 @@ def commit_stage(cfg: Config, stage: int, timings: StageTimings) -> StageManifes
         metrics.update({f"{job}/{k}": v for k, v in m.metrics.items()})
     manifest = new_manifest(cfg.run.id, stage, files, counts=counts, metrics=metrics, timings=timings)
     write_manifest(store, manifest)
+    if cfg.orchestration.publish_policy_every > 1:
+        prune_stage_checkpoints(store, cfg, stage)
     return manifest
+
+
+def prune_stage_checkpoints(store: Store, cfg: Config, stage: int) -> list[str]:
+    """Once stage ``stage`` has committed, delete the checkpoints of earlier stages except the one that holds the
+    behavior policy of stage ``stage + 1`` (checkpoints carry the resume; published policies stay). Returns the
+    deleted folders. Markers go first, so an interrupted deletion leaves folders that nothing reads."""
+    from mugrpo.storage import COMPLETE_MARKER
+    from mugrpo.trainer.checkpoint import checkpoint_steps
+
+    layout = RunLayout(cfg.run.id)
+    keep = behavior_policy_dir(store, cfg, stage + 1) if stage + 1 <= cfg.run.num_stages else None
+    doomed = [
+        layout.checkpoint_dir(k, step)
+        for k in range(stage)
+        for step in checkpoint_steps(store, layout, k)
+        if layout.checkpoint_dir(k, step) != keep
+    ]
+    for rel in doomed:
+        store.delete(f"{rel}/{COMPLETE_MARKER}")
+        store.delete(rel, recursive=True)
+    return doomed
 
 
 @dataclass

@@ -25,8 +25,17 @@ class StageTimings(BaseModel):
     t_gen: float = 0.0
     t_train: float = 0.0
     t_eval: float = 0.0
-    t_switch: float = Field(0.0, description="Job start, engine start and weight load, summed over the stage's jobs.")
+    t_switch: float = Field(
+        0.0,
+        description="Everything in the stage that is not generation, training or evaluation work. Cold execution: "
+        "job process start, imports, engine start and weight load, summed over the stage's jobs. Warm execution: "
+        "the in-memory weight sync and per-stage bookkeeping (plus, in a segment's first stage, the segment job's "
+        "start and load).",
+    )
     t_total: float = 0.0
+    t_sync: float = Field(
+        0.0, description="Warm execution: seconds to sync the trainer's weights into the rollout engine (in t_switch)."
+    )
 
 
 class JobManifest(BaseModel):
@@ -72,5 +81,6 @@ STAGE_VIEW_SCHEMA = pa.schema(
         pa.field("t_eval", pa.float64()),
         pa.field("t_switch", pa.float64()),
         pa.field("t_total", pa.float64()),
+        pa.field("t_sync", pa.float64()),
     ]
 )

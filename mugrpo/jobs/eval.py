@@ -18,7 +18,7 @@ from pydantic import Field
 from mugrpo.config import BenchmarkConfig
 from mugrpo.data import load_problems
 from mugrpo.engines.base import SamplingParams
-from mugrpo.jobs.common import JobSpec, console, derive_seed, fail, load_spec, local_policy_dir, since_start
+from mugrpo.jobs.common import PROCESS_START, JobSpec, console, derive_seed, fail, load_spec, local_policy_dir
 from mugrpo.layout import RunLayout
 from mugrpo.manifest import read_job_manifest, write_job_manifest
 from mugrpo.metrics import avg_at_k, mean_pass_at_k
@@ -106,46 +106,99 @@ def bench_metrics(rows: list[dict], k: int) -> dict[str, float]:
     return {f"avg@{k}": avg_at_k(groups), f"pass@{k}": mean_pass_at_k(groups, k)}
 
 
-def run_eval(spec: EvalSpec) -> JobManifest:
-    """Evaluate (or finish evaluating) one policy; returns the job manifest."""
-    from transformers import AutoTokenizer
+class EvalWorker:
+    """The evaluation side of a run: a rollout engine and a verifier pool that live across evaluations.
 
-    from mugrpo.engines import make_engine
+    A cold eval job builds one, evaluates one policy and exits (:func:`run_eval`); a warm segment passes an
+    ``engine`` bound to the trainer's live policy (the behavior policy of the stage, before its updates).
 
-    t_start = since_start()
-    store = spec.store()
-    layout = RunLayout(spec.run_id)
-    done = read_job_manifest(store, spec.run_id, spec.stage, "eval")
-    if done is not None:
-        console.print(f"eval policy {spec.stage}: already committed")
-        return done
-    todo = [b for b in spec.benchmarks if not store.exists(layout.eval_file(spec.stage, b.dataset.name))]
-    t_switch = t_eval = 0.0
-    if todo:
-        policy = local_policy_dir(store, spec.policy_dir)
-        tokenizer = AutoTokenizer.from_pretrained(policy)
-        engine = make_engine(spec.engine, policy, dtype=spec.dtype, seed=spec.seed, **spec.engine_kwargs)
-        scorer = RewardScorer(
-            RewardConfig(
-                components={"math_correctness": 1.0},
-                verify_timeout_s=spec.verify_timeout_s,
-                num_workers=spec.reward_workers,
-            )
-        )
-        t_switch = since_start() - t_start
-        t0 = time.monotonic()
-        try:
-            for bench in todo:
-                console.print(f"eval policy {spec.stage}: {bench.dataset.name} ...")
-                rows = _bench_rows(spec, bench, tokenizer, engine, scorer)
-                write_table(
-                    store, layout.eval_file(spec.stage, bench.dataset.name), table_from_rows(rows, "evals"), "evals"
+    Args:
+        engine: a ready rollout engine (owned by the caller), or None to start one per policy from its dir.
+    """
+
+    def __init__(self, engine=None) -> None:
+        self._engine = engine
+        self._scorer: RewardScorer | None = None
+        self._key: tuple | None = None
+
+    def scorer(self, spec: EvalSpec) -> RewardScorer:
+        """The correctness-only verifier pool of ``spec`` (started on first use)."""
+        key = (spec.verify_timeout_s, spec.reward_workers)
+        if self._scorer is not None and self._key != key:
+            self.close()
+        if self._scorer is None:
+            self._scorer = RewardScorer(
+                RewardConfig(
+                    components={"math_correctness": 1.0},
+                    verify_timeout_s=spec.verify_timeout_s,
+                    num_workers=spec.reward_workers,
                 )
-        finally:
-            scorer.close()
-            engine.close()
-        t_eval = time.monotonic() - t0
+            )
+            self._key = key
+        return self._scorer
 
+    def close(self) -> None:
+        """Stop the verifier pool (the engine passed in stays the caller's)."""
+        if self._scorer is not None:
+            self._scorer.close()
+            self._scorer = None
+
+    def __enter__(self) -> EvalWorker:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def run_stage(self, spec: EvalSpec, *, origin: float | None = None) -> JobManifest:
+        """Evaluate (or finish evaluating) policy ``spec.stage``; returns the job manifest.
+
+        Args:
+            origin: ``time.monotonic()`` value the switch time counts from (process start for a cold job).
+        """
+        from transformers import AutoTokenizer
+
+        from mugrpo.engines import make_engine
+
+        origin = time.monotonic() if origin is None else origin
+        store = spec.store()
+        layout = RunLayout(spec.run_id)
+        done = read_job_manifest(store, spec.run_id, spec.stage, "eval")
+        if done is not None:
+            console.print(f"eval policy {spec.stage}: already committed")
+            return done
+        todo = [b for b in spec.benchmarks if not store.exists(layout.eval_file(spec.stage, b.dataset.name))]
+        t_switch = t_eval = 0.0
+        if todo:
+            policy = local_policy_dir(store, spec.policy_dir)
+            tokenizer = AutoTokenizer.from_pretrained(policy)
+            own_engine = self._engine is None
+            engine = (
+                make_engine(spec.engine, policy, dtype=spec.dtype, seed=spec.seed, **spec.engine_kwargs)
+                if own_engine
+                else self._engine
+            )
+            try:
+                scorer = self.scorer(spec)
+                t_switch = time.monotonic() - origin
+                t0 = time.monotonic()
+                for bench in todo:
+                    console.print(f"eval policy {spec.stage}: {bench.dataset.name} ...")
+                    rows = _bench_rows(spec, bench, tokenizer, engine, scorer)
+                    write_table(
+                        store,
+                        layout.eval_file(spec.stage, bench.dataset.name),
+                        table_from_rows(rows, "evals"),
+                        "evals",
+                    )
+                t_eval = time.monotonic() - t0
+            finally:
+                if own_engine:
+                    engine.close()
+        return _commit(spec, store, layout, t_switch, t_eval, origin)
+
+
+def _commit(spec: EvalSpec, store, layout: RunLayout, t_switch: float, t_eval: float, origin: float) -> JobManifest:
+    """avg@k / pass@k of every benchmark file, then the job manifest (the job's commit)."""
     files, metrics, counts = [], {}, {}
     for bench in spec.benchmarks:
         name = bench.dataset.name
@@ -168,10 +221,16 @@ def run_eval(spec: EvalSpec) -> JobManifest:
         files=files,
         counts=counts,
         metrics=metrics,
-        timings={"switch": t_switch, "eval": t_eval, "total": since_start() - t_start},
+        timings={"switch": t_switch, "eval": t_eval, "total": time.monotonic() - origin},
     )
     write_job_manifest(store, manifest)
     return manifest
+
+
+def run_eval(spec: EvalSpec) -> JobManifest:
+    """The cold eval job: start an engine and a verifier pool, evaluate one policy, stop them."""
+    with EvalWorker() as worker:
+        return worker.run_stage(spec, origin=PROCESS_START)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -29,7 +29,7 @@ from pydantic import Field
 from mugrpo.advantages import AdvantageConfig, compute_advantages
 from mugrpo.data import DatasetConfig, Problem, load_problems
 from mugrpo.engines.base import SamplingParams
-from mugrpo.jobs.common import JobSpec, console, derive_seed, fail, load_spec, local_policy_dir, since_start
+from mugrpo.jobs.common import PROCESS_START, JobSpec, console, derive_seed, fail, load_spec, local_policy_dir
 from mugrpo.layout import RunLayout
 from mugrpo.manifest import read_job_manifest, write_job_manifest
 from mugrpo.progress import job_progress, quiet_library_bars
@@ -235,78 +235,146 @@ def _summary(rows: list[dict]) -> dict[str, float]:
     return metrics
 
 
-def run_generate(spec: GenerateSpec) -> JobManifest:
-    """Run (or resume) the generation job of one stage and return its manifest.
+class GenerationWorker:
+    """The generation side of a run: a rollout engine and a verifier pool that live across stages.
 
-    Raises:
-        GenerationError: a bad prompt in 'error' mode, or a shard whose engine call failed.
-        FileNotFoundError: the behavior policy is not committed.
+    A cold generate job builds one, runs one stage and exits (:func:`run_generate`): the engine is started on the
+    stage's behavior policy dir. A warm segment job (:mod:`mugrpo.jobs.segment`) passes an ``engine`` bound to
+    the trainer's live policy and runs stage after stage; the verifier pool is started once either way.
+
+    Args:
+        engine: a ready rollout engine (owned by the caller, not closed here), or None to start one per stage
+            from the spec's policy dir (closed at the end of the stage: the policy changes every stage).
     """
-    from transformers import AutoConfig, AutoTokenizer
 
-    from mugrpo.engines import make_engine
+    def __init__(self, engine=None) -> None:
+        self._engine = engine
+        self._scorer: RewardScorer | None = None
+        self._reward_config: RewardConfig | None = None
 
-    t_start = since_start()
-    store: Store = spec.store()
-    layout = RunLayout(spec.run_id)
-    done = read_job_manifest(store, spec.run_id, spec.stage, "generate")
-    if done is not None:
-        console.print(f"generate stage {spec.stage}: already committed ({done.counts.get('rows', 0)} rows)")
-        return done
+    def scorer(self, config: RewardConfig) -> RewardScorer:
+        """The verifier pool for ``config`` (started on first use, restarted only if the config changes)."""
+        if self._scorer is not None and self._reward_config != config:
+            self._scorer.close()
+            self._scorer = None
+        if self._scorer is None:
+            self._scorer = RewardScorer(config)
+            self._scorer.wait_ready()
+            self._reward_config = config
+        return self._scorer
 
-    policy = local_policy_dir(store, spec.policy_dir)
-    tokenizer = AutoTokenizer.from_pretrained(policy)
-    max_context = spec.max_context or int(AutoConfig.from_pretrained(policy).max_position_embeddings)
-    problems, report = load_problems(spec.dataset)
-    selected = select_problems(problems, spec.seed, spec.prompt_start, spec.num_prompts)
-    prepared, skipped = prepare_prompts(spec, tokenizer, selected, max_context)
-    shards = [prepared[i : i + spec.shard_size] for i in range(0, len(prepared), spec.shard_size)]
-    todo = [s for s in range(len(shards)) if not store.exists(layout.rollout_shard(spec.stage, s))]
-    console.print(
-        f"generate stage {spec.stage}: {len(selected)} prompts x G={spec.sampling.n} in {len(shards)} shards "
-        f"({len(shards) - len(todo)} already written), skipped prompts: {dict(skipped) or 'none'}"
-    )
+    def close(self) -> None:
+        """Stop the verifier pool (the engine passed in stays the caller's)."""
+        if self._scorer is not None:
+            self._scorer.close()
+            self._scorer = None
 
-    engine = None
-    t_switch = t_gen = 0.0
-    tokens = 0
-    if todo:
-        engine = make_engine(spec.engine, policy, dtype=spec.dtype, seed=spec.seed, **spec.engine_kwargs)
-        scorer = RewardScorer(spec.reward)
-        scorer.wait_ready()
-        t_switch = since_start()  # process start, imports, engine start and weight load
+    def __enter__(self) -> GenerationWorker:
+        return self
 
-        def commit(shard: int, live: list[PreparedPrompt], groups: list[list]) -> int:
-            rows, n_tok = shard_rows(spec, shard, live, groups, scorer)
-            write_table(store, layout.rollout_shard(spec.stage, shard), table_from_rows(rows, "rollouts"), "rollouts")
-            return n_tok
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
-        t0 = time.monotonic()
-        try:
-            with job_progress(
-                f"generate stage {spec.stage}", "prompts", "{task.fields[tps]:.0f} tok/s", console
-            ) as bar:
-                task = bar.add_task("gen", total=len(selected), tps=0.0)
-                bar.update(task, completed=sum(len(shards[s]) for s in range(len(shards)) if s not in todo))
-                # Scoring and writing shard s (verifier processes, Parquet) overlap sampling shard s+1.
-                with ThreadPoolExecutor(max_workers=1, thread_name_prefix="commit") as committer:
-                    pending = None
-                    for s in todo:
-                        live = [p for p in shards[s] if p is not None]
-                        groups = sample_shard(spec, s, live, engine)
-                        if pending is not None:
-                            tokens += pending.result()
-                        pending = committer.submit(commit, s, live, groups)
-                        t_gen = time.monotonic() - t0
-                        bar.update(task, advance=len(shards[s]), tps=tokens / max(t_gen, 1e-9))
-                    if pending is not None:
-                        tokens += pending.result()
+    def run_stage(self, spec: GenerateSpec, *, origin: float | None = None) -> JobManifest:
+        """Run (or resume, or skip when committed) the generation job of ``spec.stage``; return its manifest.
+
+        Args:
+            spec: the stage's generation spec.
+            origin: ``time.monotonic()`` value the switch time counts from: the process start for a cold job,
+                the call for a warm stage (default).
+
+        Raises:
+            GenerationError: a bad prompt in 'error' mode, or a shard whose engine call failed.
+            FileNotFoundError: the behavior policy is not committed.
+        """
+        from transformers import AutoConfig, AutoTokenizer
+
+        from mugrpo.engines import make_engine
+
+        origin = time.monotonic() if origin is None else origin
+        store: Store = spec.store()
+        layout = RunLayout(spec.run_id)
+        done = read_job_manifest(store, spec.run_id, spec.stage, "generate")
+        if done is not None:
+            console.print(f"generate stage {spec.stage}: already committed ({done.counts.get('rows', 0)} rows)")
+            return done
+
+        policy = local_policy_dir(store, spec.policy_dir)
+        tokenizer = AutoTokenizer.from_pretrained(policy)
+        max_context = spec.max_context or int(AutoConfig.from_pretrained(policy).max_position_embeddings)
+        problems, report = load_problems(spec.dataset)
+        selected = select_problems(problems, spec.seed, spec.prompt_start, spec.num_prompts)
+        prepared, skipped = prepare_prompts(spec, tokenizer, selected, max_context)
+        shards = [prepared[i : i + spec.shard_size] for i in range(0, len(prepared), spec.shard_size)]
+        todo = [s for s in range(len(shards)) if not store.exists(layout.rollout_shard(spec.stage, s))]
+        console.print(
+            f"generate stage {spec.stage}: {len(selected)} prompts x G={spec.sampling.n} in {len(shards)} shards "
+            f"({len(shards) - len(todo)} already written), skipped prompts: {dict(skipped) or 'none'}"
+        )
+
+        t_switch = t_gen = 0.0
+        tokens = 0
+        if todo:
+            own_engine = self._engine is None
+            engine = (
+                make_engine(spec.engine, policy, dtype=spec.dtype, seed=spec.seed, **spec.engine_kwargs)
+                if own_engine
+                else self._engine
+            )
+            try:
+                scorer = self.scorer(spec.reward)
+                t_switch = time.monotonic() - origin  # (process start, imports,) engine start and weight load
+                tokens, t_gen = _sample_and_commit(spec, store, layout, shards, todo, len(selected), engine, scorer)
+            finally:
+                if own_engine:
+                    engine.close()
+        return _commit(spec, store, layout, shards, report, skipped, tokens, t_switch, t_gen, origin)
+
+
+def _sample_and_commit(
+    spec: GenerateSpec, store: Store, layout: RunLayout, shards: list, todo: list[int], num_prompts: int, engine, scorer
+) -> tuple[int, float]:
+    """Sample the shards in ``todo`` and write each one's rollouts; returns (generated tokens, seconds)."""
+
+    def commit(shard: int, live: list[PreparedPrompt], groups: list[list]) -> int:
+        rows, n_tok = shard_rows(spec, shard, live, groups, scorer)
+        write_table(store, layout.rollout_shard(spec.stage, shard), table_from_rows(rows, "rollouts"), "rollouts")
+        return n_tok
+
+    tokens, t_gen = 0, 0.0
+    t0 = time.monotonic()
+    with job_progress(f"generate stage {spec.stage}", "prompts", "{task.fields[tps]:.0f} tok/s", console) as bar:
+        task = bar.add_task("gen", total=num_prompts, tps=0.0)
+        bar.update(task, completed=sum(len(shards[s]) for s in range(len(shards)) if s not in todo))
+        # Scoring and writing shard s (verifier processes, Parquet) overlap sampling shard s+1.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="commit") as committer:
+            pending = None
+            for s in todo:
+                live = [p for p in shards[s] if p is not None]
+                groups = sample_shard(spec, s, live, engine)
+                if pending is not None:
+                    tokens += pending.result()
+                pending = committer.submit(commit, s, live, groups)
                 t_gen = time.monotonic() - t0
-        finally:
-            scorer.close()
-            engine.close()
+                bar.update(task, advance=len(shards[s]), tps=tokens / max(t_gen, 1e-9))
+            if pending is not None:
+                tokens += pending.result()
+    return tokens, time.monotonic() - t0
 
-    # Commit: list every shard with its sha256, then write the job manifest last.
+
+def _commit(
+    spec: GenerateSpec,
+    store: Store,
+    layout: RunLayout,
+    shards: list,
+    report,
+    skipped: Counter,
+    tokens: int,
+    t_switch: float,
+    t_gen: float,
+    origin: float,
+) -> JobManifest:
+    """List every shard with its sha256, then write the job manifest last (the job's commit)."""
     from mugrpo.tables import read_table
 
     files, all_rows = [], []
@@ -339,7 +407,7 @@ def run_generate(spec: GenerateSpec) -> JobManifest:
         files=files,
         counts=counts,
         metrics=metrics,
-        timings={"switch": t_switch if todo else 0.0, "gen": t_gen, "total": since_start() - t_start},
+        timings={"switch": t_switch, "gen": t_gen, "total": time.monotonic() - origin},
     )
     write_job_manifest(store, manifest)
     tps = f"{metrics['tokens_per_second']:.0f} tok/s" if "tokens_per_second" in metrics else "no new tokens"
@@ -348,6 +416,16 @@ def run_generate(spec: GenerateSpec) -> JobManifest:
         f"zero-variance groups {counts['zero_variance_groups']}/{counts['prompts']}, {tps}"
     )
     return manifest
+
+
+def run_generate(spec: GenerateSpec) -> JobManifest:
+    """The cold generate job: start an engine and a verifier pool, run (or resume) one stage, stop them.
+
+    Raises:
+        See :meth:`GenerationWorker.run_stage`.
+    """
+    with GenerationWorker() as worker:
+        return worker.run_stage(spec, origin=PROCESS_START)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,9 +1,14 @@
-"""The training job of one stage, end to end: data, policy, resume, updates, checkpoints, publication, manifest.
+"""The training of a stage, end to end: data, policy, resume, updates, checkpoints, publication, manifest.
+
+:class:`Trainer` holds what lives across stages (accelerator, policy, AdamW); a cold train job runs one stage with a
+fresh one (:func:`run_training`), a warm segment job (:mod:`mugrpo.jobs.segment`) runs stage after stage with the
+same one. Both call the same steps, so warm and cold execution are one algorithm.
 
 Order of commits (each step's files are complete before the next one starts)::
 
     per checkpoint n:  train_steps part n  ->  checkpoints/stage=k/step=n (marker last)  ->  prune older ones
-    at the end:        policies/stage=k+1 (marker last)  ->  jobs/stage=k/train.manifest.json (the job's commit)
+    at the end:        policies/stage=k+1 (marker last; only when the spec publishes)
+                       ->  jobs/stage=k/train.manifest.json (the job's commit)
 
 A re-run with the job manifest and the published policy present does nothing; otherwise it resumes from the latest
 committed checkpoint with the same data order, optimizer, LR schedule and RNG state, so on CPU its final weights
@@ -30,7 +35,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from mugrpo.jobs.common import console, derive_seed, local_policy_dir, since_start
+from mugrpo.config import TrainSection
+from mugrpo.jobs.common import PROCESS_START, console, derive_seed, local_policy_dir
 from mugrpo.layout import RunLayout
 from mugrpo.losses import positive_labeler, training_progress
 from mugrpo.manifest import read_job_manifest, write_job_manifest
@@ -39,6 +45,7 @@ from mugrpo.progress import job_progress
 from mugrpo.storage import COMPLETE_MARKER, Store
 from mugrpo.trainer.batch import TokenBatch, collate
 from mugrpo.trainer.checkpoint import (
+    LoadedCheckpoint,
     capture_rng_state,
     latest_checkpoint,
     prune_checkpoints,
@@ -154,111 +161,256 @@ def _print_summary(spec: TrainSpec, steps, t_switch: float, t_train: float, t_to
     console.print(f"timings: switch {t_switch:.1f}s, train {t_train:.1f}s, total {t_total:.1f}s")
 
 
-def run_training(spec: TrainSpec) -> JobManifest:
-    """Run (or resume, or skip when already committed) the training job of ``spec.stage``.
+class Trainer:
+    """The training side of a run: one accelerator, policy, optimizer and tokenizer that live across stages.
 
-    Returns:
-        The job manifest (``jobs/stage=k/train.manifest.json``).
+    A cold train job builds one, trains one stage and exits (:func:`run_training`); a warm segment job
+    (:mod:`mugrpo.jobs.segment`) keeps one for many consecutive stages. Both run the same steps, in this order:
 
-    Raises:
-        NonFiniteError: NaN/inf loss or gradient; the prompt ids are also written to
-            :func:`nonfinite_report_path` and no checkpoint is written for the failed update.
-        mugrpo.trainer.data.RolloutDataError, mugrpo.tables.SchemaError, mugrpo.storage.ChecksumError: bad rollouts.
-        ValueError: a checkpoint made for other data or another LR schedule.
+    ==========  ==========================  ==================================================================
+    step        method                      what
+    ==========  ==========================  ==================================================================
+    setup       :meth:`ensure_weights`      load the policy, wrap it, build AdamW (once per process), or
+                                            reload weights whose stage differs from the one asked for
+    resume      :meth:`_resume`             the stage's latest checkpoint (weights, AdamW, LR schedule, RNG),
+                                            else the previous stage's AdamW moments and the stage's seed
+    train       :meth:`_train_updates`      the stage's updates (:func:`mugrpo.trainer.step.train_update`)
+    checkpoint  :meth:`_checkpoint`         train_steps part, then the checkpoint (every checkpoint_every)
+    publish     :meth:`_publish`            policies/stage=k+1, when ``spec.publish_policy``
+    commit      :meth:`_commit`             the job manifest jobs/stage=k/train.manifest.json
+    ==========  ==========================  ==================================================================
+
+    State carried between stages in memory equals what the cold path reads back from storage, bitwise: the
+    weights are the fp32 tensors the cold job would load from the published safetensors, and the AdamW moments
+    are those of the previous stage's final checkpoint (:attr:`optimizer_source` names it; when it is not the
+    checkpoint the cold path would read, the moments are read from storage like in the cold path).
     """
-    t_start = since_start()
-    store, layout = spec.store(), RunLayout(spec.run_id)
-    train = spec.train
-    done = read_job_manifest(store, spec.run_id, spec.stage, "train")
-    if done is not None and store.is_complete_dir(spec.output_policy_dir):
-        console.print(f"train stage {spec.stage}: already committed ({done.counts.get('updates', 0)} updates)")
-        return done
 
-    accelerator = Accelerator(mixed_precision=train.mixed_precision)
-    main = accelerator.is_main_process
-    data = load_rollouts(
-        store,
-        spec.run_id,
-        spec.rollout_stages,
-        skip_zero_variance_groups=train.skip_zero_variance_groups,
-        positive_label=positive_labeler(spec.loss),
-    )
-    if main:
-        console.print(
-            f"train stage {spec.stage}: rollouts {data.counts}; {accelerator.num_processes} process(es) "
-            f"({accelerator.distributed_type.value}) on {accelerator.device}"
-        )
-    if not data.rollouts:
-        return _finish_without_updates(spec, store, layout, data, t_start)
-    order = make_minibatch_order(
-        data,
-        rollouts_per_update=train.rollouts_per_update,
-        group_minibatches=train.group_minibatches,
-        seed=derive_seed(spec.seed, spec.stage, "train-data-order"),
-    )
-    group_of = {i: g for g, members in enumerate(data.groups) for i in members}
-    total = train.updates_per_stage
+    def __init__(self, mixed_precision: str = "no") -> None:
+        self.accelerator = Accelerator(mixed_precision=mixed_precision)
+        self.model: PolicyTokenLogprobs | None = None  # as prepared by accelerate (DDP/FSDP wrapper or itself)
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.policy = None  # the unwrapped HF causal LM (what a warm rollout engine samples from)
+        self.tokenizer = None
+        #: Stage whose behavior policy the in-memory weights are (None: nothing loaded yet).
+        self.weights_stage: int | None = None
+        #: (stage, stage update) of the checkpoint whose AdamW state equals the in-memory one; None: fresh moments.
+        self.optimizer_source: tuple[int, int] | None = None
 
-    workdir = Path(tempfile.mkdtemp(prefix=f"mugrpo-train-{spec.stage}-"))
-    try:
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+    def _build(self, policy, train: TrainSection) -> None:
+        """Setup: wrap the policy, build AdamW and let accelerate prepare both (once per process)."""
+        if train.gradient_checkpointing:
+            enable_activation_checkpointing(policy)
+        policy.train()
+        model = PolicyTokenLogprobs(policy, train.logprob_chunk_size)
+        optimizer = build_optimizer(model.parameters(), train)
+        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self.policy = self.accelerator.unwrap_model(self.model).policy
+
+    def _load_weights_from(self, model_dir: Path) -> None:
+        """Copy the weights of the HF dir ``model_dir`` into the live policy, in place (same dtype: bitwise)."""
+        fresh, _ = load_policy(model_dir)
+        with torch.no_grad():
+            self.policy.load_state_dict(fresh.state_dict())
+
+    def ensure_weights(self, spec: TrainSpec) -> float:
+        """Setup: make the live policy the behavior policy of ``spec.stage`` (loading the model on first use).
+
+        Returns:
+            Seconds spent (0 when the in-memory weights already are that policy).
+
+        Raises:
+            FileNotFoundError: the behavior policy ``spec.policy_dir`` is not committed.
+        """
+        if self.model is not None and self.weights_stage == spec.stage:
+            return 0.0
+        t0 = time.monotonic()
+        store = spec.store()
         behavior_dir = local_policy_dir(store, spec.policy_dir)
-        tokenizer = load_tokenizer(behavior_dir)
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        start_step = latest_checkpoint(store, layout, spec.stage)
-        ckpt = None
-        if start_step is not None:
-            ckpt = read_checkpoint(store, layout.checkpoint_dir(spec.stage, start_step), workdir / "resume")
-            if ckpt.trainer_state["data_fingerprint"] != data.fingerprint:
-                raise ValueError(
-                    f"checkpoint {store.uri(layout.checkpoint_dir(spec.stage, start_step))} was made for other "
-                    "rollouts (data fingerprint differs); delete the stage's checkpoints to start over"
-                )
+        if self.model is None:
+            self.tokenizer = load_tokenizer(behavior_dir)
+            policy, _ = load_policy(behavior_dir)
+            self._build(policy, spec.train)
+        else:
+            self._load_weights_from(behavior_dir)
+        self.weights_stage = spec.stage
+        return time.monotonic() - t0
 
-        # The trainer's behavior log-probs (mismatch correction) come from the behavior policy, also on resume.
+    def run_stage(self, spec: TrainSpec, *, origin: float | None = None) -> JobManifest:
+        """Run (or resume, or skip when already committed) the training job of ``spec.stage``.
+
+        Args:
+            spec: the stage's training spec.
+            origin: ``time.monotonic()`` value the job's switch time counts from: the process start for a cold
+                job (:data:`mugrpo.jobs.common.PROCESS_START`), the call for a warm stage (default).
+
+        Returns:
+            The job manifest (``jobs/stage=k/train.manifest.json``).
+
+        Raises:
+            NonFiniteError: NaN/inf loss or gradient; the prompt ids are also written to
+                :func:`nonfinite_report_path` and no checkpoint is written for the failed update.
+            mugrpo.trainer.data.RolloutDataError, mugrpo.tables.SchemaError, mugrpo.storage.ChecksumError: bad
+                rollouts.
+            ValueError: a checkpoint made for other data or another LR schedule.
+        """
+        origin = time.monotonic() if origin is None else origin
+        store, layout = spec.store(), RunLayout(spec.run_id)
+        train = spec.train
+        done = read_job_manifest(store, spec.run_id, spec.stage, "train")
+        if done is not None and (not spec.publish_policy or store.is_complete_dir(spec.output_policy_dir)):
+            console.print(f"train stage {spec.stage}: already committed ({done.counts.get('updates', 0)} updates)")
+            return done
+
+        accelerator = self.accelerator
+        data = load_rollouts(
+            store,
+            spec.run_id,
+            spec.rollout_stages,
+            skip_zero_variance_groups=train.skip_zero_variance_groups,
+            positive_label=positive_labeler(spec.loss),
+        )
+        if accelerator.is_main_process:
+            console.print(
+                f"train stage {spec.stage}: rollouts {data.counts}; {accelerator.num_processes} process(es) "
+                f"({accelerator.distributed_type.value}) on {accelerator.device}"
+            )
+        if not data.rollouts:
+            manifest = _finish_without_updates(spec, store, layout, data, origin)
+            if self.weights_stage == spec.stage:  # unchanged weights: the next stage's behavior policy
+                self.weights_stage = spec.stage + 1
+            return manifest
+        order = make_minibatch_order(
+            data,
+            rollouts_per_update=train.rollouts_per_update,
+            group_minibatches=train.group_minibatches,
+            seed=derive_seed(spec.seed, spec.stage, "train-data-order"),
+        )
+        workdir = Path(tempfile.mkdtemp(prefix=f"mugrpo-train-{spec.stage}-"))
+        try:
+            start_step, ckpt = self._latest_checkpoint(spec, store, layout, data, workdir)
+            trainer_behavior = self._setup_weights(spec, store, data, ckpt)
+            schedule = self._resume(spec, store, layout, ckpt)
+            reference = None
+            if spec.loss.kl_coef > 0:
+                ref_policy, _ = load_policy(local_policy_dir(store, spec.reference_policy_dir))
+                reference = PolicyTokenLogprobs(ref_policy.requires_grad_(False), train.logprob_chunk_size)
+                reference = reference.to(accelerator.device).eval()
+            t_switch = time.monotonic() - origin
+
+            if accelerator.is_main_process:
+                delete_parts_after(store, layout, spec.stage, start_step)
+            t_train = self._train_updates(
+                spec, store, layout, data, order, schedule, start_step, reference, trainer_behavior
+            )
+            self._publish(spec, store, workdir)
+            manifest = self._commit(spec, store, layout, data, start_step, t_switch, t_train, origin)
+            self.weights_stage = spec.stage + 1
+            return manifest
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    def _latest_checkpoint(
+        self, spec: TrainSpec, store: Store, layout: RunLayout, data: RolloutSet, workdir: Path
+    ) -> tuple[int, LoadedCheckpoint | None]:
+        """Resume point: (latest committed stage update, its checkpoint) or (0, None)."""
+        start_step = latest_checkpoint(store, layout, spec.stage)
+        if start_step is None:
+            return 0, None
+        ckpt = read_checkpoint(store, layout.checkpoint_dir(spec.stage, start_step), workdir / "resume")
+        if ckpt.trainer_state["data_fingerprint"] != data.fingerprint:
+            raise ValueError(
+                f"checkpoint {store.uri(layout.checkpoint_dir(spec.stage, start_step))} was made for other "
+                "rollouts (data fingerprint differs); delete the stage's checkpoints to start over"
+            )
+        return start_step, ckpt
+
+    def _setup_weights(
+        self, spec: TrainSpec, store: Store, data: RolloutSet, ckpt: LoadedCheckpoint | None
+    ) -> list[torch.Tensor] | None:
+        """Setup and resume of the weights: the behavior policy first (the trainer's behavior log-probs come
+        from it, also on resume), then the checkpoint's weights when resuming. Returns the trainer's behavior
+        log-probs for truncated IS (``loss.tis_cap``), or None."""
+        train, device = spec.train, self.accelerator.device
+        cold = self.model is None
+        if cold:
+            behavior_dir = local_policy_dir(store, spec.policy_dir)
+            self.tokenizer = load_tokenizer(behavior_dir)
+            behavior, _ = load_policy(behavior_dir)
+        else:
+            self.ensure_weights(spec)
+            behavior = self.policy
         trainer_behavior: list[torch.Tensor] | None = None
-        policy, _ = load_policy(behavior_dir)
         if train.recompute_behavior_logprobs or spec.loss.tis_cap is not None:
-            probe = PolicyTokenLogprobs(policy.to(accelerator.device).eval(), train.logprob_chunk_size)
-            trainer_behavior = recompute_logprobs(probe, data, train.micro_batch_size, pad_id, accelerator.device)
+            probe = PolicyTokenLogprobs(behavior.to(device).eval(), train.logprob_chunk_size)
+            trainer_behavior = recompute_logprobs(probe, data, train.micro_batch_size, self.pad_id, device)
             if train.recompute_behavior_logprobs:
                 data.rollouts = [
                     dataclasses.replace(r, behavior_logprobs=lp.tolist())
                     for r, lp in zip(data.rollouts, trainer_behavior, strict=True)
                 ]
                 trainer_behavior = None
-        if ckpt is not None:
-            policy, _ = load_policy(ckpt.model_dir)
-        if train.gradient_checkpointing:
-            enable_activation_checkpointing(policy)
-        policy.train()
-        model = PolicyTokenLogprobs(policy, train.logprob_chunk_size)
-        optimizer = build_optimizer(model.parameters(), train)
-        model, optimizer = accelerator.prepare(model, optimizer)
-        schedule = build_lr_schedule(train, spec.total_updates)
+        if cold:
+            policy = behavior if ckpt is None else load_policy(ckpt.model_dir)[0]
+            self._build(policy, train)
+        else:
+            if ckpt is not None:
+                self._load_weights_from(ckpt.model_dir)
+            self.policy.train()
+        self.weights_stage = spec.stage
+        return trainer_behavior
 
+    def _resume(self, spec: TrainSpec, store: Store, layout: RunLayout, ckpt: LoadedCheckpoint | None):
+        """Resume: AdamW state, LR schedule and RNG from the stage's checkpoint; at a stage's start instead the
+        stage's seed and the previous stage's final AdamW moments (``carry_optimizer_state``) or fresh ones.
+        Returns the LR schedule."""
+        accelerator, inner = self.accelerator, _inner(self.optimizer)
+        schedule = build_lr_schedule(spec.train, spec.total_updates)
         if ckpt is not None:
-            set_optimizer_state_dict(model, _inner(optimizer), ckpt.optimizer_state, options=_FULL)
+            set_optimizer_state_dict(self.model, inner, ckpt.optimizer_state, options=_FULL)
             schedule.load_state_dict(ckpt.trainer_state["lr_schedule"])
             restore_rng_state(ckpt.rng_states[accelerator.process_index])
-            console.print(f"train stage {spec.stage}: resuming after update {start_step} of {total}")
-        else:
-            start_step = 0
-            set_seed(derive_seed(spec.seed, spec.stage, "train-rng") % 2**32)
-            previous = latest_checkpoint(store, layout, spec.stage - 1) if spec.stage > 0 else None
-            if spec.carry_optimizer_state and previous is not None:
+            self.optimizer_source = (spec.stage, ckpt.step)
+            console.print(
+                f"train stage {spec.stage}: resuming after update {ckpt.step} of {spec.train.updates_per_stage}"
+            )
+            return schedule
+        set_seed(derive_seed(spec.seed, spec.stage, "train-rng") % 2**32)
+        previous = latest_checkpoint(store, layout, spec.stage - 1) if spec.stage > 0 else None
+        if spec.carry_optimizer_state and previous is not None:
+            if self.optimizer_source != (spec.stage - 1, previous):
                 prev_rel = layout.checkpoint_dir(spec.stage - 1, previous)
-                set_optimizer_state_dict(model, _inner(optimizer), read_optimizer_state(store, prev_rel), options=_FULL)
+                set_optimizer_state_dict(self.model, inner, read_optimizer_state(store, prev_rel), options=_FULL)
                 console.print(f"train stage {spec.stage}: AdamW moments carried over from {store.uri(prev_rel)}")
-        reference = None
-        if spec.loss.kl_coef > 0:
-            ref_policy, _ = load_policy(local_policy_dir(store, spec.reference_policy_dir))
-            reference = PolicyTokenLogprobs(ref_policy.requires_grad_(False), train.logprob_chunk_size)
-            reference = reference.to(accelerator.device).eval()
-        t_switch = since_start()
+            else:
+                console.print(f"train stage {spec.stage}: AdamW moments carried over in memory")
+            self.optimizer_source = (spec.stage - 1, previous)
+        else:
+            inner.state.clear()  # what a freshly built AdamW holds: moments are created at the first step
+            self.optimizer_source = None
+        return schedule
 
-        if main:
-            delete_parts_after(store, layout, spec.stage, start_step)
-        unwrapped_policy = accelerator.unwrap_model(model).policy
+    def _train_updates(
+        self,
+        spec: TrainSpec,
+        store: Store,
+        layout: RunLayout,
+        data: RolloutSet,
+        order,
+        schedule,
+        start_step: int,
+        reference,
+        trainer_behavior: list[torch.Tensor] | None,
+    ) -> float:
+        """Train: updates ``start_step + 1 .. updates_per_stage`` with checkpoints; returns their seconds."""
+        accelerator, model, optimizer = self.accelerator, self.model, self.optimizer
+        train, main, pad_id = spec.train, accelerator.is_main_process, self.pad_id
+        total = train.updates_per_stage
+        group_of = {i: g for g, members in enumerate(data.groups) for i in members}
         pending: list[dict] = []
         t0 = time.monotonic()
         with job_progress(
@@ -342,33 +494,58 @@ def run_training(spec: TrainSpec) -> JobManifest:
                     task, completed=u, loss=result.metrics.get("loss", 0.0), tps=pending[-1]["tokens_per_second"]
                 )
                 if u % train.checkpoint_every == 0 or u == total:
-                    _checkpoint(
-                        spec,
-                        store,
-                        layout,
-                        accelerator,
-                        model,
-                        optimizer,
-                        unwrapped_policy,
-                        tokenizer,
-                        schedule,
-                        data,
-                        u,
-                        pending,
-                    )
+                    self._checkpoint(spec, store, layout, schedule, data, u, pending)
                     pending = []
-        t_train = time.monotonic() - t0
+        return time.monotonic() - t0
 
-        # Publish the policy of the next stage, then commit the job.
-        state = _policy_state_dict(model)
-        if main and not store.is_complete_dir(spec.output_policy_dir):
-            out = workdir / "policy"
-            _save_hf_dir(unwrapped_policy, state, out, tokenizer)
-            meta = {"stage": spec.stage + 1, "policy_version": spec.policy_version + total}
-            store.upload_dir(out, spec.output_policy_dir, meta=meta)
+    def _checkpoint(self, spec, store, layout, schedule, data, step, rows) -> None:
+        """Checkpoint: commit the train_steps part of updates since the last checkpoint, then the checkpoint of
+        ``step`` (collective under FSDP: every rank calls it)."""
+        accelerator, model = self.accelerator, self.model
+        model_state = _policy_state_dict(model)
+        optimizer_state = get_optimizer_state_dict(model, _inner(self.optimizer), options=_FULL)
+        rng = capture_rng_state()
+        rng_states = gather_object([rng]) if accelerator.num_processes > 1 else [rng]
+        if accelerator.is_main_process:
+            write_steps_part(store, layout, spec.stage, step, rows)
+            write_checkpoint(
+                store,
+                layout.checkpoint_dir(spec.stage, step),
+                save_model=lambda dest: _save_hf_dir(self.policy, model_state, dest, self.tokenizer),
+                optimizer_state=optimizer_state,
+                trainer_state={
+                    "stage": spec.stage,
+                    "stage_update": step,
+                    "global_update": spec.policy_version + step,
+                    "data_fingerprint": data.fingerprint,
+                    "data_cursor": {"next_update": step + 1, "rollouts": len(data.rollouts)},
+                    "lr_schedule": schedule.state_dict(),
+                },
+                rng_states=rng_states,
+            )
+            prune_checkpoints(store, layout, spec.stage, spec.keep_checkpoints)
         accelerator.wait_for_everyone()
+        self.optimizer_source = (spec.stage, step)
+
+    def _publish(self, spec: TrainSpec, store: Store, workdir: Path) -> None:
+        """Publish: the trained policy at ``spec.output_policy_dir`` (marker last), when the spec asks for it.
+        Otherwise the stage's final checkpoint is the next stage's behavior policy
+        (:func:`mugrpo.runs.behavior_policy_dir`)."""
+        if not spec.publish_policy:
+            return
+        state = _policy_state_dict(self.model)  # collective under FSDP
+        if self.accelerator.is_main_process and not store.is_complete_dir(spec.output_policy_dir):
+            out = workdir / "policy"
+            _save_hf_dir(self.policy, state, out, self.tokenizer)
+            meta = {"stage": spec.stage + 1, "policy_version": spec.policy_version + spec.train.updates_per_stage}
+            store.upload_dir(out, spec.output_policy_dir, meta=meta)
+        self.accelerator.wait_for_everyone()
+
+    def _commit(self, spec, store, layout, data, start_step, t_switch, t_train, origin) -> JobManifest | None:
+        """Commit: check that train_steps hold updates 1..N exactly once, then write the job manifest."""
+        accelerator, total = self.accelerator, spec.train.updates_per_stage
         manifest = None
-        if main:
+        if accelerator.is_main_process:
             steps, part_records = read_steps(store, layout, spec.stage)
             if steps.num_rows != total or steps.column("stage_update").to_pylist() != list(range(1, total + 1)):
                 raise RuntimeError(
@@ -376,12 +553,14 @@ def run_training(spec: TrainSpec) -> JobManifest:
                     f"expected 1..{total}"
                 )
             cols = steps.to_pydict()
+            policy_files = _file_records(store, layout, spec.output_policy_dir) if spec.publish_policy else []
+            t_total = time.monotonic() - origin
             manifest = JobManifest(
                 run_id=spec.run_id,
                 stage=spec.stage,
                 job="train",
                 created_at=datetime.now(UTC),
-                files=part_records + _file_records(store, layout, spec.output_policy_dir),
+                files=part_records + policy_files,
                 counts={
                     "updates": total,
                     "policy_version": spec.policy_version + total,
@@ -396,52 +575,30 @@ def run_training(spec: TrainSpec) -> JobManifest:
                     "mean_veto_token_frac": float(sum(cols["veto_token_frac"]) / total),
                     "mean_tokens_per_second": float(sum(cols["num_tokens"]) / max(sum(cols["seconds"]), 1e-9)),
                 },
-                timings={"switch": t_switch, "train": t_train, "total": since_start()},
+                timings={"switch": t_switch, "train": t_train, "total": t_total},
             )
             write_job_manifest(store, manifest)
-            _print_summary(spec, steps, t_switch, t_train, since_start())
+            _print_summary(spec, steps, t_switch, t_train, t_total)
         accelerator.wait_for_everyone()
         return manifest
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _checkpoint(
-    spec, store, layout, accelerator, model, optimizer, unwrapped_policy, tokenizer, schedule, data, step, rows
-):
-    """Commit the train_steps part of updates since the last checkpoint, then the checkpoint of ``step``."""
-    model_state = _policy_state_dict(model)
-    optimizer_state = get_optimizer_state_dict(model, _inner(optimizer), options=_FULL)
-    rng = capture_rng_state()
-    rng_states = gather_object([rng]) if accelerator.num_processes > 1 else [rng]
-    if accelerator.is_main_process:
-        write_steps_part(store, layout, spec.stage, step, rows)
-        write_checkpoint(
-            store,
-            layout.checkpoint_dir(spec.stage, step),
-            save_model=lambda dest: _save_hf_dir(unwrapped_policy, model_state, dest, tokenizer),
-            optimizer_state=optimizer_state,
-            trainer_state={
-                "stage": spec.stage,
-                "stage_update": step,
-                "global_update": spec.policy_version + step,
-                "data_fingerprint": data.fingerprint,
-                "data_cursor": {"next_update": step + 1, "rollouts": len(data.rollouts)},
-                "lr_schedule": schedule.state_dict(),
-            },
-            rng_states=rng_states,
-        )
-        prune_checkpoints(store, layout, spec.stage, spec.keep_checkpoints)
-    accelerator.wait_for_everyone()
+def run_training(spec: TrainSpec) -> JobManifest:
+    """The cold train job: a fresh :class:`Trainer` runs (or resumes, or skips) stage ``spec.stage``.
+
+    Raises:
+        See :meth:`Trainer.run_stage`.
+    """
+    return Trainer(spec.train.mixed_precision).run_stage(spec, origin=PROCESS_START)
 
 
-def _finish_without_updates(spec: TrainSpec, store: Store, layout: RunLayout, data: RolloutSet, t_start: float):
+def _finish_without_updates(spec: TrainSpec, store: Store, layout: RunLayout, data: RolloutSet, origin: float):
     """No trainable rollout (every group zero-variance): publish the behavior policy unchanged, commit 0 updates."""
     console.print(
         f"[yellow]train stage {spec.stage}: no trainable rollouts ({data.counts}); the policy is published "
         "unchanged[/yellow]"
     )
-    if not store.is_complete_dir(spec.output_policy_dir):
+    if spec.publish_policy and not store.is_complete_dir(spec.output_policy_dir):
         _copy_committed_dir(
             store,
             spec.policy_dir,
@@ -453,9 +610,9 @@ def _finish_without_updates(spec: TrainSpec, store: Store, layout: RunLayout, da
         stage=spec.stage,
         job="train",
         created_at=datetime.now(UTC),
-        files=_file_records(store, layout, spec.output_policy_dir),
+        files=_file_records(store, layout, spec.output_policy_dir) if spec.publish_policy else [],
         counts={"updates": 0, "policy_version": spec.policy_version, **data.counts},
-        timings={"switch": 0.0, "train": 0.0, "total": since_start() - t_start},
+        timings={"switch": 0.0, "train": 0.0, "total": time.monotonic() - origin},
     )
     write_job_manifest(store, manifest)
     return manifest

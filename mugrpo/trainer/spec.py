@@ -29,6 +29,11 @@ class TrainSpec(JobSpec):
     output_policy_dir: str | None = Field(
         None, description="Store path the trained policy is published to; None = policies/stage={stage + 1}."
     )
+    publish_policy: bool = Field(
+        True,
+        description="Publish the trained policy at output_policy_dir. False (orchestration.publish_policy_every > 1) "
+        "leaves the stage's final checkpoint as the next stage's behavior policy (mugrpo.runs.behavior_policy_dir).",
+    )
     rollout_stages: list[int] = Field(
         default_factory=list,
         description="Stages whose rollouts to train on; empty = [stage]. More than one stage is the data source a "
