@@ -34,6 +34,8 @@ ROLLOUT_SCHEMA = pa.schema(
         pa.field("zero_variance", pa.bool_(), nullable=False),  # all rewards of the group equal
         pa.field("temperature", pa.float32(), nullable=False),
         pa.field("top_p", pa.float32(), nullable=False),
+        pa.field("top_k", pa.int32(), nullable=False),  # 0 = off (v2)
+        pa.field("min_p", pa.float32(), nullable=False),  # 0 = off (v2)
         pa.field("seed", pa.int64(), nullable=False),
         pa.field("engine", pa.string(), nullable=False),
         pa.field("created_at", _ts, nullable=False),
@@ -102,4 +104,5 @@ TABLES: dict[str, pa.Schema] = {
 }
 
 #: Current version of each table's schema. Readers accept exactly these versions.
-SCHEMA_VERSIONS: dict[str, int] = {"rollouts": 1, "train_steps": 1, "evals": 1}
+#: rollouts v2: + top_k, min_p (the trainer replays the engine's truncation, mugrpo.truncation).
+SCHEMA_VERSIONS: dict[str, int] = {"rollouts": 2, "train_steps": 1, "evals": 1}

@@ -67,6 +67,8 @@ def _rollout_rows(run_id: str, stage: int, skill: float) -> list[dict]:
                     "zero_variance": False,
                     "temperature": 1.0,
                     "top_p": 1.0,
+                    "top_k": 0,
+                    "min_p": 0.0,
                     "seed": 1000 * stage + 10 * p + i,
                     "engine": "transformers",
                     "created_at": T0 + timedelta(hours=stage, seconds=p),
