@@ -150,6 +150,25 @@ def test_kind7_unclosed_gold_box_is_an_error_naming_file_and_line(tmp_path):
             extract_gold(r"\boxed{1} and \boxed{2", kind)
 
 
+@pytest.mark.parametrize(
+    "response",
+    [
+        r"\boxed{5 \text{ or } 6}",
+        r"\boxed{5, 6}",
+        r"\boxed{5} or \boxed{6}",
+        r"\boxed{\{5, 6\}}",
+        r"\boxed{x}",
+        r"\boxed{4 < x < 6}",
+        r"\boxed{[4, 6]}",
+        r"\boxed{5 \pm 1}",
+        r"\boxed{x = 5 \text{ or } x = 6}",
+        " ".join(rf"\boxed{{{i}}}," for i in range(1, 20)),
+    ],
+)
+def test_hedged_or_listed_answers_cannot_game_the_reward(response):
+    assert score("5", response) == 0.0
+
+
 def test_strict_format_policy_bold_or_prose_answers_score_zero():
     for response in ("The answer is **73**.", "The answer is 73.", r"$73$"):
         assert extract_answer(response) is None
