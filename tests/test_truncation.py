@@ -171,3 +171,46 @@ def test_update_one_ratio_is_one_under_truncated_sampling(policy_and_engine, tem
         assert full_ratio.mean().item() < 0.99
     else:
         assert (full_ratio - 1).abs().max().item() < 1e-4
+
+
+# --- the reproduction: generation job at T = 0.7, top_p = 0.9, then one update of the training job -------
+
+
+def test_generate_then_train_logs_ratio_one_at_update_one_under_top_p(tmp_path, tiny_model_dir):
+    from mugrpo.data import DatasetConfig
+    from mugrpo.jobs.generate import GenerateSpec, run_generate
+    from mugrpo.layout import RunLayout
+    from mugrpo.rewards import RewardConfig
+    from mugrpo.storage import Store
+    from mugrpo.trainer.loop import run_training
+    from mugrpo.trainer.spec import TrainSpec
+
+    root = tmp_path / "store"
+    dataset = tmp_path / "train.jsonl"
+    dataset.write_text("".join(f'{{"question": "What is {i} + {i}?", "answer": "#### {2 * i}"}}\n' for i in range(4)))
+    Store(str(root)).upload_dir(tiny_model_dir, RunLayout("trunc").policy_dir(0))
+    run_generate(
+        GenerateSpec(
+            root=str(root),
+            run_id="trunc",
+            stage=0,
+            seed=1,
+            policy_dir=RunLayout("trunc").policy_dir(0),
+            dataset=DatasetConfig(name="sums", path=str(dataset), answer_kind="gsm8k"),
+            num_prompts=4,
+            shard_size=4,
+            sampling={"temperature": 0.7, "top_p": 0.9, "top_k": 0, "max_new_tokens": 8, "n": 2},
+            reward=RewardConfig(components={"math_correctness": 1.0}, num_workers=1),
+        )
+    )
+    train = {"updates_per_stage": 1, "rollouts_per_update": 8, "micro_batch_size": 4, "lr": 1e-3}
+    train["skip_zero_variance_groups"] = False  # a random policy earns no reward; the ratio is what is checked
+    run_training(TrainSpec(root=str(root), run_id="trunc", stage=0, policy_version=0, train=train))
+    store = Store(str(root))
+    import pyarrow.parquet as pq
+
+    steps = pq.read_table(store.local_path(RunLayout("trunc").train_steps_dir(0))).to_pydict()
+    rollouts = pq.read_table(store.local_path(RunLayout("trunc").rollouts_dir(0))).to_pydict()
+    assert all(p == pytest.approx(0.9) for p in rollouts["top_p"]) and set(rollouts["top_k"]) == {0}
+    assert steps["ratio_mean"][0] == pytest.approx(1.0, abs=1e-4)  # 0.951 before the fix (T 0.7, SmolLM2)
+    assert abs(steps["approx_kl_behavior"][0]) < 1e-5
