@@ -91,3 +91,16 @@ def test_wrong_table_or_missing_column_is_refused(tmp_path):
     pq.write_table(pa.table({"a": [1]}), tmp_path / "r/plain.parquet")
     with pytest.raises(SchemaError, match="file says 'nothing'"):
         read_table(store, "r/plain.parquet", "rollouts")
+
+
+def test_rollouts_v1_files_are_read_with_top_k_and_min_p_off(tmp_path):
+    """A run committed before rollouts v2 (no top_k / min_p columns) still resumes: the columns read as off."""
+    table = table_from_rows(rollout_rows(3), "rollouts").drop_columns(["top_k", "min_p"])
+    table = table.replace_schema_metadata({b"mugrpo.table": b"rollouts", META_VERSION: b"1"})
+    store = Store(str(tmp_path))
+    buf = pa.BufferOutputStream()
+    pq.write_table(table, buf)
+    store.write_bytes("old.parquet", buf.getvalue().to_pybytes())
+    upgraded = read_table(store, "old.parquet", "rollouts")
+    assert upgraded.schema.remove_metadata().equals(ROLLOUT_SCHEMA)
+    assert upgraded["top_k"].to_pylist() == [0, 0, 0] and upgraded["min_p"].to_pylist() == [0.0] * 3
