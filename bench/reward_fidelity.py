@@ -176,6 +176,10 @@ CASES: list[tuple[str, object, str, int]] = [
     ("text", r"\text{odd}", B % r"\text{even}", 0),
     # --- intervals ---
     ("intervals", "[0,1)", B % "[0,1)", 1),
+    ("intervals", "[100, 200]", B % "[100,200]", 1),
+    ("intervals", "[100,200]", B % "[100, 201]", 0),
+    ("tuples", "(1, 234)", B % "(1,234)", 1),
+    ("sets", r"\{100, 200\}", B % r"\{200,100\}", 1),
     ("intervals", "[0,9)", B % "[0,1)", 0),
     ("intervals", "(0,9)", B % "[0,9)", 0),
     ("intervals", r"(-\infty, 2]", B % r"(-\infty,2]", 1),

@@ -13,11 +13,12 @@ Both sides are answer strings as :mod:`mugrpo.answers` produces them (box conten
    parse); ``°`` (only ``^\\circ`` is understood); decimal-mantissa scientific notation (``1.5e-20`` parsed as
    ``1.5 E - 20``).
 3. **Thousands separator vs decimal comma.** A comma followed by exactly three digits (``1,000.99``) is a
-   thousands separator, the convention of the English-language datasets (GSM8K, MATH, AIME). Any other comma between
-   digits without a space (``2,74``, ``0,111``) is a DECIMAL comma when the response's answer is a single number of
-   that form and the gold is a single non-integer number; otherwise it separates set elements (``1,5`` against a
-   gold ``\\{1, 5\\}``). ``2{,}74`` (LaTeX's decimal comma) is decimal unless three digits follow (``1{,}000``).
-   Gold answers must use a decimal point.
+   thousands separator, the convention of the English-language datasets (GSM8K, MATH, AIME); math-verify reads
+   plain ones so itself (and keeps ``[100,200]`` an interval), we join the other separators (step 2). Any other
+   comma between digits without a space (``2,74``, ``0,111``) is a DECIMAL comma when the response's answer is a
+   single number of that form and the gold is a single non-integer number; otherwise it separates set elements
+   (``1,5`` against a gold ``\\{1, 5\\}``). ``2{,}74`` (LaTeX's decimal comma) is decimal unless three digits
+   follow (``1{,}000``). Gold answers must use a decimal point.
 4. **Parse guard.** A side that math-verify cannot turn into a sympy object is compared as text only when the whole
    normalized answers are equal; math-verify's own fallback compares the text it managed to extract, which matched
    two different answers cut at the same place.
@@ -47,17 +48,23 @@ __all__ = ["answers_equivalent", "normalize_answer"]
 RELATIVE_TOLERANCE = 1e-5
 """Largest relative difference between two numbers that math-verify found equal (step 5 of the module doc)."""
 
+# Upstream (math-verify 0.9 / latex2sympy2_extended): the parser stops at \mathrm{e}, leaving "1 - \frac{1}{".
 _UPRIGHT_CONSTANT = re.compile(r"\\(?:mathrm|operatorname|mathit|textrm|rm)\s*\{\s*([ei])\s*\}")
+# Upstream: "1 000" parses as the product 1*0. Plain commas are left to math-verify, which reads "1,000" as 1000
+# but "[100,200]" and "(1,234)" as an interval: joining those digits here would break them.
 _THOUSANDS_GROUPS = re.compile(
-    r"(?<![\d.])([1-9]\d{0,2})((?:(?:\{,\}|,|\\[,;: ]|~|[ \u2009\u202f\u00a0])\d{3})+)(?![\d])"
+    r"(?<![\d.])([1-9]\d{0,2})((?:(?:\{,\}|\\[,;: ]|~|[ \u2009\u202f\u00a0])\d{3})+)(?![\d])"
 )
-_THOUSANDS_SEPARATOR = re.compile(r"\{,\}|,|\\[,;: ]|~|[ \u2009\u202f\u00a0]")
+_THOUSANDS_SEPARATOR = re.compile(r"\{,\}|\\[,;: ]|~|[ \u2009\u202f\u00a0]")
 _LATEX_DECIMAL_COMMA = re.compile(r"(?<=\d)\{,\}(?=\d)")
+# Upstream: "1,000.99€" does not parse; "\text{ euros}" does (its unit handling drops \text{} words).
 _CURRENCY = re.compile(
     r"\\(?:euro|texteuro|pounds|yen|textdollar|\$)|[€£¥₹$]|\\text\s*\{\s*(?:USD|EUR|GBP)\s*\}"
     r"|\b(?:dollars?|euros?|cents?|USD|EUR|GBP)\b"
 )
+# Upstream: only ^\circ is a degree sign; "30°" does not parse.
 _DEGREE = re.compile(r"\s*(?:°|\\degree\b)")
+# Upstream: "1.5e-20" parses as 1.5*E - 20 (e as Euler's number).
 _SCIENTIFIC = re.compile(r"(?<![\w.])(\d+\.\d+)[eE]([+-]?\d+)\b")
 _DECIMAL_COMMA_NUMBER = re.compile(r"[+-]?(\d+),(\d+)")
 
