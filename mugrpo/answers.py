@@ -341,10 +341,11 @@ def extract_answer(response_text: str) -> str | None:
 def extract_answer_loose(response_text: str) -> str:
     """Vote key of a response for AGPO's vote entropy (arXiv 2605.20722, released code's order).
 
-    Order: last ``\\boxed{}``, else the text after the last ``####``, else the last number (commas
-    removed), else the whole response with whitespace collapsed. The key is lower-cased and stripped,
-    so that two responses with the same final answer share a key. Unlike AGPO's released code, nested
-    braces inside the box are kept (``\\boxed{\\frac{1}{2}}`` -> ``\\frac{1}{2}``).
+    Order: the strict answer (:func:`extract_answer`: the last run of boxes, else the text after the last
+    ``####``), else the last number (commas removed), else the whole response with whitespace collapsed. The key is
+    lower-cased and stripped, so that two responses with the same final answer share a key. Unlike AGPO's released
+    code (the last box only, without nested braces), nested braces are kept (``\\boxed{\\frac{1}{2}}`` ->
+    ``\\frac{1}{2}``) and several final boxes form one key.
 
     Returns:
         Always a string (possibly ``""`` for an empty response).
