@@ -22,8 +22,9 @@ top-p is computed on the top-k-renormalized distribution):
 
 1. min-p: keep z_v >= max(z) + log(min_p), i.e. p_v >= min_p * p_max;
 2. top-k: keep z_v >= the k-th largest z (ties with the k-th value kept, as vLLM does);
-3. top-p: over the tokens kept so far, sorted ascending, drop a token while the cumulative renormalized
-   probability up to and including it is <= 1 - top_p; the most likely token is always kept.
+3. top-p: over the tokens kept so far (renormalized), keep a token iff the probability of the tokens ranked above
+   it is < top_p (vLLM: sorted ascending, drop while the cumulative probability up to and including the token is
+   <= 1 - top_p: the same set, up to float rounding); the most likely token is always kept.
 
 Each step keeps every token whose tempered logit is >= a per-row threshold, so the kept set is
 ``{v : z_v >= threshold}``; a tie at the top-p boundary keeps all tied tokens (vLLM's sort keeps some of them:
@@ -89,12 +90,41 @@ def truncation_threshold(scaled_logits: torch.Tensor, truncation: Truncation) ->
         threshold = torch.maximum(threshold, kth)
     if truncation.top_p < 1.0:
         masked = scaled_logits.masked_fill(scaled_logits < threshold.unsqueeze(-1), float("-inf"))
-        sorted_logits = masked.sort(dim=-1).values  # ascending; the -inf (already dropped) come first
-        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        drop = cumulative <= 1.0 - truncation.top_p
-        drop[:, -1] = False
-        first_kept = (~drop).int().argmax(dim=-1)  # the kept tokens are a suffix of the ascending order
-        threshold = torch.maximum(threshold, sorted_logits.gather(-1, first_kept.unsqueeze(-1)).squeeze(-1))
+        threshold = torch.maximum(threshold, _top_p_threshold(masked, truncation.top_p))
+    return threshold
+
+
+_TOP_P_CANDIDATES = (256, 4096)
+"""Candidate set sizes tried before a full sort of the vocabulary (a sort of 49k logits per token costs ~5 LM-head
+matmuls on CPU; an LM's nucleus usually holds far fewer tokens)."""
+
+
+def _top_p_threshold(masked: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Smallest kept logit of the top-p nucleus of softmax(masked), per row ([R, V] -> [R]).
+
+    Rule (vLLM's, written in descending order): a token is kept iff the probability mass of the tokens ranked above
+    it is < top_p; the most likely token is always kept. Rows are resolved from their top-k candidates (k = 256,
+    then 4096) when those hold at least ``top_p`` of the mass, so the kept set lies among them; the others sort the
+    whole row. Which path a row takes depends only on that row's logits.
+    """
+    import torch
+
+    rows, vocab = masked.shape
+    log_normalizer = torch.logsumexp(masked, dim=-1, keepdim=True)
+    threshold = masked.new_empty(rows)
+    pending = torch.arange(rows, device=masked.device)
+    for k in (*[c for c in _TOP_P_CANDIDATES if c < vocab], vocab):
+        values = masked[pending].topk(k, dim=-1, sorted=True).values  # descending
+        mass_above = (values - log_normalizer[pending]).exp().cumsum(dim=-1)
+        resolved = mass_above[:, -1] >= top_p if k < vocab else torch.ones_like(mass_above[:, -1], dtype=torch.bool)
+        # kept: the mass strictly above the token is < top_p, i.e. the previous running sum
+        kept = torch.cat([torch.zeros_like(mass_above[:, :1]), mass_above[:, :-1]], dim=-1) < top_p
+        last_kept = kept.sum(dim=-1) - 1  # kept tokens are a prefix of the descending order
+        row_threshold = values.gather(-1, last_kept.unsqueeze(-1)).squeeze(-1)
+        threshold[pending[resolved]] = row_threshold[resolved]
+        pending = pending[~resolved]
+        if pending.numel() == 0:
+            break
     return threshold
 
 

@@ -47,9 +47,11 @@ SETTINGS = [
 ]
 
 
+@pytest.mark.parametrize(("vocab", "scale"), [(500, 3.0), (6000, 0.5), (6000, 2.0), (6000, 12.0)])
 @pytest.mark.parametrize("truncation", SETTINGS, ids=repr)
-def test_kept_set_follows_vllm_order(truncation):
-    logits = torch.randn(64, 500, generator=torch.Generator().manual_seed(0)) * 3
+def test_kept_set_follows_vllm_order(truncation, vocab, scale):
+    """Peaked and flat rows, so top-p resolves from 256 or 4096 candidates or from a full sort (all three paths)."""
+    logits = torch.randn(64, vocab, generator=torch.Generator().manual_seed(0)) * scale
     ours = torch.isfinite(apply_truncation(logits, truncation))
     reference = torch.isfinite(_vllm_reference(logits, truncation))
     assert torch.equal(ours, reference)
