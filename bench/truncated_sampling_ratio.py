@@ -57,6 +57,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2", help="smollm2, tiny, or an HF model dir")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=2, help="alternations of the two arms per setting")
     parser.add_argument("--quick", action="store_true", help="2 prompts, 8 tokens, 3 settings")
     args = parser.parse_args()
     prompts_n, tokens, settings = args.prompts, args.max_new_tokens, SETTINGS
@@ -69,7 +70,7 @@ def main() -> None:
     prompts = [encode_prompt(tokenizer, render_prompt(tokenizer, q, PromptConfig())) for q in questions]
     engine = TransformersEngine(model, tokenizer, batch_size=32)
     forward = PolicyTokenLogprobs(model, chunk_size=512)
-    print(f"model {args.model}, {prompts_n} prompts x G=2, <= {tokens} new tokens")
+    print(f"model {args.model}, {prompts_n} prompts x G=2, <= {tokens} new tokens", flush=True)
     print(
         f"{'T':>4} {'truncation':44s} {'arm':10s} {'ratio mean':>10s} {'max|r-1|':>9s} {'approx KL':>10s} {'fwd s':>6s}"
     )
@@ -101,7 +102,7 @@ def main() -> None:
             for j, (i, s) in enumerate(samples)
         ]
         batch = collate(rows, [i for i, _ in samples], pad_token_id=tokenizer.pad_token_id)
-        for arm, replay in (("replay", True), ("full", False), ("replay", True), ("full", False)):
+        for arm, replay in [("replay", True), ("full", False)] * args.rounds:
             batch.truncations = [truncation if replay else Truncation()] * len(rows)
             start = time.perf_counter()
             with torch.no_grad():

@@ -253,8 +253,8 @@ def token_logprobs_from_hidden(
         temperature: sampling temperature (> 0) the logits are divided by.
         truncation: min-p / top-k / top-p of the sampling (:mod:`mugrpo.truncation`): sums run over the kept set,
             rebuilt per token from these logits (plus the target); one fp32 threshold per token is kept for backward.
-            top-p sorts each chunk's logits in forward (a sorted copy, its int64 indices and a cumulative sum: ~4 more
-            chunk_size x V buffers at peak); top-k and min-p need no sort.
+            top-p takes each token's top-256 / top-4096 logits, or sorts the whole row when those hold less than
+            top_p of the mass (then ~3 more chunk_size x V buffers at peak); top-k and min-p need no sort.
         return_entropy: also return per-token entropy of the (truncated) tempered distribution (differentiable too).
 
     Returns:
