@@ -124,6 +124,8 @@ class ShardGenerator:
             "zero_variance": pa.array(zero_var),
             "temperature": pa.array(np.ones(rows, np.float32)),
             "top_p": pa.array(np.ones(rows, np.float32)),
+            "top_k": pa.array(np.zeros(rows, np.int32)),
+            "min_p": pa.array(np.zeros(rows, np.float32)),
             "seed": pa.array(np.arange(rows, dtype=np.int64)),
             "engine": pa.array(["vllm"] * rows),
             "created_at": now,

@@ -12,6 +12,12 @@ Conventions
   ``\\boxed{\\frac{1}{2}}`` are kept whole. Escaped braces ``\\{`` / ``\\}`` are literal characters and do not
   open or close a group.
 * "Last" means the box whose command starts last in the text: the final answer of a solution or response.
+* Several final answers ("find all solutions"): a response's answer is its LAST CONTIGUOUS RUN of boxes, boxes
+  separated only by connective text (whitespace, punctuation, math delimiters, LaTeX spacing, "and"/"or", a
+  variable assignment such as ``x =``); a box followed by reasoning starts a new run, so boxed intermediate
+  values are not graded. A gold solution's answer is ALL its boxes (a reference solution boxes only answers).
+  Several answers are encoded in one string as ``\\boxed{a}, \\boxed{b}`` (:func:`join_answers`), read back
+  by :func:`split_answers`; the reward grades them as a set that must EQUAL the gold set (a superset scores 0).
 * GSM8K answers end in ``#### N``; thousands separators are removed ("1,000" -> "1000"); a comma that is not a
   thousands separator (a tuple "(1, 2)") is kept.
 """
@@ -27,11 +33,15 @@ from typing import Literal
 __all__ = [
     "GOLD_KINDS",
     "GoldKind",
+    "extract_all_boxed",
     "extract_answer",
     "extract_answer_loose",
     "extract_boxed",
+    "extract_final_boxes",
     "extract_gold",
     "extract_gsm8k_gold",
+    "join_answers",
+    "split_answers",
 ]
 
 GoldKind = Literal["auto", "gsm8k", "boxed", "plain"]
@@ -99,6 +109,90 @@ def extract_boxed(text: str) -> str | None:
     return None if content is None else content.strip()
 
 
+# Text allowed between two boxes of one run of final answers: whitespace, punctuation, math delimiters, LaTeX
+# spacing, the words "and"/"or" (plain or in \text{}), and a variable assignment ("x =", "x_1 =", "y=").
+_CONNECTIVE = re.compile(
+    r"""(?:\s+|[,;.:!]|\$|\\[()\[\]]|\\(?:quad|qquad|[,;:!\ ]|text\s*\{\s*(?:and|or|,)?\s*\})|~
+       |\b(?:and|or)\b|[a-zA-Z](?:_\{?\w+\}?)?\s*=)*""",
+    re.VERBOSE,
+)
+
+
+def _all_boxes(text: str) -> list[tuple[int, int, str | None]]:
+    """Every box as (start, end, content); content None (and end = len(text)) for a box never closed."""
+    boxes = []
+    position = 0
+    while (match := _BOX_OPEN.search(text, position)) is not None:
+        content = _matching_brace_content(text, match.end() - 1)
+        if content is None:
+            boxes.append((match.start(), len(text), None))
+            break
+        end = match.end() + len(content) + 1
+        boxes.append((match.start(), end, content.strip()))
+        position = end
+    return boxes
+
+
+def extract_all_boxed(text: str) -> list[str] | None:
+    """Contents of every box of ``text`` in order (nested boxes inside a box stay part of its content).
+
+    Returns:
+        The list (possibly empty when there is no box), or None when a box is never closed.
+    """
+    boxes = _all_boxes(text)
+    if any(content is None for _, _, content in boxes):
+        return None
+    return [content for _, _, content in boxes]  # type: ignore[misc]
+
+
+def extract_final_boxes(text: str) -> list[str] | None:
+    """The last contiguous run of boxes of a response: its final answer(s).
+
+    Two boxes belong to one run when only connective text separates them (module docstring), e.g.
+    ``"... \\boxed{1} and \\boxed{-2}."`` gives ``["1", "-2"]`` while ``"so \\boxed{5}. Then 5 + 1 = \\boxed{6}"``
+    gives ``["6"]``.
+
+    Returns:
+        The run's contents in order; None when there is no box or the last box is never closed (a response cut
+        at the token limit: an earlier complete box is then not its final answer).
+    """
+    boxes = _all_boxes(text)
+    if not boxes or boxes[-1][2] is None:
+        return None
+    run = [boxes[-1]]
+    for box in reversed(boxes[:-1]):
+        gap = text[box[1] : run[0][0]]
+        if _CONNECTIVE.fullmatch(gap) is None:
+            break
+        run.insert(0, box)
+    return [content for _, _, content in run]  # type: ignore[misc]
+
+
+def join_answers(answers: list[str]) -> str:
+    """One string for one or several answers: ``"a"`` for one, ``"\\boxed{a}, \\boxed{b}"`` for several.
+
+    Exact repeats are dropped (MATH-500 solutions box the same answer twice in 7 of 500 rows).
+
+    Raises:
+        ValueError: an empty list.
+    """
+    if not answers:
+        raise ValueError("join_answers needs at least one answer")
+    answers = list(dict.fromkeys(answers))
+    if len(answers) == 1:
+        return answers[0]
+    return ", ".join(f"\\boxed{{{a}}}" for a in answers)
+
+
+def split_answers(answer: str) -> list[str]:
+    """Inverse of :func:`join_answers`: the contents of the boxes of ``answer`` if it has any, else ``[answer]``."""
+    if _BOX_OPEN.search(answer) is not None:
+        boxes = extract_all_boxed(answer)
+        if boxes:
+            return boxes
+    return [answer]
+
+
 def _strip_thousands_commas(value: str) -> str:
     """Remove thousands separators ("1,234,567" -> "1234567"); other commas (tuples, intervals) stay."""
     return _THOUSANDS_COMMA.sub("", value)
@@ -139,14 +233,17 @@ def _gold_from_gsm8k(raw: object, source: str | None) -> str:
 
 
 def _gold_from_boxed(raw: object, source: str | None) -> str:
+    """All boxes of a solution: one gold answer, or a set of answers (``\\boxed{a}, \\boxed{b}``)."""
     where = f" ({source})" if source else ""
     text = _require_str(raw, "boxed", source)
-    gold = extract_boxed(text)
-    if gold is None:
-        raise ValueError(f"solution{where} has no complete \\boxed{{...}} answer: {_preview(text)}")
-    if not gold:
+    golds = extract_all_boxed(text)
+    if golds is None:
+        raise ValueError(f"solution{where} has a \\boxed{{ that is never closed: {_preview(text)}")
+    if not golds:
+        raise ValueError(f"solution{where} has no \\boxed{{...}} answer: {_preview(text)}")
+    if not all(golds):
         raise ValueError(f"solution{where} has an empty \\boxed{{}} answer: {_preview(text)}")
-    return gold
+    return join_answers(golds)
 
 
 def _gold_from_plain(raw: object, source: str | None) -> str:
@@ -172,7 +269,7 @@ def _gold_auto(raw: object, source: str | None) -> str:
     if isinstance(raw, str):
         if _hash_answer(raw) is not None:
             return _gold_from_gsm8k(raw, source)
-        if extract_boxed(raw) is not None:
+        if _BOX_OPEN.search(raw) is not None:  # an unclosed box is an error, never plain text
             return _gold_from_boxed(raw, source)
     return _gold_from_plain(raw, source)
 
@@ -200,7 +297,8 @@ def extract_gold(raw: object, kind: GoldKind = "auto", *, source: str | None = N
         raw: the field's value (str, int or float).
         kind: how to read it:
             ``"gsm8k"``: the text after ``#### `` (thousands separators removed);
-            ``"boxed"``: the last ``\\boxed{}`` of a MATH-style solution;
+            ``"boxed"``: every ``\\boxed{}`` of a MATH-style solution (several boxes: a set of answers, encoded
+            by :func:`join_answers`); a box never closed is an error;
             ``"plain"``: the value itself; floats with an integral value render without ``.0``
             (``27.0 -> "27"``), others keep their shortest repr (``2.5 -> "2.5"``);
             ``"auto"``: ``####`` if present, else a box, else plain.
@@ -221,29 +319,33 @@ def extract_gold(raw: object, kind: GoldKind = "auto", *, source: str | None = N
 
 
 def extract_answer(response_text: str) -> str | None:
-    """Predicted final answer of a model response, strict: the last ``\\boxed{}``, else ``#### N``.
+    """Predicted final answer of a model response, strict: the last run of boxes, else ``#### N``.
 
     Strict on purpose: a response without an explicit final-answer marker gets no answer (and so no
     correctness reward) instead of having its last number guessed. The ``format`` reward, which only
     accepts a box, depends on this being the answer the correctness reward graded.
 
+    Strict format also means a bold ``**73**`` or a "The answer is 73" sentence is no answer: the policy is
+    trained to state its answer in the one format that the reward, the evals and the format bonus all read.
+
     Returns:
-        The answer string (may be ``""`` for an empty box), or None when there is no complete box and no
-        ``####`` line.
+        The answer string (may be ``""`` for an empty box; several final boxes are joined by
+        :func:`join_answers`), or None when there is no complete box and no ``####`` line.
     """
-    boxed = extract_boxed(response_text)
-    if boxed is not None:
-        return boxed
+    boxes = extract_final_boxes(response_text)
+    if boxes is not None:
+        return join_answers(boxes)
     return _hash_answer(response_text)
 
 
 def extract_answer_loose(response_text: str) -> str:
     """Vote key of a response for AGPO's vote entropy (arXiv 2605.20722, released code's order).
 
-    Order: last ``\\boxed{}``, else the text after the last ``####``, else the last number (commas
-    removed), else the whole response with whitespace collapsed. The key is lower-cased and stripped,
-    so that two responses with the same final answer share a key. Unlike AGPO's released code, nested
-    braces inside the box are kept (``\\boxed{\\frac{1}{2}}`` -> ``\\frac{1}{2}``).
+    Order: the strict answer (:func:`extract_answer`: the last run of boxes, else the text after the last
+    ``####``), else the last number (commas removed), else the whole response with whitespace collapsed. The key is
+    lower-cased and stripped, so that two responses with the same final answer share a key. Unlike AGPO's released
+    code (the last box only, without nested braces), nested braces are kept (``\\boxed{\\frac{1}{2}}`` ->
+    ``\\frac{1}{2}``) and several final boxes form one key.
 
     Returns:
         Always a string (possibly ``""`` for an empty response).

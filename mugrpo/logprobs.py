@@ -5,14 +5,20 @@ vocab = 403 MB, and autograd keeps several such tensors). :func:`token_logprobs_
 hidden states through the LM head one chunk of tokens at a time, keeps one log-sum-exp per token, and recomputes
 each chunk's logits in backward, so peak extra memory is O(chunk_size x V).
 
-Both functions divide logits by the sampling temperature first: the behavior log-probs stored with a rollout are
-log-probs of the tempered distribution softmax(z / temperature); the importance ratio needs the same quantity.
+Both functions divide logits by the sampling temperature first and, when the rollout was sampled with min-p / top-k /
+top-p, restrict the tempered distribution to the same kept set and renormalize (:mod:`mugrpo.truncation`): the
+behavior log-probs stored with a rollout are log-probs of that distribution, and the importance ratio needs the
+same quantity (the ratio is then exactly 1 for an unchanged policy). The sampled token is always in the kept set.
 """
 
 from __future__ import annotations
 
 import torch
 from torch.autograd.function import once_differentiable
+
+from mugrpo.truncation import Truncation, keep_mask, truncation_threshold
+
+_NO_TRUNCATION = Truncation()
 
 
 def _check_temperature(temperature: float) -> None:
@@ -25,16 +31,19 @@ def token_logprobs_from_logits(
     target_ids: torch.Tensor,
     temperature: float = 1.0,
     *,
+    truncation: Truncation = _NO_TRUNCATION,
     return_entropy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log softmax(logits / temperature)[target] per token: the simple path, for small vocabularies or tests.
+    """log softmax(truncate(logits / temperature))[target] per token: the simple path, for small vocabularies or tests.
 
     Args:
         logits: [B, T, V] logits (any float dtype); ``logits[:, t]`` must be the prediction of
             ``target_ids[:, t]`` (shift a causal LM's logits by one position before calling).
         target_ids: [B, T] int token ids in [0, V).
         temperature: sampling temperature (> 0) the logits are divided by.
-        return_entropy: also return the entropy of softmax(logits / temperature).
+        truncation: min-p / top-k / top-p of the sampling (:mod:`mugrpo.truncation`); the kept set is rebuilt from
+            these logits and always holds the target token.
+        return_entropy: also return the entropy of the (truncated) tempered distribution.
 
     Returns:
         (logprobs [B, T] fp32, entropy [B, T] fp32 in nats or None). Differentiable in ``logits``.
@@ -48,11 +57,18 @@ def token_logprobs_from_logits(
             f"expected logits [B, T, V] and target_ids [B, T], got {tuple(logits.shape)} and {tuple(target_ids.shape)}"
         )
     scaled = logits.float() / temperature
+    if truncation.active:
+        flat = scaled.reshape(-1, scaled.shape[-1])
+        with torch.no_grad():
+            threshold = truncation_threshold(flat, truncation)
+            keep = keep_mask(flat, threshold, target_ids.reshape(-1))
+        scaled = flat.masked_fill(~keep, float("-inf")).view_as(scaled)
     log_normalizer = torch.logsumexp(scaled, dim=-1)
     logprobs = scaled.gather(-1, target_ids.long().unsqueeze(-1)).squeeze(-1) - log_normalizer
     if not return_entropy:
         return logprobs, None
-    entropy = log_normalizer - (torch.softmax(scaled, dim=-1) * scaled).sum(dim=-1)
+    probs = torch.softmax(scaled, dim=-1)
+    entropy = log_normalizer - (probs * scaled.masked_fill(probs == 0, 0.0)).sum(dim=-1)
     return logprobs, entropy
 
 
@@ -63,17 +79,28 @@ def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float
 
 
 def _forward_chunk(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """One chunk: (log-sum-exp [n], log p(target) [n], entropy [n] or None), via two [n, V] fp32 buffers."""
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    truncation: Truncation,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """One chunk: (log-sum-exp [n], log p(target) [n], entropy [n] or None, kept-set threshold [n] or None).
+
+    Sums run over the kept set only (the whole vocabulary without truncation), via two [n, V] fp32 buffers.
+    """
     logits = _chunk_logits(hidden, weight, temperature)
+    threshold = truncation_threshold(logits, truncation) if truncation.active else None
     max_logit = logits.amax(dim=-1, keepdim=True)
     unnormalized = (logits - max_logit).exp_()
+    if threshold is not None:
+        unnormalized.masked_fill_(~keep_mask(logits, threshold, targets), 0.0)
     partition = unnormalized.sum(dim=-1)
     lse = max_logit.squeeze(-1) + partition.log()
     logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
     entropy = lse - unnormalized.mul_(logits).sum(dim=-1) / partition if with_entropy else None  # lse - E_p[z]
-    return lse, logprobs, entropy
+    return lse, logprobs, entropy, threshold
 
 
 def _grad_logits_chunk(
@@ -83,12 +110,23 @@ def _grad_logits_chunk(
     temperature: float,
     lse: torch.Tensor,
     entropy: torch.Tensor,
+    threshold: torch.Tensor | None,
     grad_logprobs: torch.Tensor | None,
     grad_entropy: torch.Tensor | None,
 ) -> torch.Tensor:
-    """d(loss)/d(raw logits) [n, V] fp32 of one chunk, recomputed from its inputs with two [n, V] buffers."""
-    log_p = _chunk_logits(hidden, weight, temperature).sub_(lse.unsqueeze(-1))
+    """d(loss)/d(raw logits) [n, V] fp32 of one chunk, recomputed from its inputs with two [n, V] buffers.
+
+    Under truncation p is the renormalized kept-set distribution and tokens outside the set get zero gradient
+    (the set itself is a piecewise-constant function of the logits).
+    """
+    logits = _chunk_logits(hidden, weight, temperature)
+    dropped = ~keep_mask(logits, threshold, targets) if threshold is not None else None
+    log_p = logits.sub_(lse.unsqueeze(-1))
+    if dropped is not None:
+        log_p.masked_fill_(dropped, float("-inf"))
     probs = log_p.exp()
+    if dropped is not None:
+        log_p.masked_fill_(dropped, 0.0)  # so that p * log p is 0, not nan, outside the kept set
     grad = None
     if grad_entropy is not None:
         # H = -sum_j p_j log p_j;  dH/dz_j = -p_j (log p_j + H).
@@ -112,27 +150,33 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
     """Chunked log p(target) and entropy; saves the inputs plus two floats per token for backward."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, chunk_size, temperature, with_entropy):
+    def forward(ctx, hidden, weight, targets, chunk_size, temperature, truncation, with_entropy):
         with torch.autocast(device_type=hidden.device.type, enabled=False):
-            return _ChunkedTokenLogprobs._forward(ctx, hidden, weight, targets, chunk_size, temperature, with_entropy)
+            return _ChunkedTokenLogprobs._forward(
+                ctx, hidden, weight, targets, chunk_size, temperature, truncation, with_entropy
+            )
 
     @staticmethod
-    def _forward(ctx, hidden, weight, targets, chunk_size, temperature, with_entropy):
+    def _forward(ctx, hidden, weight, targets, chunk_size, temperature, truncation, with_entropy):
         compute_hidden, compute_weight = _common_dtype(hidden, weight)
         num_tokens = hidden.shape[0]
         logprobs = torch.empty(num_tokens, dtype=torch.float32, device=hidden.device)
         log_normalizer = torch.empty_like(logprobs)
         entropy = torch.empty_like(logprobs) if with_entropy else logprobs.new_empty(0)
+        threshold = torch.empty_like(logprobs) if truncation.active else logprobs.new_empty(0)
         for start in range(0, num_tokens, chunk_size):
             rows = slice(start, start + chunk_size)
-            lse, chunk_logprobs, chunk_entropy = _forward_chunk(
-                compute_hidden[rows], compute_weight, targets[rows], temperature, with_entropy
+            lse, chunk_logprobs, chunk_entropy, chunk_threshold = _forward_chunk(
+                compute_hidden[rows], compute_weight, targets[rows], temperature, truncation, with_entropy
             )
             log_normalizer[rows], logprobs[rows] = lse, chunk_logprobs
             if with_entropy:
                 entropy[rows] = chunk_entropy
-        ctx.save_for_backward(hidden, weight, targets, log_normalizer, entropy)
+            if truncation.active:
+                threshold[rows] = chunk_threshold
+        ctx.save_for_backward(hidden, weight, targets, log_normalizer, entropy, threshold)
         ctx.chunk_size, ctx.temperature, ctx.with_entropy = chunk_size, temperature, with_entropy
+        ctx.truncated = truncation.active
         ctx.set_materialize_grads(False)
         if not with_entropy:
             ctx.mark_non_differentiable(entropy)
@@ -147,11 +191,11 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, grad_logprobs, grad_entropy):
-        hidden, weight, targets, log_normalizer, entropy = ctx.saved_tensors
+        hidden, weight, targets, log_normalizer, entropy, threshold = ctx.saved_tensors
         if not ctx.with_entropy:
             grad_entropy = None
         if grad_logprobs is None and grad_entropy is None:
-            return None, None, None, None, None, None
+            return None, None, None, None, None, None, None
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         compute_hidden, compute_weight = _common_dtype(hidden, weight)
         grad_hidden = torch.empty_like(compute_hidden) if need_hidden else None
@@ -165,6 +209,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
                 ctx.temperature,
                 log_normalizer[rows],
                 entropy[rows] if ctx.with_entropy else entropy,
+                threshold[rows] if ctx.truncated else None,
                 grad_logprobs[rows] if grad_logprobs is not None else None,
                 grad_entropy[rows] if grad_entropy is not None else None,
             )
@@ -175,7 +220,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
             del grad_logits  # free this chunk's buffer before the next one is allocated
         grad_hidden = grad_hidden.to(hidden.dtype) if need_hidden else None
         grad_weight = grad_weight.to(weight.dtype) if need_weight else None
-        return grad_hidden, grad_weight, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None
 
 
 def token_logprobs_from_hidden(
@@ -185,9 +230,10 @@ def token_logprobs_from_hidden(
     *,
     chunk_size: int = 1024,
     temperature: float = 1.0,
+    truncation: Truncation = _NO_TRUNCATION,
     return_entropy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log softmax(hidden @ W^T / temperature)[target] per token, computed chunk by chunk.
+    """log softmax(truncate(hidden @ W^T / temperature))[target] per token, computed chunk by chunk.
 
     Equal (to fp32 rounding) to ``token_logprobs_from_logits(hidden @ W.T, ...)`` in value and gradient, but
     the [B*T, V] logits never exist at once: peak extra memory is two chunk_size x V fp32 buffers in forward
@@ -205,7 +251,11 @@ def token_logprobs_from_hidden(
         chunk_size: tokens per chunk (>= 1); peak extra memory ~ 2 x chunk_size x V x 4 bytes (+ an fp32 [V, H]
             weight gradient).
         temperature: sampling temperature (> 0) the logits are divided by.
-        return_entropy: also return per-token entropy of the tempered distribution (differentiable too).
+        truncation: min-p / top-k / top-p of the sampling (:mod:`mugrpo.truncation`): sums run over the kept set,
+            rebuilt per token from these logits (plus the target); one fp32 threshold per token is kept for backward.
+            top-p takes each token's top-256 / top-4096 logits, or sorts the whole row when those hold less than
+            top_p of the mass (then ~3 more chunk_size x V buffers at peak); top-k and min-p need no sort.
+        return_entropy: also return per-token entropy of the (truncated) tempered distribution (differentiable too).
 
     Returns:
         (logprobs [B, T] fp32, entropy [B, T] fp32 in nats or None).
@@ -233,6 +283,6 @@ def token_logprobs_from_hidden(
             raise ValueError(f"target_ids must lie in [0, {vocab}), got min {low}, max {high}")
     flat_hidden = hidden.reshape(batch * tokens, width)
     logprobs, entropy = _ChunkedTokenLogprobs.apply(
-        flat_hidden, lm_head_weight, targets, chunk_size, temperature, return_entropy
+        flat_hidden, lm_head_weight, targets, chunk_size, temperature, truncation, return_entropy
     )
     return logprobs.view(batch, tokens), entropy.view(batch, tokens) if return_entropy else None

@@ -52,6 +52,10 @@ def write_table(store: Store, rel: str, table: pa.Table, name: str, *, run_rel: 
     return FileRecord(path=run_rel or rel, sha256=digest, bytes=len(data), rows=table.num_rows)
 
 
+#: Values of columns an older file lacks, where NULL would be wrong: v1 rollouts were never top-k / min-p truncated.
+DEFAULTS_FOR_OLDER: dict[tuple[str, str], object] = {("rollouts", "top_k"): 0, ("rollouts", "min_p"): 0.0}
+
+
 def check_schema(schema: pa.Schema, name: str, where: str) -> int:
     """Raise SchemaError unless ``schema``'s metadata says table ``name`` at the current version or an older one
     listed in ``schemas.OLDER_SCHEMAS``; returns the version."""
@@ -74,6 +78,9 @@ def check_schema(schema: pa.Schema, name: str, where: str) -> int:
 def read_table(store: Store, rel: str, name: str, *, expected_sha256: str | None = None) -> pa.Table:
     """Read a Parquet table written by :func:`write_table`, checking table name, version and (optionally) sha256.
 
+    A file at an older version listed in :data:`UPGRADES` is brought to the current schema (added columns get
+    the values that the older writer implied).
+
     Raises:
         SchemaError: wrong table, unknown version, or columns that differ from the schema.
         mugrpo.storage.ChecksumError: bytes differ from ``expected_sha256``.
@@ -88,6 +95,13 @@ def read_table(store: Store, rel: str, name: str, *, expected_sha256: str | None
     schema = TABLES[name] if version == SCHEMA_VERSIONS[name] else OLDER_SCHEMAS[(name, version)]
     if not table.schema.remove_metadata().equals(schema):
         raise SchemaError(f"{where}: columns differ from the {name!r} schema version {version}")
-    for missing in (f for f in TABLES[name] if f.name not in schema.names):  # an older version: NULL columns
-        table = table.append_column(missing, pa.nulls(table.num_rows, missing.type))
+    for missing in (f for f in TABLES[name] if f.name not in schema.names):  # an older version: fill what it lacks
+        default = DEFAULTS_FOR_OLDER.get((name, missing.name))
+        column = (
+            pa.nulls(table.num_rows, missing.type)
+            if default is None
+            else pa.array([default] * table.num_rows, missing.type)
+        )
+        table = table.append_column(missing, column)
+    table = table.select(TABLES[name].names)
     return table

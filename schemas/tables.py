@@ -34,6 +34,8 @@ ROLLOUT_SCHEMA = pa.schema(
         pa.field("zero_variance", pa.bool_(), nullable=False),  # all rewards of the group equal
         pa.field("temperature", pa.float32(), nullable=False),
         pa.field("top_p", pa.float32(), nullable=False),
+        pa.field("top_k", pa.int32(), nullable=False),  # 0 = off (v2)
+        pa.field("min_p", pa.float32(), nullable=False),  # 0 = off (v2)
         pa.field("seed", pa.int64(), nullable=False),
         pa.field("engine", pa.string(), nullable=False),
         pa.field("created_at", _ts, nullable=False),
@@ -107,8 +109,16 @@ TABLES: dict[str, pa.Schema] = {
 }
 
 #: Current version of each table's schema. Readers accept exactly these versions.
-SCHEMA_VERSIONS: dict[str, int] = {"rollouts": 1, "train_steps": 2, "evals": 1}
+#: rollouts v2: + top_k, min_p (the trainer replays the engine's truncation, mugrpo.truncation).
+#: train_steps v2: + loss_metrics (a loss's own metrics, e.g. ConSPO's).
+SCHEMA_VERSIONS: dict[str, int] = {"rollouts": 2, "train_steps": 2, "evals": 1}
+
+#: rollouts version 1 = version 2 without ``top_k`` / ``min_p`` (v1 engines applied neither: read as 0 = off).
+ROLLOUT_SCHEMA_V1 = pa.schema([f for f in ROLLOUT_SCHEMA if f.name not in ("top_k", "min_p")])
 
 #: Older versions a reader still accepts: (table, version) -> the schema of that version. Columns added since are
-#: read as NULL (:func:`mugrpo.tables.read_table`; the SQL views read files by column name).
-OLDER_SCHEMAS: dict[tuple[str, int], pa.Schema] = {("train_steps", 1): TRAIN_STEP_SCHEMA_V1}
+#: filled by :func:`mugrpo.tables.read_table` (a stated default, else NULL); the SQL views read files by column name.
+OLDER_SCHEMAS: dict[tuple[str, int], pa.Schema] = {
+    ("train_steps", 1): TRAIN_STEP_SCHEMA_V1,
+    ("rollouts", 1): ROLLOUT_SCHEMA_V1,
+}

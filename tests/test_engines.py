@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from mugrpo.engines import ROLLOUT_ENGINES, Sample, SamplingParams, make_engine
 from mugrpo.engines.transformers_engine import TransformersEngine, sample_next_tokens, top_p_mask
 from mugrpo.models import load_policy, response_logprobs
+from mugrpo.truncation import Truncation
 
 QUESTIONS = ["hi", "What is 2 + 2? Explain every step in detail, please.", "x", "Name three prime numbers."]
 # A wide stop set makes the tiny random policy end responses at varied lengths (exercises batch compaction).
@@ -97,7 +98,9 @@ def test_sampler_matches_the_tempered_distribution_and_reports_its_logprobs():
     logits = torch.tensor([0.0, 1.0, -1.0, -30.0])
     rows, temperature = 20000, 0.8
     generators = [torch.Generator().manual_seed(i) for i in range(rows)]
-    tokens, logprobs = sample_next_tokens(logits.repeat(rows, 1), torch.full((rows,), temperature), 1.0, generators)
+    tokens, logprobs = sample_next_tokens(
+        logits.repeat(rows, 1), torch.full((rows,), temperature), Truncation(), generators
+    )
     expected = torch.softmax(logits / temperature, dim=-1)
     freq = torch.bincount(tokens, minlength=4).double() / rows
     assert torch.allclose(freq, expected.double(), atol=0.015), (freq, expected)
@@ -108,7 +111,7 @@ def test_sampler_with_top_p_samples_only_the_nucleus_and_renormalizes():
     logits = torch.tensor([0.0, 1.0, -1.0, -30.0])
     rows = 4000
     generators = [torch.Generator().manual_seed(i) for i in range(rows)]
-    tokens, logprobs = sample_next_tokens(logits.repeat(rows, 1), torch.ones(rows), 0.7, generators)
+    tokens, logprobs = sample_next_tokens(logits.repeat(rows, 1), torch.ones(rows), Truncation(top_p=0.7), generators)
     probs = torch.softmax(logits, dim=-1)  # 0.245, 0.665, 0.090, ~0: nucleus {0, 1}
     assert set(tokens.tolist()) == {0, 1}
     renormalized = probs[:2] / probs[:2].sum()
@@ -118,7 +121,7 @@ def test_sampler_with_top_p_samples_only_the_nucleus_and_renormalizes():
 def test_greedy_rows_take_the_argmax_and_report_untempered_logprobs():
     logits = torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 1.0]])
     gens = [torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)]
-    tokens, logprobs = sample_next_tokens(logits, torch.zeros(2), 0.5, gens)
+    tokens, logprobs = sample_next_tokens(logits, torch.zeros(2), Truncation(top_p=0.5), gens)
     assert tokens.tolist() == [1, 0]
     assert torch.allclose(logprobs, torch.log_softmax(logits, -1)[[0, 1], [1, 0]])
 

@@ -30,7 +30,8 @@ needs_data = pytest.mark.skipif(not DATA_DIR.is_dir(), reason=f"datasets not fou
 
 @REWARD_FUNCTIONS.register("test_misbehave")
 def _misbehave(item: RewardInput, answer: str | None) -> float:
-    """Test-only: hangs on "HANG", sleeps 1 s on "SLOW", raises on "RAISE", kills its process on "DIE"."""
+    """Test-only: hangs on "HANG", sleeps 1 s on "SLOW", raises on "RAISE", kills its process on "DIE", returns
+    its worker's pid on "PID"."""
     if "HANG" in item.response_text:
         time.sleep(600)
     if "SLOW" in item.response_text:
@@ -39,6 +40,8 @@ def _misbehave(item: RewardInput, answer: str | None) -> float:
         raise ArithmeticError("deliberate failure")
     if "DIE" in item.response_text:
         os._exit(3)
+    if "PID" in item.response_text:
+        return float(os.getpid())
     return 1.0
 
 
@@ -164,11 +167,41 @@ def test_timeout_error_and_crash_never_stop_the_scorer() -> None:
 
 
 def test_items_run_in_parallel_across_workers() -> None:
-    config = RewardConfig(components={"test_misbehave": 1.0}, num_workers=2, verify_timeout_s=10.0)
+    """Four 1-second items on two workers: both workers take items (checked by pid, not by timing)."""
+    config = RewardConfig(components={"test_misbehave": 1.0}, num_workers=2, verify_timeout_s=30.0)
     with RewardScorer(config) as scorer:
         scorer.wait_ready()
-        start = time.monotonic()
-        results = scorer.score([RewardInput("SLOW", "0")] * 4)  # 4 x 1 s of sleep on 2 workers
-        elapsed = time.monotonic() - start
-    assert [r.reward for r in results] == [1.0] * 4
-    assert 1.9 < elapsed < 3.5, elapsed  # serial would take >= 4 s
+        results = scorer.score([RewardInput("SLOW PID", "0")] * 4)
+    assert [r.status for r in results] == ["ok"] * 4
+    assert len({r.reward for r in results}) == 2  # two distinct worker pids
+
+
+def test_close_stops_every_worker_process() -> None:
+    import multiprocessing
+
+    before = {p.pid for p in multiprocessing.active_children()}
+    scorer = RewardScorer(RewardConfig(components={"test_misbehave": 1.0}, num_workers=2))
+    scorer.wait_ready()
+    workers = [p for p in multiprocessing.active_children() if p.pid not in before]
+    assert len(workers) == 2 and all(p.is_alive() for p in workers)
+    scorer.close()
+    scorer.close()  # idempotent
+    assert not any(p.is_alive() for p in workers)
+    with pytest.raises(RuntimeError, match="closed"):
+        scorer.score([RewardInput("x", "1")])
+
+
+def _broken_initializer() -> None:
+    raise ImportError("deliberately broken environment")
+
+
+def _identity(item: object) -> object:
+    return item
+
+
+def test_a_worker_that_cannot_start_is_a_clear_error_not_a_hang() -> None:
+    from mugrpo.rewards.pool import TimeoutPool
+
+    with TimeoutPool(_identity, 1, initializer=_broken_initializer, start_timeout_s=60) as pool:
+        with pytest.raises(RuntimeError, match="failed to start"):
+            pool.wait_ready()

@@ -39,6 +39,8 @@ def rollout_rows(n: int = 3) -> list[dict]:
             zero_variance=False,
             temperature=1.0,
             top_p=1.0,
+            top_k=0,
+            min_p=0.0,
             seed=7,
             engine="transformers",
             created_at=now,
@@ -138,3 +140,16 @@ def test_train_steps_version_1_reads_with_null_loss_metrics_in_python_and_sql(tm
     assert dict(read_table(store, new_rel, "train_steps").column("loss_metrics")[0].as_py()) == {
         "conspo_valid_groups": 2.0
     }
+
+
+def test_rollouts_v1_files_are_read_with_top_k_and_min_p_off(tmp_path):
+    """A run committed before rollouts v2 (no top_k / min_p columns) still resumes: the columns read as off."""
+    table = table_from_rows(rollout_rows(3), "rollouts").drop_columns(["top_k", "min_p"])
+    table = table.replace_schema_metadata({b"mugrpo.table": b"rollouts", META_VERSION: b"1"})
+    store = Store(str(tmp_path))
+    buf = pa.BufferOutputStream()
+    pq.write_table(table, buf)
+    store.write_bytes("old.parquet", buf.getvalue().to_pybytes())
+    upgraded = read_table(store, "old.parquet", "rollouts")
+    assert upgraded.schema.remove_metadata().equals(ROLLOUT_SCHEMA)
+    assert upgraded["top_k"].to_pylist() == [0, 0, 0] and upgraded["min_p"].to_pylist() == [0.0] * 3

@@ -25,7 +25,9 @@ import pytest
 import torch
 
 from mugrpo.engines.transformers_engine import top_p_mask
+from mugrpo.logprobs import token_logprobs_from_logits
 from mugrpo.models import load_policy, response_logprobs
+from mugrpo.truncation import Truncation
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = os.environ.get("MUGRPO_VLLM_PYTHON")
@@ -100,6 +102,10 @@ def vllm_run(tiny_model_dir, policy, tmp_path_factory):
             "params": {"n": 2, "max_new_tokens": 12, "temperatures": [0.5, 1.3, 1.0]},
         },
         "top_p": {"prompts": mixed, "params": {"n": 2, "max_new_tokens": 12, "top_p": 0.5}},
+        "truncated": {
+            "prompts": mixed,
+            "params": {"n": 2, "max_new_tokens": 12, "temperature": 0.9, "top_p": 0.9, "top_k": 20, "min_p": 0.05},
+        },
         "greedy": {"prompts": mixed, "params": {"n": 2, "max_new_tokens": 12, "temperature": 0.0}},
         "chunked_32x4": {"prompts": many, "params": {"n": 4, "max_new_tokens": 32}},
     }
@@ -169,6 +175,19 @@ def test_top_p_logprobs_are_those_of_the_truncated_distribution(vllm_run, policy
         expected = torch.log_softmax(top_p_mask(logits, 0.5), -1)[range(len(ids)), ids]
         assert torch.isfinite(expected).all()  # every sampled token lies in the nucleus
         assert torch.allclose(torch.tensor(s["behavior_logprobs"]), expected, atol=LOGPROB_TOLERANCE)
+
+
+def test_trainer_replay_of_min_p_top_k_top_p_equals_vllm_processed_logprobs(vllm_run, policy):
+    """The trainer's log-probs under the rows' truncation (mugrpo.truncation) are vLLM's: update-1 ratio 1."""
+    model, _ = policy
+    _, _, flat_prompts, samples = samples_of(vllm_run, "truncated")
+    truncation = Truncation(top_p=0.9, top_k=20, min_p=0.05)
+    for prompt, s in zip(flat_prompts, samples, strict=True):
+        ids = s["response_token_ids"]
+        with torch.inference_mode():
+            logits = model(input_ids=torch.tensor([prompt + ids])).logits[:, len(prompt) - 1 : -1].float()
+            replayed, _ = token_logprobs_from_logits(logits, torch.tensor([ids]), 0.9, truncation=truncation)
+        assert torch.allclose(torch.tensor(s["behavior_logprobs"]), replayed[0], atol=LOGPROB_TOLERANCE)
 
 
 def test_greedy_is_the_teacher_forced_argmax(vllm_run, policy):

@@ -6,11 +6,10 @@ for every response token, the behavior log-prob that the trainer's importance ra
 
 Behavior log-prob convention (every engine follows it; the engines' tests check it):
     the log-prob of the sampled token under the distribution it was ACTUALLY sampled from, i.e.
-    softmax(logits / T) restricted to the top-p nucleus and renormalized over it. This is what vLLM returns with
-    ``logprobs_mode="processed_logprobs"``. With ``top_p = 1`` (the default, and what training rollouts should use)
-    it is exactly ``log_softmax(logits / T)[token]``, the quantity the trainer recomputes for pi_theta, so the
-    importance ratio is 1 at staleness 0. With ``top_p < 1`` the stored value exceeds the untruncated one by
-    ``-log(nucleus mass)``; a trainer that recomputes untruncated log-probs then sees ratios below 1 even on-policy.
+    softmax(logits / T) restricted to the min-p / top-k / top-p kept set and renormalized over it
+    (:mod:`mugrpo.truncation`). This is what vLLM returns with ``logprobs_mode="processed_logprobs"``. Without
+    truncation it is ``log_softmax(logits / T)[token]``. The trainer recomputes pi_theta under the same truncation
+    (rows carry temperature, top_p, top_k, min_p), so the importance ratio is 1 at staleness 0 in every setting.
     Greedy decoding (T = 0) reports ``log_softmax(logits)[token]`` (the policy at T = 1), as vLLM does.
 
 This module imports no torch and no inference library, so configs can import :class:`SamplingParams` cheaply.
@@ -27,6 +26,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mugrpo.registry import Registry
+from mugrpo.truncation import Truncation
 
 FinishReason = Literal["stop", "length"]
 
@@ -46,9 +46,22 @@ class SamplingParams(BaseModel):
         1.0,
         gt=0.0,
         le=1.0,
-        description="Nucleus sampling mass. Keep 1.0 for training rollouts: behavior log-probs are taken after "
-        "top-p truncation (see mugrpo.engines.base), so only top_p = 1 makes them equal the trainer's "
-        "log_softmax(logits / T). ConSPO evaluates with top-p 0.95 (arXiv 2605.12969).",
+        description="Nucleus sampling mass (Holtzman et al. 2020, arXiv 1904.09751); 1.0 = off. Behavior log-probs "
+        "are taken after truncation and the trainer replays the same truncation (mugrpo.truncation), so the "
+        "importance ratio stays unbiased. ConSPO evaluates with top-p 0.95 (arXiv 2605.12969).",
+    )
+    top_k: int = Field(
+        0,
+        ge=0,
+        description="Top-k sampling (Fan et al. 2018, arXiv 1805.04833): keep the k most likely tokens; 0 = off. "
+        "Applied before top-p, as vLLM does; replayed by the trainer like top_p.",
+    )
+    min_p: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Min-p sampling (Nguyen et al. 2024, arXiv 2407.01082): keep tokens with p >= min_p * p_max; "
+        "0 = off. Applied first, as vLLM does; replayed by the trainer like top_p.",
     )
     max_new_tokens: int = Field(256, ge=1, description="Response length cap; a capped response ends with 'length'.")
     n: int = Field(4, ge=1, description="Group size G: responses sampled per prompt (GRPO group; AGPO default G = 8).")
@@ -84,6 +97,11 @@ class SamplingParams(BaseModel):
         if any(t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be >= 0, got {self.stop_token_ids}")
         return self
+
+    @property
+    def truncation(self) -> Truncation:
+        """The min-p / top-k / top-p setting as one :class:`~mugrpo.truncation.Truncation`."""
+        return Truncation(top_p=self.top_p, top_k=self.top_k, min_p=self.min_p)
 
     def temperatures_for(self, num_prompts: int) -> list[float]:
         """Temperature of each of ``num_prompts`` prompts: ``temperatures`` if set, else ``temperature`` for all.

@@ -32,6 +32,7 @@ from mugrpo.engines.base import (
     finish_reason_of,
 )
 from mugrpo.models import eos_token_ids, load_policy
+from mugrpo.truncation import Truncation, apply_truncation
 
 
 def _as_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -59,38 +60,29 @@ def row_generator(seed: int, prompt_index: int, sample_index: int) -> torch.Gene
 
 
 def top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Set logits outside the top-p nucleus to -inf, with vLLM's rule (so both engines truncate identically).
-
-    Sort ascending; drop a token when the cumulative probability up to and including it is <= 1 - top_p; the most
-    likely token is always kept. Ties at the boundary follow the sort order.
+    """Set logits outside the top-p nucleus to -inf (vLLM's rule; see :mod:`mugrpo.truncation`).
 
     Args:
         logits: [R, V] float logits (already divided by the temperature).
         top_p: nucleus mass in (0, 1].
 
     Returns:
-        [R, V] logits with the tokens outside the nucleus at -inf (a new tensor).
+        [R, V] logits with the tokens outside the nucleus at -inf.
     """
-    if top_p >= 1.0:
-        return logits
-    sorted_logits, order = logits.sort(dim=-1, descending=False)
-    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-    drop = cumulative <= 1.0 - top_p
-    drop[:, -1] = False
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+    return apply_truncation(logits, Truncation(top_p=top_p))
 
 
 def sample_next_tokens(
     logits: torch.Tensor,
     temperatures: torch.Tensor,
-    top_p: float,
+    truncation: Truncation,
     generators: list[torch.Generator],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row and return it with its behavior log-prob.
 
     Exponential race (equivalent to sampling from p): token = argmax_v p_v / E_v with E_v = -log(U_v) ~ Exp(1),
-    U drawn from the row's generator; p = softmax(top_p_mask(logits / T)). Unlike inverse-CDF sampling, whose
+    U drawn from the row's generator; p = softmax(truncate(logits / T)) (min-p, top-k, top-p:
+    :mod:`mugrpo.truncation`, the rule the trainer replays). Unlike inverse-CDF sampling, whose
     cumulative sum over ~50k tokens moves every boundary when any logit changes by round-off, the race only flips
     when two keys tie to float precision, so samples survive re-batching. The log-prob is
     ``z_token - max(z) - log(sum(exp(z - max(z))))`` with z the masked scaled logits, i.e. log p(token).
@@ -100,7 +92,7 @@ def sample_next_tokens(
     Args:
         logits: [R, V] next-token logits (any float dtype; computed in fp32).
         temperatures: [R] temperatures >= 0.
-        top_p: nucleus mass in (0, 1]; greedy rows are not truncated.
+        truncation: min-p / top-k / top-p of the sampling; greedy rows are not truncated.
         generators: R CPU generators, one per row.
 
     Returns:
@@ -109,8 +101,8 @@ def sample_next_tokens(
     logits = logits.float()
     greedy = (temperatures <= 0).to(logits.device)
     scaled = logits / torch.where(greedy, 1.0, temperatures.to(logits))[:, None]
-    if top_p < 1.0:
-        scaled = torch.where(greedy[:, None], scaled, top_p_mask(scaled, top_p))
+    if truncation.active:
+        scaled = torch.where(greedy[:, None], scaled, apply_truncation(scaled, truncation))
     row_max = scaled.max(dim=-1, keepdim=True).values
     weights = (scaled - row_max).exp_()
     noise = torch.empty(logits.shape, dtype=torch.float32)
@@ -253,7 +245,7 @@ class TransformersEngine(ClosingEngine):
         for step in range(params.max_new_tokens):
             alive_list = alive.tolist()
             next_tokens, next_logprobs = sample_next_tokens(
-                logits, row_temperatures[alive], params.top_p, [generators[r] for r in alive_list]
+                logits, row_temperatures[alive], params.truncation, [generators[r] for r in alive_list]
             )
             for row, token, logprob in zip(alive_list, next_tokens.tolist(), next_logprobs.tolist(), strict=True):
                 tokens[row].append(token)

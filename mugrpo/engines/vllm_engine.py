@@ -5,7 +5,8 @@ lazily inside :class:`VLLMEngine`: this module imports (and registers the engine
 
 Behavior log-probs: the engine is built with ``logprobs_mode="processed_logprobs"`` and each request asks for
 ``logprobs=0``, so vLLM returns, per response token, the log-prob of the sampled token under softmax(logits / T)
-after top-p truncation -- the convention of :mod:`mugrpo.engines.base` that TransformersEngine also follows.
+after min-p / top-k / top-p truncation -- the convention of :mod:`mugrpo.engines.base` that TransformersEngine
+also follows.
 The model's ``generation_config.json`` defaults are ignored (``generation_config="vllm"``): only our
 :class:`~mugrpo.engines.base.SamplingParams` decide how to sample. Stop tokens are passed explicitly (the model's
 EOS ids plus ``params.stop_token_ids``), and the response text is decoded with the HF tokenizer, as in
@@ -142,6 +143,8 @@ class VLLMEngine(ClosingEngine):
             n=1 if temperature <= 0 else params.n,  # vLLM refuses n > 1 when greedy; see generate
             temperature=temperature,
             top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else -1,  # vLLM: -1 (or 0) disables top-k
+            min_p=params.min_p,
             max_tokens=params.max_new_tokens,
             logprobs=0,  # only the sampled token's log-prob
             stop_token_ids=sorted(set(self.eos_token_ids) | set(params.stop_token_ids)),

@@ -208,6 +208,8 @@ def shard_rows(
                 "zero_variance": bool(zv),
                 "temperature": s.temperature,
                 "top_p": params.top_p,
+                "top_k": params.top_k,
+                "min_p": params.min_p,
                 "seed": params.seed,
                 "engine": spec.engine,
                 "created_at": now,

@@ -5,7 +5,9 @@ A reward component scores one response against its gold answer::
     fn(item: RewardInput, answer: str | None) -> float
 
 ``answer`` is the response's predicted answer as extracted by :func:`mugrpo.answers.extract_answer`
-(computed once per response and shared by all components). Components run inside the scorer's worker
+(computed once per response and shared by all components). Both ``answer`` and ``item.ground_truth`` may hold several
+answers, encoded as ``\\boxed{a}, \\boxed{b}`` (:func:`mugrpo.answers.join_answers`; read them back with
+:func:`mugrpo.answers.split_answers`). Components run inside the scorer's worker
 processes, so they must be module-level functions (picklable by reference) and their module must be
 importable in a fresh interpreter.
 """

@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from mugrpo.trainer.data import Rollout
+from mugrpo.truncation import Truncation
 
 
 @dataclass
@@ -27,6 +28,7 @@ class TokenBatch:
         behavior_logprobs: [B, R] float32 log pi_behav of the response tokens, 0 on padding.
         advantages: [B] float32 sequence-level advantages.
         temperatures: [B] float32 temperature of each row's behavior distribution.
+        truncations: B min-p / top-k / top-p settings of each row's behavior distribution.
         group_index: [B] int64 index of each row's group in the rollout set.
         prompt_ids: B prompt ids (for error reports).
         positive: [B] bool positive/negative label of each row (ConSPO), or None when the rollouts carry none.
@@ -40,6 +42,7 @@ class TokenBatch:
     behavior_logprobs: torch.Tensor
     advantages: torch.Tensor
     temperatures: torch.Tensor
+    truncations: list[Truncation]
     group_index: torch.Tensor
     prompt_ids: list[str]
     positive: torch.Tensor | None = None
@@ -95,6 +98,7 @@ def collate(rollouts: list[Rollout], group_index: list[int], pad_token_id: int) 
         behavior_logprobs=behavior,
         advantages=torch.tensor([r.advantage for r in rollouts], dtype=torch.float32),
         temperatures=torch.tensor([r.temperature for r in rollouts], dtype=torch.float32),
+        truncations=[r.truncation for r in rollouts],
         group_index=torch.tensor(group_index, dtype=torch.long),
         prompt_ids=[r.prompt_id for r in rollouts],
         positive=(

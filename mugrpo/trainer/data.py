@@ -22,6 +22,7 @@ from mugrpo.losses.conspo import PositiveLabeler, count_valid_groups
 from mugrpo.manifest import read_job_manifest
 from mugrpo.storage import Store
 from mugrpo.tables import read_table
+from mugrpo.truncation import Truncation
 
 #: Rollout columns the trainer reads.
 ROLLOUT_COLUMNS = [
@@ -38,6 +39,9 @@ ROLLOUT_COLUMNS = [
     "advantage",
     "zero_variance",
     "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
 ]
 
 
@@ -51,8 +55,10 @@ class Rollout:
 
     ``temperature`` is the temperature of the distribution the behavior log-probs are log-probs of: the
     sampling temperature, or 1.0 for greedy rollouts (T = 0), whose engines report the T = 1 policy
-    (:mod:`mugrpo.engines.base`). ``positive`` is the row's positive/negative label for losses that need one
-    (ConSPO), from the loss's ``positive_rule``; None when the loss needs none.
+    (:mod:`mugrpo.engines.base`). ``truncation`` is the min-p / top-k / top-p the engine sampled with (none for
+    greedy rows); the trainer computes its log-probs under the same truncation (:mod:`mugrpo.truncation`).
+    ``positive`` is the row's positive/negative label for losses that need one (ConSPO), from the loss's
+    ``positive_rule``; None when the loss needs none.
     """
 
     stage: int
@@ -65,6 +71,7 @@ class Rollout:
     reward: float
     advantage: float
     temperature: float
+    truncation: Truncation = Truncation()
     positive: bool | None = None
 
     @property
@@ -95,6 +102,11 @@ def _row_error(where: str, row: dict, message: str) -> RolloutDataError:
     )
 
 
+def _f32(value: float) -> float:
+    """The shortest decimal of a float32 column value (0.8999999761581421 -> 0.9): the value the engine was given."""
+    return float(str(np.float32(value)))
+
+
 def _to_rollout(row: dict, where: str, positive_label: PositiveLabeler | None = None) -> Rollout:
     """Validate one rollout row (lengths, finiteness) and convert it, labeled by ``positive_label`` when given."""
     response, logprobs = row["response_token_ids"], row["behavior_logprobs"]
@@ -122,6 +134,10 @@ def _to_rollout(row: dict, where: str, positive_label: PositiveLabeler | None = 
             positive = positive_label(float(row["reward"]), dict(row["reward_components"]))
         except ValueError as e:
             raise _row_error(where, row, f"reward_components: {e}") from None
+    try:
+        truncation = Truncation(top_p=_f32(row["top_p"]), top_k=int(row["top_k"]), min_p=_f32(row["min_p"]))
+    except ValueError as e:
+        raise _row_error(where, row, str(e)) from None
     return Rollout(
         stage=row["stage"],
         policy_version=row["policy_version"],
@@ -133,6 +149,7 @@ def _to_rollout(row: dict, where: str, positive_label: PositiveLabeler | None = 
         reward=float(row["reward"]),
         advantage=float(row["advantage"]),
         temperature=temperature if temperature > 0 else 1.0,
+        truncation=truncation if temperature > 0 else Truncation(),  # greedy rows are never truncated
         positive=positive,
     )
 

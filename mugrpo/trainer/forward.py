@@ -43,6 +43,9 @@ class PolicyTokenLogprobs(nn.Module):
     def forward(self, batch: TokenBatch, return_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and entropies) of ``batch.response_ids`` under softmax(logits / T_i) of each row i.
 
+        Restricted to row i's min-p / top-k / top-p kept set and renormalized when the row was sampled truncated
+        (:mod:`mugrpo.truncation`).
+
         Returns:
             logprobs [B, R] fp32 (differentiable), entropy [B, R] fp32 detached in nats, or None. Values at
             padding positions are finite but meaningless: mask them with ``batch.response_mask``.
@@ -53,28 +56,31 @@ class PolicyTokenLogprobs(nn.Module):
         index = batch.response_index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
         response_hidden = hidden.gather(1, index)  # [B, R, H]
         weight = self.policy.get_output_embeddings().weight
-        temps = batch.temperatures.tolist()
-        if len(set(temps)) == 1:
+        keys = list(zip(batch.temperatures.tolist(), batch.truncations, strict=True))
+        if len(set(keys)) == 1:
+            temperature, truncation = keys[0]
             logprobs, entropy = token_logprobs_from_hidden(
                 response_hidden,
                 weight,
                 batch.response_ids,
                 chunk_size=self.chunk_size,
-                temperature=temps[0],
+                temperature=temperature,
+                truncation=truncation,
                 return_entropy=return_entropy,
             )
             return logprobs, entropy.detach() if entropy is not None else None
-        # Rows sampled at different temperatures (AGPO's per-prompt temperature): one call per temperature.
+        # Rows sampled with different temperatures (AGPO's per-prompt temperature) or truncations: one call each.
         logprobs = response_hidden.new_zeros(batch.response_ids.shape, dtype=torch.float32)
         entropy = torch.zeros_like(logprobs) if return_entropy else None
-        for temp in sorted(set(temps)):
-            rows = torch.tensor([i for i, t in enumerate(temps) if t == temp], device=hidden.device)
+        for key in sorted(set(keys), key=repr):
+            rows = torch.tensor([i for i, k in enumerate(keys) if k == key], device=hidden.device)
             lp, ent = token_logprobs_from_hidden(
                 response_hidden.index_select(0, rows),
                 weight,
                 batch.response_ids.index_select(0, rows),
                 chunk_size=self.chunk_size,
-                temperature=temp,
+                temperature=key[0],
+                truncation=key[1],
                 return_entropy=return_entropy,
             )
             logprobs = logprobs.index_copy(0, rows, lp)

@@ -102,6 +102,8 @@ def synthetic_rollout_rows(
                 "zero_variance": bool(zero_var),
                 "temperature": temperature,
                 "top_p": 1.0,
+                "top_k": 0,
+                "min_p": 0.0,
                 "seed": seed,
                 "engine": "synthetic",
                 "created_at": now,
