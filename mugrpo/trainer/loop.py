@@ -49,6 +49,7 @@ from mugrpo.trainer.checkpoint import (
 from mugrpo.trainer.data import RolloutSet, load_rollouts, make_minibatch_order, split_minibatch
 from mugrpo.trainer.forward import PolicyTokenLogprobs
 from mugrpo.trainer.optim import build_lr_schedule, build_optimizer
+from mugrpo.trainer.precision import check_fp32_master
 from mugrpo.trainer.records import delete_parts_after, read_steps, train_step_row, write_steps_part
 from mugrpo.trainer.spec import TrainSpec
 from mugrpo.trainer.step import NonFiniteError, train_update
@@ -214,7 +215,8 @@ def run_training(spec: TrainSpec) -> JobManifest:
         policy, _ = load_policy(behavior_dir)
         if train.recompute_behavior_logprobs or spec.loss.tis_cap is not None:
             probe = PolicyTokenLogprobs(policy.to(accelerator.device).eval(), train.logprob_chunk_size)
-            trainer_behavior = recompute_logprobs(probe, data, train.micro_batch_size, pad_id, accelerator.device)
+            with accelerator.autocast():  # the training forward's precision, so the update-1 ratio is exactly 1
+                trainer_behavior = recompute_logprobs(probe, data, train.micro_batch_size, pad_id, accelerator.device)
             if train.recompute_behavior_logprobs:
                 data.rollouts = [
                     dataclasses.replace(r, behavior_logprobs=lp.tolist())
@@ -244,6 +246,7 @@ def run_training(spec: TrainSpec) -> JobManifest:
                 prev_rel = layout.checkpoint_dir(spec.stage - 1, previous)
                 set_optimizer_state_dict(model, _inner(optimizer), read_optimizer_state(store, prev_rel), options=_FULL)
                 console.print(f"train stage {spec.stage}: AdamW moments carried over from {store.uri(prev_rel)}")
+        check_fp32_master(model.parameters(), optimizer)
         reference = None
         if spec.loss.kl_coef > 0:
             ref_policy, _ = load_policy(local_policy_dir(store, spec.reference_policy_dir))
