@@ -49,7 +49,7 @@ from mugrpo.trainer.checkpoint import (
 from mugrpo.trainer.data import RolloutSet, load_rollouts, make_minibatch_order, split_minibatch
 from mugrpo.trainer.forward import PolicyTokenLogprobs
 from mugrpo.trainer.optim import build_lr_schedule, build_optimizer
-from mugrpo.trainer.precision import check_fp32_master
+from mugrpo.trainer.precision import check_fp32_master, recompute_context_fn
 from mugrpo.trainer.records import delete_parts_after, read_steps, train_step_row, write_steps_part
 from mugrpo.trainer.spec import TrainSpec
 from mugrpo.trainer.step import NonFiniteError, train_update
@@ -72,11 +72,12 @@ def _policy_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def enable_activation_checkpointing(policy) -> None:
     """Recompute each decoder layer's activations in backward (non-reentrant torch.utils.checkpoint)."""
+    kwargs = {"use_reentrant": False, "context_fn": recompute_context_fn(policy)}  # same attention on recompute
     enable = getattr(policy, "activation_checkpointing_enable", None)  # transformers >= 5.x name
     if enable is not None:
-        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        enable(activation_checkpointing_kwargs=kwargs)
     else:
-        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def _inner(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:

@@ -55,6 +55,22 @@ def batch_invariant_attention(device_type: str) -> contextlib.AbstractContextMan
     return sdpa_kernel(SDPBackend.MATH)
 
 
+def recompute_context_fn(module: torch.nn.Module):
+    """``context_fn`` for non-reentrant activation checkpointing: the recomputation in backward runs under
+    :func:`batch_invariant_attention` too (the forward already does, inside ``PolicyTokenLogprobs``), so the
+    recomputed activations are the forward's (torch.utils.checkpoint checks their metadata).
+
+    Returns:
+        a callable giving (forward context, recomputation context); the device is read at call time.
+    """
+
+    def context_fn():
+        device_type = next(module.parameters()).device.type
+        return contextlib.nullcontext(), batch_invariant_attention(device_type)
+
+    return context_fn
+
+
 def check_fp32_master(parameters: Iterable[torch.nn.Parameter], optimizer: torch.optim.Optimizer) -> None:
     """Check that trainable parameters, their gradients and the optimizer's floating-point state are fp32.
 
