@@ -155,7 +155,7 @@ def _bf16_config(root: Path, tiny_model_dir: Path, **train) -> Config:
             "loss": {"name": "mu_grpo", "veto_delta": 1e-4},
             "train": {
                 "updates_per_stage": 2,
-                "rollouts_per_update": 4,
+                "rollouts_per_update": 2,  # 4 of the stage's 8 rollouts are trained on (and recomputed)
                 "micro_batch_size": 2,
                 "checkpoint_every": 2,
                 "skip_zero_variance_groups": False,

@@ -216,8 +216,15 @@ def run_training(spec: TrainSpec) -> JobManifest:
         policy, _ = load_policy(behavior_dir)
         if train.recompute_behavior_logprobs or spec.loss.tis_cap is not None:
             probe = PolicyTokenLogprobs(policy.to(accelerator.device).eval(), train.logprob_chunk_size)
-            with accelerator.autocast():  # the training forward's precision, so the update-1 ratio is exactly 1
-                trainer_behavior = recompute_logprobs(probe, data, train.micro_batch_size, pad_id, accelerator.device)
+            # Only the rollouts this stage's updates draw; the others keep the engine's (never read). Under the
+            # training forward's autocast, so the update-1 ratio is exactly 1 (mugrpo.trainer.precision).
+            needed = sorted({i for u in range(total) for i in order.minibatch(u)})
+            subset = dataclasses.replace(data, rollouts=[data.rollouts[i] for i in needed])
+            with accelerator.autocast():
+                recomputed = recompute_logprobs(probe, subset, train.micro_batch_size, pad_id, accelerator.device)
+            trainer_behavior = [torch.tensor(r.behavior_logprobs, dtype=torch.float32) for r in data.rollouts]
+            for i, logprobs in zip(needed, recomputed, strict=True):
+                trainer_behavior[i] = logprobs
             if train.recompute_behavior_logprobs:
                 data.rollouts = [
                     dataclasses.replace(r, behavior_logprobs=lp.tolist())
