@@ -140,7 +140,7 @@ class TrainSection(_Section):
         "(removes engine-vs-trainer mismatch; see loss.tis_cap for the truncated-IS alternative). The trainer's "
         "forward is batch-invariant on CPU and the recomputation runs under the same autocast, so the update-1 "
         "ratio is exactly 1; verl's default (old log-probs recomputed by the actor). One extra no-grad forward "
-        "over the stage's trainable rollouts. On in the bf16 configs (docs/precision.md).",
+        "over the rollouts the stage's updates draw. On in the bf16 configs (docs/precision.md).",
     )
     mixed_precision: Literal["no", "bf16", "fp16"] = Field(
         "no",
