@@ -4,6 +4,7 @@ batches, in the same run; peak RSS of each (issue 4, target ratio >= 0.9).
     python bench/train_overhead.py                         # tiny random Llama with the SmolLM2 tokenizer
     python bench/train_overhead.py --model DIR             # any HF dir, e.g. SmolLM2-135M converted from GGUF
     python bench/train_overhead.py --updates 8 --response-tokens 64 128 --threads 2 --json out.json
+    python bench/train_overhead.py --model DIR --dtype float32 bfloat16   # fp32 vs bf16 autocast, alternated
 
 Both sides run in their own subprocess (so ``ru_maxrss`` from ``os.wait4`` is each one's own peak RSS) with the
 same thread count, the same committed synthetic rollouts (:mod:`mugrpo.trainer.synthetic`) and the same
@@ -14,6 +15,12 @@ minibatches and micro-batches (the job's seeded order, re-derived here with the 
   Its tokens/s is the per-update ``tokens_per_second`` of the train_steps table (forward, backward, step).
 * bare: ``model(input_ids).logits -> log_softmax -> gather -> -(A * logp).sum() / N -> backward``, then
   ``AdamW.step()``; timed over the same span (forward, backward, step) of each update.
+
+``--dtype bfloat16`` runs both sides under bf16 autocast over fp32 master weights (the job with
+``train.mixed_precision: bf16``; the bare side in ``torch.autocast("cpu", bfloat16)`` with an fp32 log-softmax).
+Several dtypes alternate within each round, and the run measures this machine's matmul ceiling (a 2048^3 matmul
+per dtype, same thread count) before and after, so the bf16 / fp32 speedup of the job reads against the
+speedup the hardware gives a plain matmul.
 
 The first update of each side is a warm-up and is left out of the tokens/s medians. ``--rounds`` pairs run one
 after the other (bare first in even rounds, the job first in odd ones) and the best of each side is kept, since a
@@ -34,16 +41,18 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = "bench-train"
+DTYPES = {"float32": "no", "bfloat16": "bf16"}  # --dtype -> train.mixed_precision
 
 
 def _bare(spec_path: str, out_path: str) -> None:
-    """The bare baseline (runs in its own process)."""
+    """The bare baseline (runs in its own process); bf16 autocast when the spec says so."""
     import torch
 
     from mugrpo.jobs.common import derive_seed, local_policy_dir
     from mugrpo.models import load_policy
     from mugrpo.trainer.batch import collate
     from mugrpo.trainer.data import load_rollouts, make_minibatch_order, split_minibatch
+    from mugrpo.trainer.precision import autocast_context
     from mugrpo.trainer.spec import TrainSpec
 
     torch.set_flush_denormal(True)  # as the job does (mugrpo.jobs.train.main): compare overhead, not float modes
@@ -71,7 +80,8 @@ def _bare(spec_path: str, out_path: str) -> None:
         num_tokens = sum(data.rollouts[i].num_tokens for i in indices)
         start = time.perf_counter()
         for b in batches:
-            logits = model(input_ids=b.input_ids).logits  # [B, L, V]
+            with autocast_context("cpu", train.mixed_precision):
+                logits = model(input_ids=b.input_ids).logits  # [B, L, V]
             logp = torch.log_softmax(logits.float() / b.temperatures[:, None, None], dim=-1)
             logp = logp.gather(1, b.response_index[..., None].expand(-1, -1, logp.shape[-1]))  # response positions
             token_logp = logp.gather(-1, b.response_ids[..., None]).squeeze(-1)
@@ -111,6 +121,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--workdir", help="default: a temporary folder")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument(
+        "--dtype",
+        nargs="+",
+        choices=sorted(DTYPES),
+        default=["float32"],
+        help="training precision(s): float32, or bfloat16 (bf16 autocast, fp32 master weights); several alternate",
+    )
+    parser.add_argument("--matmul-size", type=int, default=2048, help="side of the ceiling matmul (0 skips it)")
     parser.add_argument("--bare", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.bare:
@@ -145,58 +163,69 @@ def main() -> None:
             prompt_repeat=args.prompt_repeat,
             seed=0,
         )
-    spec = TrainSpec(
-        root=str(root),
-        run_id=RUN,
-        stage=0,
-        policy_version=0,
-        train={
-            "updates_per_stage": args.updates,
-            "rollouts_per_update": args.rollouts_per_update,
-            "micro_batch_size": args.micro_batch_size,
-            "checkpoint_every": args.updates,
-            "lr": 1e-5,
-            "gradient_checkpointing": args.gradient_checkpointing,
-        },
-    )
-    spec_path = work / "train.spec.json"
-    spec_path.write_text(spec.model_dump_json())
     threads = str(args.threads)
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONPATH": str(REPO)}
-
-    layout = RunLayout(RUN)
-    rounds = []
-    for r in range(args.rounds):  # alternate the two sides; a shared machine's load drifts between runs
-        for leftover in ("checkpoints", "train_steps", "policies/stage=1", "jobs/stage=0/train.manifest.json"):
-            store.delete(f"{RUN}/{leftover}", recursive=True)
-        bare_out = work / f"bare-{r}.json"
-        commands = {
-            "bare": [sys.executable, __file__, "--bare", str(spec_path), str(bare_out)],
-            "job": [sys.executable, "-m", "mugrpo.jobs.train", str(spec_path)],
-        }
-        order = ("bare", "job") if r % 2 == 0 else ("job", "bare")  # alternate which side runs first
-        measured = {side: _run(commands[side], env, work / f"{side}-{r}.log") for side in order}
-        (bare_wall, bare_rss), (job_wall, job_rss) = measured["bare"], measured["job"]
-        steps = read_table(store, layout.train_steps_part(0, args.updates), "train_steps").to_pylist()
-        bare = json.loads(bare_out.read_text())["updates"]
-        rounds.append(
-            {
-                "job_tokens_per_s": statistics.median(x["tokens_per_second"] for x in steps[1:] or steps),
-                "bare_tokens_per_s": statistics.median(x["tokens_per_second"] for x in bare[1:] or bare),
-                "job_peak_rss_mib": job_rss,
-                "bare_peak_rss_mib": bare_rss,
-                "job_wall_s": job_wall,
-                "bare_wall_s": bare_wall,
-                "first": order[0],
-                "job_timings": read_job_manifest(store, RUN, 0, "train").timings,
-            }
+    spec_paths = {}
+    for dtype in args.dtype:
+        spec = TrainSpec(
+            root=str(root),
+            run_id=RUN,
+            stage=0,
+            policy_version=0,
+            train={
+                "updates_per_stage": args.updates,
+                "rollouts_per_update": args.rollouts_per_update,
+                "micro_batch_size": args.micro_batch_size,
+                "checkpoint_every": args.updates,
+                "lr": 1e-5,
+                "gradient_checkpointing": args.gradient_checkpointing,
+                "mixed_precision": DTYPES[dtype],
+            },
         )
+        spec_paths[dtype] = work / f"train-{dtype}.spec.json"
+        spec_paths[dtype].write_text(spec.model_dump_json())
+
+    def ceiling(tag: str) -> dict[str, float] | None:
+        if not args.matmul_size:
+            return None
+        log = work / f"ceiling-{tag}.log"
+        _run(
+            [sys.executable, str(REPO / "bench/matmul_ceiling.py"), "--size", str(args.matmul_size), "--json"], env, log
+        )
+        return json.loads(log.read_text())
+
+    ceilings = [ceiling("before")]
+    layout = RunLayout(RUN)
+    rounds: dict[str, list[dict]] = {dtype: [] for dtype in args.dtype}
+    for r in range(args.rounds):  # alternate sides and dtypes; a shared machine's load drifts between runs
+        dtypes = args.dtype if r % 2 == 0 else args.dtype[::-1]
+        for dtype in dtypes:
+            for leftover in ("checkpoints", "train_steps", "policies/stage=1", "jobs/stage=0/train.manifest.json"):
+                store.delete(f"{RUN}/{leftover}", recursive=True)
+            bare_out = work / f"bare-{dtype}-{r}.json"
+            commands = {
+                "bare": [sys.executable, __file__, "--bare", str(spec_paths[dtype]), str(bare_out)],
+                "job": [sys.executable, "-m", "mugrpo.jobs.train", str(spec_paths[dtype])],
+            }
+            order = ("bare", "job") if r % 2 == 0 else ("job", "bare")  # alternate which side runs first
+            measured = {side: _run(commands[side], env, work / f"{side}-{dtype}-{r}.log") for side in order}
+            (bare_wall, bare_rss), (job_wall, job_rss) = measured["bare"], measured["job"]
+            steps = read_table(store, layout.train_steps_part(0, args.updates), "train_steps").to_pylist()
+            bare = json.loads(bare_out.read_text())["updates"]
+            rounds[dtype].append(
+                {
+                    "job_tokens_per_s": statistics.median(x["tokens_per_second"] for x in steps[1:] or steps),
+                    "bare_tokens_per_s": statistics.median(x["tokens_per_second"] for x in bare[1:] or bare),
+                    "job_peak_rss_mib": job_rss,
+                    "bare_peak_rss_mib": bare_rss,
+                    "job_wall_s": job_wall,
+                    "bare_wall_s": bare_wall,
+                    "first": order[0],
+                    "job_timings": read_job_manifest(store, RUN, 0, "train").timings,
+                }
+            )
+    ceilings.append(ceiling("after"))
     tokens = sum(x["num_tokens"] for x in steps)
-    best = {key: max(x[key] for x in rounds) for key in ("job_tokens_per_s", "bare_tokens_per_s")}
-    best |= {key: min(x[key] for x in rounds) for key in ("job_wall_s", "bare_wall_s")}
-    job_tps, bare_tps = best["job_tokens_per_s"], best["bare_tokens_per_s"]
-    job_rss, bare_rss = (max(x[key] for x in rounds) for key in ("job_peak_rss_mib", "bare_peak_rss_mib"))
-    job_wall, bare_wall = best["job_wall_s"], best["bare_wall_s"]
     results = {
         "model": str(args.model or "tiny random Llama (hidden 64, 2 layers, vocab 49152)"),
         "updates": args.updates,
@@ -206,31 +235,61 @@ def main() -> None:
         "tokens": tokens,
         "threads": args.threads,
         "gradient_checkpointing": args.gradient_checkpointing,
-        "job_tokens_per_s": job_tps,
-        "bare_tokens_per_s": bare_tps,
-        "ratio": job_tps / bare_tps,
-        "job_peak_rss_mib": job_rss,
-        "bare_peak_rss_mib": bare_rss,
-        "rounds": rounds,
+        "matmul_gflops": ceilings,
+        "dtypes": {},
     }
     title = (
         f"training overhead, best of {args.rounds} rounds ({results['model']}, {tokens} response tokens, "
         f"{args.threads} threads)"
     )
     table = Table(title=title)
-    for col in ("", "tokens/s (median of updates 2..N)", "peak RSS MiB", "process wall s"):
+    for col in ("dtype", "", "tokens/s (median of updates 2..N)", "peak RSS MiB", "process wall s"):
         table.add_column(col, justify="right")
-    table.add_row("bare fwd+bwd+AdamW", f"{bare_tps:.1f}", f"{bare_rss:.0f}", f"{bare_wall:.1f}")
-    table.add_row("mugrpo.jobs.train", f"{job_tps:.1f}", f"{job_rss:.0f}", f"{job_wall:.1f}")
-    table.add_row("job / bare", f"{results['ratio']:.2f}", f"{job_rss / bare_rss:.2f}", f"{job_wall / bare_wall:.2f}")
+    for dtype, runs in rounds.items():
+        best = {key: max(x[key] for x in runs) for key in ("job_tokens_per_s", "bare_tokens_per_s")}
+        best |= {key: min(x[key] for x in runs) for key in ("job_wall_s", "bare_wall_s")}
+        best |= {key: max(x[key] for x in runs) for key in ("job_peak_rss_mib", "bare_peak_rss_mib")}
+        best["ratio"] = best["job_tokens_per_s"] / best["bare_tokens_per_s"]
+        results["dtypes"][dtype] = {**best, "rounds": runs}
+        table.add_row(dtype, "bare fwd+bwd+AdamW", *_cells(best, "bare"))
+        table.add_row(dtype, "mugrpo.jobs.train", *_cells(best, "job"))
+        table.add_row(
+            dtype,
+            "job / bare",
+            f"{best['ratio']:.2f}",
+            f"{best['job_peak_rss_mib'] / best['bare_peak_rss_mib']:.2f}",
+            f"{best['job_wall_s'] / best['bare_wall_s']:.2f}",
+        )
     Console().print(table)
-    print(f"job timings (s), last round: {rounds[-1]['job_timings']}")
-    print(
-        "per round (tokens/s job, bare):",
-        [(round(x["job_tokens_per_s"], 1), round(x["bare_tokens_per_s"], 1)) for x in rounds],
-    )
+    if {"float32", "bfloat16"} <= set(results["dtypes"]):
+        fp32, bf16 = results["dtypes"]["float32"], results["dtypes"]["bfloat16"]
+        results["bf16_over_fp32"] = {
+            side: bf16[f"{side}_tokens_per_s"] / fp32[f"{side}_tokens_per_s"] for side in ("job", "bare")
+        }
+        speedup = results["bf16_over_fp32"]
+        line = f"bf16 / fp32 tokens/s: job {speedup['job']:.2f}, bare {speedup['bare']:.2f}"
+        if ceilings[0]:
+            matmul = [c["bfloat16"] / c["float32"] for c in ceilings]
+            results["bf16_over_fp32"]["matmul"] = max(matmul)
+            line += f"; {args.matmul_size}^3 matmul {' / '.join(f'{m:.2f}' for m in matmul)} (before / after)"
+        print(line)
+    if ceilings[0]:
+        print(
+            "matmul ceiling GFLOP/s (before / after): "
+            + ", ".join(f"{d} {ceilings[0][d]:.0f} / {ceilings[1][d]:.0f}" for d in ("float32", "bfloat16"))
+        )
+    for dtype, runs in rounds.items():
+        print(f"job timings (s), {dtype}, last round: {runs[-1]['job_timings']}")
+        print(
+            f"per round, {dtype} (tokens/s job, bare):",
+            [(round(x["job_tokens_per_s"], 1), round(x["bare_tokens_per_s"], 1)) for x in runs],
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+def _cells(best: dict, side: str) -> tuple[str, str, str]:
+    return f"{best[f'{side}_tokens_per_s']:.1f}", f"{best[f'{side}_peak_rss_mib']:.0f}", f"{best[f'{side}_wall_s']:.1f}"
 
 
 if __name__ == "__main__":

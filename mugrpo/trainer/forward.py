@@ -7,7 +7,9 @@ states that predict response tokens, and projects them through the LM head chunk
 
 No attention mask is passed: sequences are right-padded and attention is causal, so a real token never attends
 to padding (padding comes after it) and the padded positions' outputs are never read. This keeps attention on
-the causal fast path (SDPA ``is_causal``) instead of a materialized [B, 1, L, L] mask.
+the causal fast path (SDPA ``is_causal``) instead of a materialized [B, 1, L, L] mask. On CPU, attention runs
+on SDPA's math backend (:func:`mugrpo.trainer.precision.batch_invariant_attention`): a sequence's log-probs do not
+depend on the micro-batch it is padded into, in fp32 and under bf16 autocast.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from transformers import PreTrainedModel
 
 from mugrpo.logprobs import token_logprobs_from_hidden
 from mugrpo.trainer.batch import TokenBatch
+from mugrpo.trainer.precision import batch_invariant_attention
 
 
 class PolicyTokenLogprobs(nn.Module):
@@ -50,9 +53,10 @@ class PolicyTokenLogprobs(nn.Module):
             logprobs [B, R] fp32 (differentiable), entropy [B, R] fp32 detached in nats, or None. Values at
             padding positions are finite but meaningless: mask them with ``batch.response_mask``.
         """
-        hidden = self.policy.get_decoder()(
-            input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False
-        ).last_hidden_state
+        with batch_invariant_attention(batch.input_ids.device.type):  # same log-probs whatever the padding
+            hidden = self.policy.get_decoder()(
+                input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False
+            ).last_hidden_state
         index = batch.response_index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
         response_hidden = hidden.gather(1, index)  # [B, R, H]
         weight = self.policy.get_output_embeddings().weight

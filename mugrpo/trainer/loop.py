@@ -57,6 +57,7 @@ from mugrpo.trainer.checkpoint import (
 from mugrpo.trainer.data import RolloutSet, load_rollouts, make_minibatch_order, split_minibatch, valid_groups_in
 from mugrpo.trainer.forward import PolicyTokenLogprobs
 from mugrpo.trainer.optim import build_lr_schedule, build_optimizer
+from mugrpo.trainer.precision import check_fp32_master, recompute_context_fn
 from mugrpo.trainer.records import delete_parts_after, read_steps, train_step_row, write_steps_part
 from mugrpo.trainer.spec import TrainSpec
 from mugrpo.trainer.step import NonFiniteError, train_update
@@ -79,11 +80,12 @@ def _policy_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def enable_activation_checkpointing(policy) -> None:
     """Recompute each decoder layer's activations in backward (non-reentrant torch.utils.checkpoint)."""
+    kwargs = {"use_reentrant": False, "context_fn": recompute_context_fn(policy)}  # same attention on recompute
     enable = getattr(policy, "activation_checkpointing_enable", None)  # transformers >= 5.x name
     if enable is not None:
-        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        enable(activation_checkpointing_kwargs=kwargs)
     else:
-        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def _inner(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -293,8 +295,9 @@ class Trainer:
         workdir = Path(tempfile.mkdtemp(prefix=f"mugrpo-train-{spec.stage}-"))
         try:
             start_step, ckpt = self._latest_checkpoint(spec, store, layout, data, workdir)
-            trainer_behavior = self._setup_weights(spec, store, data, ckpt)
+            trainer_behavior = self._setup_weights(spec, store, data, order, ckpt)
             schedule = self._resume(spec, store, layout, ckpt)
+            check_fp32_master(self.model.parameters(), self.optimizer)
             reference = None
             if spec.loss.kl_coef > 0:
                 ref_policy, _ = load_policy(local_policy_dir(store, spec.reference_policy_dir))
@@ -330,7 +333,7 @@ class Trainer:
         return start_step, ckpt
 
     def _setup_weights(
-        self, spec: TrainSpec, store: Store, data: RolloutSet, ckpt: LoadedCheckpoint | None
+        self, spec: TrainSpec, store: Store, data: RolloutSet, order, ckpt: LoadedCheckpoint | None
     ) -> list[torch.Tensor] | None:
         """Setup and resume of the weights: the behavior policy first (the trainer's behavior log-probs come
         from it, also on resume), then the checkpoint's weights when resuming. Returns the trainer's behavior
@@ -347,7 +350,15 @@ class Trainer:
         trainer_behavior: list[torch.Tensor] | None = None
         if train.recompute_behavior_logprobs or spec.loss.tis_cap is not None:
             probe = PolicyTokenLogprobs(behavior.to(device).eval(), train.logprob_chunk_size)
-            trainer_behavior = recompute_logprobs(probe, data, train.micro_batch_size, self.pad_id, device)
+            # Only the rollouts this stage's updates draw; the others keep the engine's (never read). Under the
+            # training forward's autocast, so the update-1 ratio is exactly 1 (mugrpo.trainer.precision).
+            needed = sorted({i for u in range(train.updates_per_stage) for i in order.minibatch(u)})
+            subset = dataclasses.replace(data, rollouts=[data.rollouts[i] for i in needed])
+            with self.accelerator.autocast():
+                recomputed = recompute_logprobs(probe, subset, train.micro_batch_size, self.pad_id, device)
+            trainer_behavior = [torch.tensor(r.behavior_logprobs, dtype=torch.float32) for r in data.rollouts]
+            for i, logprobs in zip(needed, recomputed, strict=True):
+                trainer_behavior[i] = logprobs
             if train.recompute_behavior_logprobs:
                 data.rollouts = [
                     dataclasses.replace(r, behavior_logprobs=lp.tolist())

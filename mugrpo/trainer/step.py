@@ -123,12 +123,12 @@ def train_update(
         last = i == len(micro_batches) - 1
         sync = contextlib.nullcontext() if last else accelerator.no_sync(model)
         with sync:
-            with accelerator.autocast():
+            with accelerator.autocast():  # bf16 autocast (train.mixed_precision) or nothing; log-probs are fp32
                 logprobs, entropy = model(batch)
-            ref_logprobs = None
-            if reference is not None:
-                with torch.no_grad():
-                    ref_logprobs, _ = reference(batch, return_entropy=False)
+                ref_logprobs = None
+                if reference is not None:
+                    with torch.no_grad():
+                        ref_logprobs, _ = reference(batch, return_entropy=False)
             tis = trainer_behavior_logprobs[i].to(accelerator.device) if trainer_behavior_logprobs else None
             context = LossContext(
                 global_num_tokens=float(max(global_num_tokens, 1)),
