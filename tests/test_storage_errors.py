@@ -7,6 +7,7 @@ runs in this process, so the tests that need authentication switch it on for the
 
 from __future__ import annotations
 
+import logging
 import socket
 import subprocess
 import sys
@@ -21,6 +22,18 @@ from mugrpo.storage import Store
 from mugrpo.storage_errors import StorageUnavailable, check_store, explain_storage_error
 
 runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _quiet_moto_request_log():
+    """moto's server logs every request through werkzeug; when an earlier test in this process ran a flow, Prefect's
+    console handler (bound to a stream CliRunner has since closed) would print '--- Logging error ---' into the
+    captured output. The request log is not what these tests look at."""
+    logger = logging.getLogger("werkzeug")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    yield
+    logger.setLevel(level)
 
 
 def _closed_port() -> int:
