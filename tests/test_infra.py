@@ -436,6 +436,17 @@ def test_dockerfile_stages_copy_existing_paths_and_bake_no_credentials():
         for source in sources.split():
             assert (REPO_ROOT / source).exists(), f"COPY {source}: no such path in the repository"
     assert not re.search(r"^(ENV|ARG)\s+.*(AWS_|SECRET|TOKEN|PASSWORD)", text, flags=re.M | re.I)
+    # The base is pinned by digest; the GPU stage has a C compiler for Triton/vLLM kernels.
+    assert re.search(r"^ARG PYTHON_IMAGE=python:[\w.-]+@sha256:[0-9a-f]{64}$", text, flags=re.M)
+    gpu_stage = text.split("AS gpu", 1)[1].split("AS cpu", 1)[0]
+    assert re.search(r"apt-get install .*\bgcc\b.*\blibc6-dev\b", gpu_stage)
+    # prefect-kubernetes is used through its internals (the worker's config class): pinned to the tested minor.
+    import tomllib
+
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    for req in project["optional-dependencies"]["kubernetes"]:
+        assert "<" in req, f"{req}: no upper bound"
+    assert 'pip install ".[demo,kubernetes]"' in gpu_stage
 
 
 def test_a_deployment_runs_end_to_end_on_a_process_work_pool(process_worker, tmp_path):

@@ -8,6 +8,8 @@ loop (tasks/k8s_watch.py) run for real. Poll intervals are cut to a few hundredt
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from _fake_k8s import FakeKubernetes, Fault, Plan
 
@@ -28,7 +30,7 @@ SETTINGS = KubernetesJobSettings(namespace="mugrpo", image="r/mugrpo:gpu", **FAS
 def request(attempt: int = 1, **kw) -> JobRequest:
     return JobRequest(
         kind=kw.pop("kind", "train"),
-        spec_url="s3://b/runs/r1/jobs/stage=0/train.spec.json",
+        spec_url=kw.pop("spec_url", "s3://b/runs/r1/jobs/stage=0/train.spec.json"),
         timeout_s=kw.pop("timeout_s", 600),
         labels={"run": "r1", "stage": "0"},
         attempt=attempt,
@@ -208,3 +210,38 @@ def test_a_dropped_log_stream_resumes_from_the_last_line_seen(k8s):
     assert "sinceTime" not in streams[0][2]
     assert streams[1][2]["sinceTime"] == "2026-11-30T10:00:01Z"  # the second of line 4 (1.2 s)
     assert result.exit_code == 0
+
+
+# ------------------------------------------------------------------------------------------------------- RBAC
+def rbac_grants() -> set[tuple[str, str]]:
+    import yaml
+
+    from tasks.kubernetes import __file__ as k8s_module
+
+    path = Path(k8s_module).resolve().parents[1] / "infra" / "k8s" / "rbac.yaml"
+    (role,) = [d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == "Role"]
+    return {(res, verb) for rule in role["rules"] for res in rule["resources"] for verb in rule["verbs"]}
+
+
+def used_permissions(fake: FakeKubernetes) -> set[tuple[str, str]]:
+    used = set()
+    for method, path, _ in fake.requests:
+        parts = path.strip("/").split("/")  # api/v1/namespaces/NS/RES[/NAME[/SUB]] or apis/G/V/namespaces/...
+        rest = parts[parts.index("namespaces") + 2 :]
+        resource = rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
+        verb = {"POST": "create", "DELETE": "delete"}.get(method) or ("get" if len(rest) > 1 else "list")
+        used.add((resource, verb))
+    return used
+
+
+def test_rbac_grants_exactly_the_verbs_the_launcher_uses(k8s):
+    """infra/k8s/rbac.yaml against the requests the launcher made to the fake API over its scenarios: nothing it
+    needs is missing (a 403 on a cluster), nothing it never uses is granted."""
+    fake = k8s(Plan(lines=["step 0"]))
+    fake.add_job(build_job_manifest(request(), SETTINGS), Plan(lines=["old"]), state="failed")
+    run()  # list, replace (delete, get until gone), create, poll, pods, logs
+    assert run(request(attempt=2))[0].exit_code == 0  # a succeeded Job of the same spec: re-attached
+    fake.plan = Plan(waiting=("ImagePullBackOff", "Back-off"), events=[("Failed", "pull")])
+    with pytest.raises(JobFailedError):
+        run(request(spec_url="s3://b/runs/r1/jobs/stage=1/train.spec.json"))  # events of a pending pod
+    assert used_permissions(fake) == rbac_grants()
