@@ -454,16 +454,43 @@ class JobWatch:
         for task in self.followers.values():
             task.cancel()
 
+    async def why_pending(self, pods: list[dict]) -> str | None:
+        """Why no container of the Job runs (the newest waiting pod's reason and events, or the Job's events when
+        no pod exists); None when one runs or the pods are past pending."""
+        if any("running" in container_state(p) for p in pods):
+            return None
+        waiting = [p for p in pods if not pod_started(p) and (p.get("status") or {}).get("phase") == "Pending"]
+        if waiting:
+            pod = waiting[-1]["metadata"]["name"]
+            why, events = f"pod {pod}: {pending_reason(waiting[-1])}", await self.events_of(pod)
+        elif not pods:
+            why, events = "no pod created yet", await self.events_of(self.job_name)
+        else:
+            return None
+        return why + (f"; events: {events}" if events else "")
+
+    def outcome(self, finished: tuple[str, str], pods: list[dict]) -> LaunchOutcome:
+        """The outcome of a finished Job (``DeadlineExceeded``: the cluster killed it at its deadline)."""
+        status, why = finished
+        if status == "Complete":
+            return LaunchOutcome(exit_code=0, job_id=self.job_id)
+        return LaunchOutcome(
+            exit_code=exit_code(pods),
+            job_id=self.job_id,
+            timed_out="DeadlineExceeded" in why,
+            detail=f"Job failed: {why}",
+        )
+
     async def run(self) -> LaunchOutcome:
-        """Poll the Job and its pods every ``poll_interval_s`` until it finishes, times out or never starts.
+        """Poll the Job and its pods every ``poll_interval_s`` until it finishes, times out or never starts; follow
+        each started pod's log meanwhile.
 
         Raises:
             JobLaunchError: the API kept failing, or the Job vanished (deleted by someone else).
         """
         deadline = time.monotonic() + self.timeout_s
         pending_since: float | None = None
-        said = ""
-        missing = 0
+        said, missing = "", 0
         while True:
             job = await self.read_job()
             if job is None:
@@ -483,41 +510,20 @@ class JobWatch:
             finished = job_finished(job)
             if finished is not None:
                 await self.drain_logs()
-                status, why = finished
-                if status == "Complete":
-                    return LaunchOutcome(exit_code=0, job_id=self.job_id)
-                return LaunchOutcome(
-                    exit_code=exit_code(pods),
-                    job_id=self.job_id,
-                    timed_out="DeadlineExceeded" in why,
-                    detail=f"Job failed: {why}",
-                )
-            running = any("running" in container_state(p) for p in pods)
-            waiting = [p for p in pods if not pod_started(p) and (p.get("status") or {}).get("phase") == "Pending"]
-            if not running and (waiting or not pods):
-                pending_since = pending_since or time.monotonic()
-                if waiting:
-                    pod = waiting[-1]["metadata"]["name"]
-                    why = f"pod {pod}: {pending_reason(waiting[-1])}"
-                    events = await self.events_of(pod)
-                else:
-                    why = "no pod created yet"
-                    events = await self.events_of(self.job_name)
-                text = why + (f"; events: {events}" if events else "")
-                if text != said:
-                    self.on_line(f"waiting for Kubernetes Job {self.job_id}: {text}")
-                    said = text
-                waited = time.monotonic() - pending_since
-                if waited >= self.timing.pending_timeout_s:
-                    await self.stop(f"no container started within {self.timing.pending_timeout_s:g} s")
-                    return LaunchOutcome(
-                        exit_code=None,
-                        job_id=self.job_id,
-                        detail=f"no container started within the pending timeout of "
-                        f"{self.timing.pending_timeout_s:g} s; {text}",
-                    )
-            else:
+                return self.outcome(finished, pods)
+            pending = await self.why_pending(pods)
+            if pending is None:
                 pending_since, said = None, ""
+            else:
+                pending_since = pending_since or time.monotonic()
+                if pending != said:  # log a reason once, when it changes
+                    self.on_line(f"waiting for Kubernetes Job {self.job_id}: {pending}")
+                    said = pending
+                if time.monotonic() - pending_since >= self.timing.pending_timeout_s:
+                    limit = f"{self.timing.pending_timeout_s:g} s"
+                    await self.stop(f"no container started within {limit}")
+                    detail = f"no container started within the pending timeout of {limit}; {pending}"
+                    return LaunchOutcome(exit_code=None, job_id=self.job_id, detail=detail)
             if time.monotonic() >= deadline:
                 await self.stop(f"past its timeout of {self.timeout_s:g} s")
                 return LaunchOutcome(exit_code=None, job_id=self.job_id, timed_out=True)

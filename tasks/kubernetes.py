@@ -2,7 +2,8 @@
 
 :func:`build_job_manifest` turns a :class:`~tasks.launchers.JobRequest` into a ``batch/v1`` Job (image, command,
 GPU limits, node selector and tolerations, S3 credentials from a Secret through ``secretKeyRef``, an HF-cache
-volume); :class:`KubernetesLauncher` creates it and follows its pod's logs with prefect-kubernetes' job helpers.
+volume, tini as PID 1, Pod Security "restricted", requests = limits, multi-GPU launch); :class:`KubernetesLauncher`
+creates it, or re-attaches to the Job a dead flow pod left running, and watches it (:mod:`tasks.k8s_watch`).
 Where and how pods run comes from :class:`KubernetesJobSettings`, which the flow pod reads from its environment
 (set by the work pool's base job template, infra/base-job-template.json).
 """

@@ -6,7 +6,8 @@ storage (design.md). A launcher decides *where* the process runs:
 - ``subprocess``: a child process of the flow, in its own session (process group); on timeout, cancellation or
   death of the flow process the whole group is killed, so a resumed run never races a stale job.
 - ``kubernetes``: a Kubernetes Job in the job kind's image (GPU limits, node selector, tolerations, S3 credentials
-  from a Secret, HF-cache volume), created and watched with prefect-kubernetes' job helpers (:mod:`tasks.kubernetes`).
+  from a Secret, HF-cache volume), created or re-attached to and watched on the Kubernetes API
+  (:mod:`tasks.kubernetes`, :mod:`tasks.k8s_watch`); a Job outlives a dead flow and is re-attached on resume.
 
 Launchers are looked up by name in :data:`LAUNCHERS` (``@register_launcher("name")``). :func:`launch_job` is the
 one entry point: it runs a :class:`JobRequest` on a launcher and turns the outcome into a :class:`JobResult` or a
