@@ -14,6 +14,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -502,3 +503,20 @@ def test_prefect_deploy_registers_the_infra_deployments(prefect_api):
             assert deployment.pull_steps == [
                 {"prefect.deployments.steps.set_working_directory": {"directory": "/opt/mugrpo"}}
             ]
+
+
+@pytest.mark.parametrize("launcher", ["accelerate", "torchrun"])
+def test_the_rendered_multi_gpu_command_starts_one_process_per_gpu(tmp_path, launcher):
+    """Runs the container command the launcher renders for 2 GPUs (without tini, which is the image's) with the
+    stand-in job (tests/jobs_fixture.py) as the module: the process launcher must start 2 ranks of it on the spec.
+    No GPU is needed: the stand-in touches no device."""
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"print_env": ["RANK", "WORLD_SIZE"]}))
+    settings = KubernetesJobSettings(image="r/m:gpu", gpus={"segment": 2}, multi_gpu_launcher=launcher, init_command=[])
+    request = JobRequest(kind="segment", spec_url=str(spec), timeout_s=60, module="jobs_fixture", python=sys.executable)
+    (container,) = build_job_manifest(request, settings)["spec"]["template"]["spec"]["containers"]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "tests"), "ACCELERATE_USE_CPU": "true"}
+    proc = subprocess.run(container["command"], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ranks = sorted(re.findall(r"^RANK=(\d)$", proc.stdout, flags=re.M))
+    assert ranks == ["0", "1"] and re.findall(r"^WORLD_SIZE=(\d)$", proc.stdout, flags=re.M) == ["2", "2"]

@@ -8,6 +8,7 @@ loop (tasks/k8s_watch.py) run for real. Poll intervals are cut to a few hundredt
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -198,6 +199,25 @@ def test_the_watch_deletes_a_job_running_past_its_timeout(k8s):
         run(request(timeout_s=0.3))
     assert "step 0" in err.value.last_lines
     assert len(fake.calls("DELETE", JOBS)) == 1
+
+
+# ------------------------------------------------------------------------------------------ 4. workload identity
+def test_a_null_secret_in_job_settings_creates_job_pods_without_secret_refs(k8s, monkeypatch):
+    """The flow pod's environment as the work pool template writes it: the single-field variable still names the
+    default Secret, job_settings says null: the Job the fake API receives references no Secret and runs under the
+    given service account."""
+    fake = k8s(Plan(lines=["step 0"]))
+    monkeypatch.setenv("MUGRPO_K8S_S3_SECRET", "mugrpo-s3")
+    monkeypatch.setenv("MUGRPO_K8S_IMAGE", "r/mugrpo:gpu")
+    monkeypatch.setenv("MUGRPO_K8S_NAMESPACE", "mugrpo")
+    settings = {"s3_secret_name": None, "service_account_name": "mugrpo-jobs", **FAST}  # Prefect writes a repr
+    monkeypatch.setenv("MUGRPO_K8S_JOB_SETTINGS", repr(settings) + " ")
+    result = launch_job(request(), KubernetesLauncher())
+    assert result.exit_code == 0
+    (created,) = fake.jobs.values()
+    pod = created["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "mugrpo-jobs"
+    assert "secretKeyRef" not in json.dumps(created) and "AWS_SECRET_ACCESS_KEY" not in json.dumps(created)
 
 
 # ------------------------------------------------------------------------------------------------------ 7. logs
