@@ -11,7 +11,8 @@ lease that the holder renews: a flow pod killed hard stops renewing and its slot
 (:data:`LEASE_S`, 60 s) has expired and the server swept it, so a resumed flow run waits about a minute or two (it
 gives up after :data:`WAIT_S`). Jobs a
 dead flow left behind are re-attached by the kubernetes launcher, not relaunched. This complements the run lease in
-object storage (reliability issue), which also covers runs started without a Prefect server.
+object storage (reliability issue), which also covers local runs: without ``PREFECT_API_URL`` (``mugrpo run`` on
+its temporary server) there is no slot.
 """
 
 from __future__ import annotations
@@ -48,8 +49,12 @@ def one_flow_run_per_run_id(run_id: str, *, wait_s: float = WAIT_S, lease_s: flo
     """
     from prefect import get_client
     from prefect.concurrency.sync import concurrency
+    from prefect.settings import get_current_settings
 
-    if os.environ.get(SLOT_ENV, "").lower() == "off":
+    # Only with a Prefect server that outlives the flow (deployments, PREFECT_API_URL). The temporary server of a
+    # local `mugrpo run` dies with the flow process and keeps slot leases in memory: a slot held at a hard kill
+    # would stay taken in its database with no lease left to expire.
+    if os.environ.get(SLOT_ENV, "").lower() == "off" or not get_current_settings().api.url:
         yield
         return
     name = run_limit_name(run_id)

@@ -75,3 +75,21 @@ def test_the_slot_of_a_sigkilled_flow_frees_after_its_lease(prefect_api):
             pass
     with one_flow_run_per_run_id(run_id, wait_s=300):
         pass
+
+
+def test_no_slot_without_a_prefect_server_url(monkeypatch):
+    """Local `mugrpo run` (a temporary server that dies with the flow) takes no slot: no server is contacted."""
+    import prefect
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    def no_server(*args, **kwargs):
+        raise AssertionError("contacted a Prefect server")
+
+    monkeypatch.setattr(prefect, "get_client", no_server)
+    with temporary_settings(updates={PREFECT_API_URL: None}):
+        with one_flow_run_per_run_id("local-run", wait_s=0.1):
+            pass
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}):  # with a URL it is contacted
+        with pytest.raises(AssertionError, match="contacted"):
+            with one_flow_run_per_run_id("local-run", wait_s=0.1):
+                pass
