@@ -428,7 +428,11 @@ class JobWatch:
             except Exception as e:  # noqa: BLE001  a dropped or refused stream: reopen after a poll interval
                 self.on_line(f"log stream of pod {pod_name} broke ({type(e).__name__}: {e}); reopening")
             # The stream ended: done if the container terminated, else it was dropped and is reopened.
-            pods = {p["metadata"]["name"]: p for p in await self.list_pods()}
+            try:
+                pods = {p["metadata"]["name"]: p for p in await self.list_pods()}
+            except JobLaunchError as e:  # the API is down for good: the watch loop reports it, logs stop here
+                self.on_line(f"stopped following pod {pod_name}: {e}")
+                return
             pod = pods.get(pod_name)
             if pod is None or "terminated" in container_state(pod):
                 if pod is not None and not cursor.final_read:
