@@ -10,8 +10,9 @@ from typing import Any
 from prefect import flow, get_run_logger, tags
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
+from flows.exclusive import one_flow_run_per_run_id
 from flows.stage import launch, segment_flow, stage_flow
-from mugrpo.config import config_from_dict
+from mugrpo.config import Config, config_from_dict
 from mugrpo.manifest import read_job_manifest
 from mugrpo.runs import init_run, write_final_eval_spec
 from mugrpo.tracking.session import TrackingSession
@@ -48,10 +49,19 @@ def publish_report(cfg, run_uri: str) -> str:
 def run_flow(config: dict[str, Any]) -> dict[str, Any]:
     """Run or resume a whole run. Object storage decides what is done: committed stages and jobs are skipped.
 
+    At most one flow run per run id runs at a time (flows/exclusive.py: a Prefect global concurrency limit
+    ``mugrpo-run:{run id}`` of one slot, a lease that frees itself minutes after its holder died).
+
     Raises:
         mugrpo.runs.ConfigMismatchError: the run id exists with a different config.
+        TimeoutError: another flow run of the run id held its slot for 15 minutes.
     """
     cfg = config_from_dict(config, source="run_flow(config)")
+    with one_flow_run_per_run_id(cfg.run.id):  # flows/exclusive.py: two flow runs of one run id never overlap
+        return _run(cfg)
+
+
+def _run(cfg: Config) -> dict[str, Any]:
     logger = get_run_logger()
     t0 = time.monotonic()
     store = init_run(cfg)

@@ -118,6 +118,7 @@ def run_job(
         env=dict(env or {}),
         module=module,
         labels=dict(labels or {}),
+        attempt=max(1, int(current_task_run.run_count or 1)),
     )
     impl = LAUNCHERS[launcher](**dict(launcher_options or {}))
     progress = ProgressArtifact(kind, request.labels)

@@ -2,7 +2,8 @@
 
 :func:`build_job_manifest` turns a :class:`~tasks.launchers.JobRequest` into a ``batch/v1`` Job (image, command,
 GPU limits, node selector and tolerations, S3 credentials from a Secret through ``secretKeyRef``, an HF-cache
-volume); :class:`KubernetesLauncher` creates it and follows its pod's logs with prefect-kubernetes' job helpers.
+volume, tini as PID 1, Pod Security "restricted", requests = limits, multi-GPU launch); :class:`KubernetesLauncher`
+creates it, or re-attaches to the Job a dead flow pod left running, and watches it (:mod:`tasks.k8s_watch`).
 Where and how pods run comes from :class:`KubernetesJobSettings`, which the flow pod reads from its environment
 (set by the work pool's base job template, infra/base-job-template.json).
 """
@@ -10,17 +11,18 @@ Where and how pods run comes from :class:`KubernetesJobSettings`, which the flow
 from __future__ import annotations
 
 import ast
+import asyncio
+import concurrent.futures
 import hashlib
 import json
 import os
 import re
-import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.launchers import JobLaunchError, JobRequest, Launcher, LaunchOutcome, LineSink, clip_line, register_launcher
+from tasks.launchers import JobLaunchError, JobRequest, Launcher, LaunchOutcome, LineSink, register_launcher
 
 #: Environment variable holding a JSON object of :class:`KubernetesJobSettings` fields (set on the flow's pod).
 K8S_SETTINGS_ENV = "MUGRPO_K8S_JOB_SETTINGS"
@@ -48,15 +50,44 @@ class KubernetesJobSettings(BaseModel):
     images: dict[str, str] = Field(
         default_factory=dict, description="Image per job kind, e.g. {generate: REGISTRY/mugrpo:gpu} (vLLM image)."
     )
-    image_pull_policy: str = Field("IfNotPresent", description="Kubernetes imagePullPolicy of job containers.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
+        None,
+        description="imagePullPolicy of job containers; None = IfNotPresent for images pinned by digest "
+        "(@sha256:...), Always for tags (a tag may move: every pod then runs the tag's current image).",
+    )
     gpus: dict[str, int] = Field(
         default_factory=lambda: {"generate": 1},
         description="nvidia.com/gpu limit per job kind (kinds not listed get no GPU).",
     )
     resources: dict[str, dict[str, dict[str, str]]] = Field(
         default_factory=dict,
-        description="Extra container resources per job kind, e.g. {train: {requests: {cpu: '8', memory: 64Gi}}}.",
+        description="Container resources per job kind, replacing the defaults section by section, e.g. "
+        "{train: {requests: {cpu: '8', memory: 64Gi}, limits: {cpu: '8', memory: 64Gi}}}.",
     )
+    default_resources: dict[str, str] = Field(
+        default_factory=lambda: {"cpu": "2", "memory": "8Gi"},
+        description="cpu/memory requests (= limits: Guaranteed QoS, never BestEffort) of CPU job pods.",
+    )
+    resources_per_gpu: dict[str, str] = Field(
+        default_factory=lambda: {"cpu": "6", "memory": "48Gi"},
+        description="cpu/memory requests (= limits) of GPU job pods per GPU (8 GPUs: 48 cpu, 384Gi).",
+    )
+    multi_gpu_kinds: list[str] = Field(
+        default_factory=lambda: ["train", "segment"],
+        description="Job kinds run as one process per GPU (data parallel) when given more than one GPU; other "
+        "kinds (generate: vLLM shards over its GPUs itself) stay one process.",
+    )
+    multi_gpu_launcher: Literal["accelerate", "torchrun"] = Field(
+        "accelerate",
+        description="Process launcher of multi-GPU jobs: `accelerate launch --multi_gpu --num_processes N` or "
+        "`torchrun --standalone --nproc_per_node N` (one pod; multi-node is the scale-out launcher's).",
+    )
+    init_command: list[str] = Field(
+        default_factory=lambda: ["tini", "-g", "--"],
+        description="Command prefix of job containers: an init as PID 1 that forwards SIGTERM to the job's "
+        "process group and reaps orphans (the image's tini); [] = run the job as PID 1.",
+    )
+    run_as_user: int = Field(10001, ge=1, description="UID (and GID, fsGroup) of job pods: the image's user.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="nodeSelector of every job pod.")
     gpu_node_selector: dict[str, str] = Field(
         default_factory=dict,
@@ -85,7 +116,26 @@ class KubernetesJobSettings(BaseModel):
     )
     service_account_name: str | None = Field(None, description="serviceAccountName of job pods.")
     ttl_seconds_after_finished: int = Field(86400, ge=0, description="Kubernetes deletes finished Jobs after this.")
-    poll_interval_s: int = Field(10, ge=1, description="Seconds between status polls of a running Job.")
+    poll_interval_s: float = Field(
+        10.0, gt=0, description="Seconds between two reads of the Job and its pods (the API load of one job)."
+    )
+    pending_timeout_s: float = Field(
+        1200.0,
+        gt=0,
+        description="A Job whose container has not started after this many seconds (unschedulable, "
+        "ImagePullBackOff, missing Secret/PVC, pods refused by quota or admission) is deleted and the attempt "
+        "fails with the pod's reason; leaves time for a cluster autoscaler to add a GPU node.",
+    )
+    api_retry_window_s: float = Field(
+        300.0,
+        gt=0,
+        description="Transient Kubernetes API errors (429, 5xx, connection) are retried with backoff this long "
+        "before the attempt gives up (leaving the Job running for the next attempt to re-attach).",
+    )
+    api_backoff_max_s: float = Field(30.0, gt=0, description="Longest wait between two retries of an API call.")
+    delete_wait_s: float = Field(
+        600.0, gt=0, description="How long to wait for a replaced Job and its pods to be gone before failing."
+    )
     env: dict[str, str] = Field(
         default_factory=dict, description="Extra plain env of every job pod (e.g. AWS_DEFAULT_REGION); no secrets."
     )
@@ -93,8 +143,11 @@ class KubernetesJobSettings(BaseModel):
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> KubernetesJobSettings:
         """Settings from ``MUGRPO_K8S_JOB_SETTINGS`` (a JSON object, or the Python repr of a dict as the work pool
-        template writes its ``job_settings`` variable) overlaid with the single-field variables of
-        :data:`K8S_FIELD_ENV` (empty values are ignored).
+        template writes its ``job_settings`` variable) and the single-field variables of :data:`K8S_FIELD_ENV`.
+
+        A field set in the JSON wins over its single-field variable, so ``{"s3_secret_name": null}`` means "no
+        Secret: the pod's service account has the storage access (workload identity)" although the work pool's
+        ``s3_secret_name`` variable still holds its default. Empty single-field values are ignored.
 
         Raises:
             ValueError: the JSON is malformed or names an unknown field (the message names the variable).
@@ -111,7 +164,7 @@ class KubernetesJobSettings(BaseModel):
         if not isinstance(data, dict):
             raise ValueError(f"{K8S_SETTINGS_ENV} must hold a JSON object, got {type(data).__name__}")
         for name, var in K8S_FIELD_ENV.items():
-            if environ.get(var):
+            if environ.get(var) and name not in data:
                 data[name] = environ[var]
         return cls.model_validate(data)
 
@@ -141,22 +194,99 @@ def k8s_label_value(value: str) -> str:
     return _LABEL_VALUE_BAD.sub("-", value)[:63].strip("-_.")
 
 
+_QUANTITY = re.compile(r"(\d+)([A-Za-z]*)")
+
+
+def scale_quantity(quantity: str, factor: int) -> str:
+    """``quantity`` (an integer with an optional unit suffix: ``6``, ``500m``, ``48Gi``) times ``factor``.
+
+    Raises:
+        ValueError: not an integer quantity.
+    """
+    match = _QUANTITY.fullmatch(str(quantity))
+    if not match:
+        raise ValueError(f"resources_per_gpu: {quantity!r} is not an integer Kubernetes quantity such as '48Gi'")
+    return f"{int(match.group(1)) * factor}{match.group(2)}"
+
+
+def job_name(request: JobRequest) -> str:
+    """Deterministic Job name from (run, stage, kind, attempt, spec): ``mugrpo-{run}-s{stage}-{kind}-a{n}-{hash}``.
+
+    The same attempt of the same job always gets the same name, so a resumed flow finds the Job of its
+    predecessor (409 on create) instead of racing it; the 8-hex spec hash keeps names unique when the run id is
+    cut to fit the 63 characters of a label value (the Job controller labels pods ``job-name=NAME``).
+    """
+    spec = hashlib.sha256(request.spec_url.encode()).hexdigest()[:8]
+    suffix = k8s_name(request.kind, f"a{request.attempt}", spec)
+    run, stage = request.labels.get("run", ""), request.labels.get("stage", "")
+    prefix = k8s_name("mugrpo", run, f"s{stage}" if stage else "", max_len=62 - len(suffix))
+    return f"{prefix}-{suffix}".replace("--", "-")
+
+
+def job_command(request: JobRequest, settings: KubernetesJobSettings) -> list[str]:
+    """The job container's command: the init (tini), then ``python -m MODULE SPEC``, or, for a kind in
+    ``settings.multi_gpu_kinds`` given N > 1 GPUs, one process per GPU through ``accelerate launch`` (``python -m
+    accelerate.commands.launch --multi_gpu --num_processes N --num_machines 1 -m MODULE SPEC``) or ``torchrun``
+    (``python -m torch.distributed.run --standalone --nproc_per_node N -m MODULE SPEC``). The interpreter is the
+    job's own (``request.python``), so the launcher runs from the same environment as the job."""
+    python, gpus = request.python or "python", settings.gpus.get(request.kind, 0)
+    if gpus > 1 and request.kind in settings.multi_gpu_kinds:
+        if settings.multi_gpu_launcher == "accelerate":
+            launch = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(gpus)]
+            launch += ["--num_machines", "1"]
+        else:
+            launch = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(gpus)]
+        run = [python, *launch, "-m", request.module_name, request.spec_url]
+    else:
+        run = request.command(python)
+    return [*settings.init_command, *run]
+
+
+def job_resources(kind: str, settings: KubernetesJobSettings) -> dict[str, dict[str, Any]]:
+    """requests and limits of the job container: ``default_resources`` (CPU jobs) or ``resources_per_gpu`` times
+    the GPU count, requests = limits (Guaranteed QoS), then ``settings.resources[kind]`` section by section."""
+    gpus = settings.gpus.get(kind, 0)
+    base = (
+        {k: scale_quantity(v, gpus) for k, v in settings.resources_per_gpu.items()}
+        if gpus
+        else dict(settings.default_resources)
+    )
+    resources: dict[str, dict[str, Any]] = {"requests": dict(base), "limits": dict(base)}
+    for section, values in settings.resources.get(kind, {}).items():
+        resources[section] = dict(values)
+    if gpus:
+        resources["limits"]["nvidia.com/gpu"] = gpus
+    return resources
+
+
+def pull_policy(image: str, settings: KubernetesJobSettings) -> str:
+    """``settings.image_pull_policy``, else IfNotPresent for digest-pinned images and Always for tags."""
+    return settings.image_pull_policy or ("IfNotPresent" if "@sha256:" in image else "Always")
+
+
 def build_job_manifest(request: JobRequest, settings: KubernetesJobSettings, name: str | None = None) -> dict:
     """The ``batch/v1`` Job manifest (a plain dict) that runs ``request`` in its image.
 
-    One container runs ``request.command("python")``; ``activeDeadlineSeconds`` enforces the timeout inside the
-    cluster; ``backoffLimit: 0`` leaves retries to Prefect (task retries) so every attempt is visible there.
+    One container runs :func:`job_command` under tini; ``activeDeadlineSeconds`` enforces the timeout inside the
+    cluster; ``backoffLimit: 0`` leaves retries to Prefect (task retries) so every attempt is visible there, except
+    that a pod lost to node disruption (preemption, drain: condition ``DisruptionTarget``) is replaced by the Job
+    controller (``podFailurePolicy``), only once it is gone (``podReplacementPolicy: Failed``). Pods run as the
+    image's non-root user under Pod Security "restricted"; the cache volume is group-writable through ``fsGroup``.
     S3 credentials come from ``settings.s3_secret_name`` through ``secretKeyRef`` (never from flow parameters or
-    the image); the HF cache is a volume at ``settings.hf_cache_mount_path`` (``HF_HOME``).
+    the image), or from the pod's service account when it is None; the HF cache is a volume at
+    ``settings.hf_cache_mount_path`` (``HF_HOME``). The annotation ``mugrpo/template-hash`` identifies the pod
+    template, so a resumed launcher re-attaches only to a Job running the same thing.
 
     Args:
-        name: Job name; default ``mugrpo-{kind}-{8 hex}``.
+        name: Job name; default :func:`job_name`.
 
     Raises:
-        ValueError: no image for the job kind.
+        ValueError: no image for the job kind, or a malformed resource quantity.
     """
+    from tasks.k8s_watch import CONTAINER, TEMPLATE_HASH_ANNOTATION
+
     kind = request.kind
-    name = name or k8s_name("mugrpo", kind, uuid.uuid4().hex[:8])
+    name = name or job_name(request)
     gpus = settings.gpus.get(kind, 0)
     labels = {
         "app.kubernetes.io/name": "mugrpo",
@@ -173,12 +303,6 @@ def build_job_manifest(request: JobRequest, settings: KubernetesJobSettings, nam
         for key in secret_keys
     )
 
-    resources: dict[str, dict[str, Any]] = {
-        section: dict(values) for section, values in settings.resources.get(kind, {}).items()
-    }
-    if gpus:
-        resources.setdefault("limits", {})["nvidia.com/gpu"] = gpus
-
     mounts = [{"name": "hf-cache", "mountPath": settings.hf_cache_mount_path}]
     volumes: list[dict[str, Any]] = [
         {"name": "hf-cache", "persistentVolumeClaim": {"claimName": settings.hf_cache_claim_name}}
@@ -189,20 +313,30 @@ def build_job_manifest(request: JobRequest, settings: KubernetesJobSettings, nam
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": settings.shm_size}})
 
+    image = settings.image_for(kind)
     container: dict[str, Any] = {
-        "name": "job",
-        "image": settings.image_for(kind),
-        "imagePullPolicy": settings.image_pull_policy,
-        "command": request.command("python"),
+        "name": CONTAINER,
+        "image": image,
+        "imagePullPolicy": pull_policy(image, settings),
+        "command": job_command(request, settings),
         "env": env,
+        "resources": job_resources(kind, settings),
         "volumeMounts": mounts,
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
     }
-    if resources:
-        container["resources"] = resources
+    uid = settings.run_as_user
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "containers": [container],
         "volumes": volumes,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": uid,
+            "runAsGroup": uid,
+            "fsGroup": uid,
+            "fsGroupChangePolicy": "OnRootMismatch",
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
     }
     node_selector = {**settings.node_selector, **(settings.gpu_node_selector if gpus else {})}
     if node_selector:
@@ -212,28 +346,42 @@ def build_job_manifest(request: JobRequest, settings: KubernetesJobSettings, nam
         pod_spec["tolerations"] = tolerations
     if settings.service_account_name:
         pod_spec["serviceAccountName"] = settings.service_account_name
+    template = {"metadata": {"labels": dict(labels)}, "spec": pod_spec}
+    digest = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:16]
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": name, "namespace": settings.namespace, "labels": labels},
+        "metadata": {
+            "name": name,
+            "namespace": settings.namespace,
+            "labels": labels,
+            "annotations": {TEMPLATE_HASH_ANNOTATION: digest},
+        },
         "spec": {
             "backoffLimit": 0,
             "activeDeadlineSeconds": max(1, int(request.timeout_s)),
             "ttlSecondsAfterFinished": settings.ttl_seconds_after_finished,
-            "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
+            "podReplacementPolicy": "Failed",
+            "podFailurePolicy": {
+                "rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
+            },
+            "template": template,
         },
     }
 
 
 @register_launcher("kubernetes")
 class KubernetesLauncher(Launcher):
-    """Run the job as a Kubernetes Job (manifest from :func:`build_job_manifest`) with prefect-kubernetes' job
-    helpers; pod log lines stream to ``on_line``. Needs the ``prefect-kubernetes`` package and in-cluster or
-    kubeconfig credentials for the Kubernetes API (RBAC: infra/k8s/rbac.yaml).
+    """Run the job as a Kubernetes Job (manifest from :func:`build_job_manifest`), watched by
+    :mod:`tasks.k8s_watch` on the ``kubernetes_asyncio`` client; pod log lines stream to ``on_line``. Credentials
+    for the Kubernetes API: in-cluster (the flow pod's service account, RBAC in infra/k8s/rbac.yaml) when
+    ``KUBERNETES_SERVICE_HOST`` is set, else the kubeconfig (``KUBECONFIG``).
 
-    A Job outlives the flow pod that created it (an evicted flow pod cannot clean up). So before creating a Job,
-    the launcher deletes the still-active Jobs of the same spec (label ``mugrpo/spec``, a hash of the spec URL):
-    at most one job writes a stage's files at a time, as with the subprocess launcher.
+    A Job outlives the flow pod that created it (a hard-killed flow pod cannot clean up), and its name is
+    deterministic (:func:`job_name`): a resumed attempt re-attaches to a still-running Job of the same spec and
+    pod template and follows its logs instead of relaunching; a Job it has to replace is deleted first and the new
+    one created only once the old one and its pods are gone. The launcher deletes a Job only when it decided to
+    stop it: timeout, pending timeout, cancellation of the task, or replacement. API errors never do.
 
     Args:
         settings: where and how pods run; None = :meth:`KubernetesJobSettings.from_env`.
@@ -245,98 +393,105 @@ class KubernetesLauncher(Launcher):
         self.settings = KubernetesJobSettings.model_validate({**base.model_dump(), **overrides})
 
     def run(self, request: JobRequest, on_line: LineSink) -> LaunchOutcome:
+        """Create or re-attach to the Job, follow it to its end (see :class:`KubernetesLauncher`).
+
+        Raises:
+            JobLaunchError: the API refused the Job, kept failing for ``api_retry_window_s``, or the Job vanished.
+        """
         try:
-            from prefect_kubernetes.credentials import KubernetesCredentials
-            from prefect_kubernetes.exceptions import KubernetesJobTimeoutError
-            from prefect_kubernetes.jobs import KubernetesJob
+            import kubernetes_asyncio  # noqa: F401
         except ImportError as e:
             raise JobLaunchError(
-                "the kubernetes launcher needs the prefect-kubernetes package (pip install prefect-kubernetes)",
+                "the kubernetes launcher needs the kubernetes_asyncio package (pip install 'mugrpo[kubernetes]')",
                 kind=request.kind,
             ) from e
         manifest = build_job_manifest(request, self.settings)
-        job_name = manifest["metadata"]["name"]
-        job_id = f"{self.settings.namespace}/{job_name}"
-        credentials = KubernetesCredentials()  # in-cluster config, else the kubeconfig
+        attached: dict[str, str] = {}
         try:
-            for stale in self._active_jobs(credentials, f"{SPEC_LABEL}={manifest['metadata']['labels'][SPEC_LABEL]}"):
-                on_line(f"deleting the still-active Job {stale} of the same spec (an earlier attempt)")
-                self._delete(credentials, stale)
-            job_run = KubernetesJob(
-                v1_job=manifest,
-                namespace=self.settings.namespace,
-                credentials=credentials,
-                # The cluster enforces the deadline (activeDeadlineSeconds); this one bounds the watch loop.
-                timeout_seconds=int(request.timeout_s) + 5 * self.settings.poll_interval_s,
-                interval_seconds=self.settings.poll_interval_s,
-                delete_after_completion=False,  # finished Jobs stay for `kubectl logs` until their TTL
-            ).trigger()
-        except Exception as e:  # the API refused the Job or is unreachable
-            raise JobLaunchError(f"cannot create Kubernetes Job {job_id}: {e}", kind=request.kind) from e
-        try:
-            job_run.wait_for_completion(print_func=lambda line: on_line(clip_line(str(line))))
-        except KubernetesJobTimeoutError:
-            self._delete(credentials, job_name)
-            return LaunchOutcome(exit_code=None, job_id=job_id, timed_out=True)
-        except RuntimeError as e:  # the helper's message names the Job's failure reasons
-            return LaunchOutcome(
-                exit_code=self._exit_code(credentials, job_name),
-                job_id=job_id,
-                timed_out="DeadlineExceeded" in str(e),
-                detail=str(e),
-            )
-        except BaseException:
-            self._delete(credentials, job_name)
+            return _run_coro(self._launch(request, manifest, on_line, attached))
+        except JobLaunchError:
+            raise  # the Job (if any) is left running: the next attempt re-attaches to it
+        except Exception as e:  # noqa: BLE001  an unexpected answer of the API; same: re-attach later
+            raise JobLaunchError(
+                f"watching Kubernetes Job {attached or manifest['metadata']['name']}: {e!r}", kind=request.kind
+            ) from e
+        except BaseException:  # cancellation, interrupt: the job must not outlive the task that launched it
+            if "name" in attached:
+                on_line(f"deleting Kubernetes Job {self.settings.namespace}/{attached['name']}: task interrupted")
+                _run_coro(self._delete(request, attached["name"], on_line))
             raise
-        return LaunchOutcome(exit_code=0, job_id=job_id)
 
-    def _active_jobs(self, credentials: Any, label_selector: str) -> list[str]:
-        """Names of the Jobs matching ``label_selector`` that still have running pods."""
-        from prefect.utilities.asyncutils import run_coro_as_sync
-        from prefect_kubernetes.jobs import list_namespaced_job
+    def _timing(self) -> Any:
+        from tasks.k8s_watch import WatchSettings
 
-        jobs = run_coro_as_sync(
-            list_namespaced_job.fn(
-                kubernetes_credentials=credentials, namespace=self.settings.namespace, label_selector=label_selector
-            )
+        s = self.settings
+        return WatchSettings(
+            poll_interval_s=s.poll_interval_s,
+            pending_timeout_s=s.pending_timeout_s,
+            api_retry_window_s=s.api_retry_window_s,
+            api_backoff_max_s=s.api_backoff_max_s,
+            delete_wait_s=s.delete_wait_s,
         )
-        return [j.metadata.name for j in jobs.items if j.status and j.status.active]
 
-    def _delete(self, credentials: Any, job_name: str) -> None:
-        """Delete a Job and its pods now (foreground propagation, no grace period); best effort."""
-        from kubernetes_asyncio.client import V1DeleteOptions
-        from prefect.utilities.asyncutils import run_coro_as_sync
-        from prefect_kubernetes.jobs import delete_namespaced_job
+    def _retry(self, request: JobRequest, on_line: LineSink) -> Any:
+        from tasks.k8s_watch import ApiRetry
 
-        try:
-            run_coro_as_sync(
-                delete_namespaced_job.fn(
-                    kubernetes_credentials=credentials,
-                    job_name=job_name,
-                    namespace=self.settings.namespace,
-                    delete_options=V1DeleteOptions(propagation_policy="Foreground", grace_period_seconds=0),
-                )
+        s = self.settings
+        return ApiRetry(window_s=s.api_retry_window_s, max_s=s.api_backoff_max_s, kind=request.kind, on_line=on_line)
+
+    async def _launch(self, request: JobRequest, manifest: dict, on_line: LineSink, attached: dict) -> LaunchOutcome:
+        from tasks.k8s_watch import JobWatch, ensure_job
+
+        timing, retry = self._timing(), self._retry(request, on_line)
+        selector = f"{SPEC_LABEL}={manifest['metadata']['labels'][SPEC_LABEL]}"
+        async with await api_client() as api:
+            attached["name"] = await ensure_job(api, manifest, selector, retry, timing, on_line)
+            watch = JobWatch(
+                api=api,
+                namespace=self.settings.namespace,
+                job_name=attached["name"],
+                kind=request.kind,
+                on_line=on_line,
+                timing=timing,
+                # The cluster enforces the deadline (activeDeadlineSeconds); this one bounds the watch loop.
+                timeout_s=request.timeout_s + 5 * self.settings.poll_interval_s,
+                retry=retry,
             )
-        except Exception:  # noqa: BLE001  a finished Job is removed by its TTL anyway
-            pass
+            try:
+                return await watch.run()
+            finally:
+                for task in watch.followers.values():
+                    task.cancel()
 
-    def _exit_code(self, credentials: Any, job_name: str) -> int | None:
-        """Exit code of the Job's terminated container (None if unknown), so exit code 2 is not retried."""
-        from prefect.utilities.asyncutils import run_coro_as_sync
-        from prefect_kubernetes.pods import list_namespaced_pod
+    async def _delete(self, request: JobRequest, name: str, on_line: LineSink) -> None:
+        from tasks.k8s_watch import ApiRetry, delete_job
 
-        try:
-            pods = run_coro_as_sync(
-                list_namespaced_pod.fn(
-                    kubernetes_credentials=credentials,
-                    namespace=self.settings.namespace,
-                    label_selector=f"job-name={job_name}",
-                )
-            )
-            for pod in pods.items:
-                for status in (pod.status and pod.status.container_statuses) or []:
-                    if status.state and status.state.terminated:
-                        return status.state.terminated.exit_code
-        except Exception:  # noqa: BLE001  the failure is reported either way
-            pass
-        return None
+        retry = ApiRetry(window_s=10.0, max_s=2.0, kind=request.kind, on_line=on_line)
+        async with await api_client() as api:
+            try:
+                await delete_job(api, self.settings.namespace, name, retry)
+            except JobLaunchError as e:
+                on_line(f"could not delete Kubernetes Job {name}: {e}")
+
+
+async def api_client() -> Any:
+    """A ``kubernetes_asyncio`` ApiClient: in-cluster config when ``KUBERNETES_SERVICE_HOST`` is set (a pod),
+    else the kubeconfig (``KUBECONFIG`` or ``~/.kube/config``)."""
+    from kubernetes_asyncio import client, config
+
+    configuration = client.Configuration()
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config(client_configuration=configuration)
+    else:  # read KUBECONFIG now: the client reads it once, at import
+        await config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
+    return client.ApiClient(configuration=configuration)
+
+
+def _run_coro(coro: Any) -> Any:
+    """Run ``coro`` to its end from sync code: on this thread (no event loop runs here), else on a helper thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()

@@ -6,7 +6,8 @@ storage (design.md). A launcher decides *where* the process runs:
 - ``subprocess``: a child process of the flow, in its own session (process group); on timeout, cancellation or
   death of the flow process the whole group is killed, so a resumed run never races a stale job.
 - ``kubernetes``: a Kubernetes Job in the job kind's image (GPU limits, node selector, tolerations, S3 credentials
-  from a Secret, HF-cache volume), created and watched with prefect-kubernetes' job helpers (:mod:`tasks.kubernetes`).
+  from a Secret, HF-cache volume), created or re-attached to and watched on the Kubernetes API
+  (:mod:`tasks.kubernetes`, :mod:`tasks.k8s_watch`); a Job outlives a dead flow and is re-attached on resume.
 
 Launchers are looked up by name in :data:`LAUNCHERS` (``@register_launcher("name")``). :func:`launch_job` is the
 one entry point: it runs a :class:`JobRequest` on a launcher and turns the outcome into a :class:`JobResult` or a
@@ -98,6 +99,8 @@ class JobRequest:
             they come from the environment (subprocess) or a Secret (Kubernetes).
         module: module to run instead of ``mugrpo.jobs.{kind}`` (stand-in jobs in tests, custom jobs).
         labels: small key/values identifying the job (run id, stage); Kubernetes labels on the Job.
+        attempt: 1-based attempt number of this job (the launcher task's run count); part of a Kubernetes Job's
+            name, so a resumed attempt finds the Job of an earlier one.
 
     Raises:
         ValueError: a malformed kind, module, timeout or environment entry (the message names it).
@@ -110,8 +113,11 @@ class JobRequest:
     env: Mapping[str, str] = field(default_factory=dict)
     module: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
+    attempt: int = 1
 
     def __post_init__(self) -> None:
+        if not isinstance(self.attempt, int) or self.attempt < 1:
+            raise ValueError(f"attempt of the {self.kind} job must be an int >= 1, got {self.attempt!r}")
         if not _KIND_RE.fullmatch(self.kind):
             raise ValueError(f"job kind {self.kind!r} must be a lowercase identifier such as 'generate'")
         if self.module is not None and not _MODULE_RE.fullmatch(self.module):

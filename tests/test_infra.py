@@ -14,12 +14,14 @@ import json
 import os
 import re
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
 import yaml
+from _k8s_rules import job_errors, restricted_errors
 from _prefect import (  # noqa: F401  (fixtures)
     deploy_local_flow,
     flow_run_logs,
@@ -71,8 +73,11 @@ EXAMPLE_REQUEST = JobRequest(
 
 
 def validate_strict(manifest: dict) -> None:
-    """Validate against the Kubernetes API schema; strict: unknown fields (typos) fail too."""
+    """Validate against the Kubernetes API schema (strict: unknown fields, typos, fail too), then the rules the API
+    server enforces beyond the schema (tests/_k8s_rules.py) for Jobs."""
     kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+    if manifest.get("kind") == "Job":
+        assert job_errors(manifest) == []
 
 
 def render_template(template: dict, values: dict) -> dict:
@@ -114,11 +119,17 @@ def test_base_job_template_renders_valid_jobs_with_defaults_and_gpu_values():
         env = container_env(manifest)
         # S3 credentials come from the Secret, by reference: no value anywhere in the template.
         for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-            assert env[key] == {"name": key, "valueFrom": {"secretKeyRef": {"name": "mugrpo-s3", "key": key}}}
+            ref = {"name": "mugrpo-s3", "key": key, "optional": True}  # optional: workload identity needs none
+            assert env[key] == {"name": key, "valueFrom": {"secretKeyRef": ref}}
         assert env["HF_HOME"]["value"] == "/cache/huggingface"
         assert {"name": "hf-cache", "mountPath": "/cache/huggingface"} in container["volumeMounts"]
         assert {"name": "hf-cache", "persistentVolumeClaim": {"claimName": "mugrpo-hf-cache"}} in pod["volumes"]
         assert pod["serviceAccountName"] == "mugrpo-flows"
+        # The flow pod is never BestEffort, passes Pod Security "restricted", and its Job is cleaned up.
+        assert container["resources"]["requests"] == {"cpu": "500m", "memory": "1Gi"}
+        assert container["resources"]["limits"]["memory"] == "2Gi"
+        assert restricted_errors(pod) == [] and manifest["spec"]["ttlSecondsAfterFinished"] == 86400
+        assert container["imagePullPolicy"] == "Always"
         assert env["MUGRPO_K8S_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
         # The flow pod hands the job settings to the kubernetes launcher through its environment.
         job_settings = KubernetesJobSettings.from_env({k: e.get("value", "") for k, e in env.items()})
@@ -185,8 +196,22 @@ def test_generation_job_manifest_gpu_secret_cache_and_scheduling():
     pod = spec["template"]["spec"]
     (container,) = pod["containers"]
     assert container["image"] == "registry.example.com/mugrpo:gpu"
-    assert container["command"] == ["/opt/vllm/bin/python", "-m", "mugrpo.jobs.generate", EXAMPLE_REQUEST.spec_url]
-    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    # tini stays PID 1 (signals reach the job's process group); generate is one process even with >1 GPU (vLLM).
+    assert container["command"] == [
+        *("tini", "-g", "--"),
+        *("/opt/vllm/bin/python", "-m", "mugrpo.jobs.generate", EXAMPLE_REQUEST.spec_url),
+    ]
+    # Requests = limits (Guaranteed QoS, never BestEffort), per GPU.
+    assert container["resources"] == {
+        "requests": {"cpu": "6", "memory": "48Gi"},
+        "limits": {"cpu": "6", "memory": "48Gi", "nvidia.com/gpu": 1},
+    }
+    assert container["imagePullPolicy"] == "Always"  # a mutable tag
+    assert restricted_errors(pod) == [] and pod["securityContext"]["fsGroup"] == 10001
+    assert spec["podFailurePolicy"]["rules"] == [
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    ]
+    assert spec["podReplacementPolicy"] == "Failed" and spec["ttlSecondsAfterFinished"] == 86400
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
     env = {e["name"]: e for e in container["env"]}
@@ -215,13 +240,132 @@ def test_cpu_job_manifest_has_no_gpu_scheduling_and_names_are_valid():
     pod = manifest["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert container["image"] == "registry.example.com/mugrpo:cpu"
-    assert container["command"][0] == "python"
-    assert "resources" not in container and "nodeSelector" not in pod and "tolerations" not in pod
+    assert container["command"][3:] == ["python", "-m", "mugrpo.jobs.train", request.spec_url]
+    assert container["resources"] == {
+        "requests": {"cpu": "2", "memory": "8Gi"},
+        "limits": {"cpu": "2", "memory": "8Gi"},
+    }
+    assert "nodeSelector" not in pod and "tolerations" not in pod
     assert {"name": "hf-cache", "emptyDir": {}} in pod["volumes"]
     env = {e["name"] for e in container["env"]}
     assert "AWS_ACCESS_KEY_ID" not in env and "AWS_SECRET_ACCESS_KEY" not in env  # workload identity instead
-    assert re.fullmatch(r"mugrpo-train-[0-9a-f]{8}", manifest["metadata"]["name"])
+    name = manifest["metadata"]["name"]  # deterministic: (run, stage, kind, attempt, spec hash), cut to 63
+    assert re.fullmatch(r"mugrpo-a-run-with-odd-chars-[a-z0-9-]+-train-a1-[0-9a-f]{8}", name) and len(name) <= 63
+    assert name == build_job_manifest(request, settings)["metadata"]["name"]
     assert len(manifest["metadata"]["labels"]["mugrpo/run"]) <= 63
+
+
+def test_workload_identity_null_secret_in_job_settings_wins_over_the_template_variable():
+    """README's workload-identity recipe: job_settings {"s3_secret_name": null, "service_account_name": ...} renders
+    job pods without any Secret reference, under that service account, although the work pool's s3_secret_name
+    variable keeps its default (its single-field env variable used to win over the JSON)."""
+    values = {"job_settings": {"s3_secret_name": None, "service_account_name": "mugrpo-jobs"}}
+    flow_manifest = render_template(json.loads(TEMPLATE.read_text()), values)
+    env = container_env(flow_manifest)
+    assert env["MUGRPO_K8S_S3_SECRET"]["value"] == "mugrpo-s3"  # the variable's default is still there
+    settings = KubernetesJobSettings.from_env({k: e.get("value", "") for k, e in env.items()})
+    assert settings.s3_secret_name is None and settings.service_account_name == "mugrpo-jobs"
+    job = build_job_manifest(EXAMPLE_REQUEST, settings.model_copy(update={"image": "r/m:gpu"}))
+    validate_strict(job)
+    pod = job["spec"]["template"]["spec"]
+    assert "secretKeyRef" not in json.dumps(job) and "AWS_ACCESS_KEY_ID" not in json.dumps(job)
+    assert pod["serviceAccountName"] == "mugrpo-jobs"
+    # Without the JSON field the variable applies, as before.
+    env["MUGRPO_K8S_JOB_SETTINGS"]["value"] = "{}"
+    assert KubernetesJobSettings.from_env({k: e.get("value", "") for k, e in env.items()}).s3_secret_name == (
+        "mugrpo-s3"
+    )
+
+
+@pytest.mark.parametrize("kind", ["train", "segment"])
+@pytest.mark.parametrize("launcher", ["accelerate", "torchrun"])
+def test_multi_gpu_jobs_run_one_process_per_gpu_in_one_pod(kind, launcher):
+    settings = EXAMPLE_SETTINGS.model_copy(update={"gpus": {kind: 8, "generate": 4}, "multi_gpu_launcher": launcher})
+    request = JobRequest(kind=kind, spec_url=f"s3://b/r/{kind}.spec.json", timeout_s=60, python="/opt/venv/bin/python")
+    manifest = build_job_manifest(request, settings)
+    validate_strict(manifest)
+    (container,) = manifest["spec"]["template"]["spec"]["containers"]
+    launch = {
+        "accelerate": ["accelerate.commands.launch", "--multi_gpu", "--num_processes", "8", "--num_machines", "1"],
+        "torchrun": ["torch.distributed.run", "--standalone", "--nproc_per_node", "8"],
+    }[launcher]
+    assert container["command"] == [
+        *("tini", "-g", "--", "/opt/venv/bin/python", "-m"),
+        *launch,
+        *("-m", f"mugrpo.jobs.{kind}", request.spec_url),
+    ]
+    assert container["resources"]["limits"] == {"cpu": "48", "memory": "384Gi", "nvidia.com/gpu": 8}
+    # One GPU: the plain command; generation shards over its GPUs inside vLLM: one process.
+    one = build_job_manifest(request, settings.model_copy(update={"gpus": {kind: 1}}))
+    assert one["spec"]["template"]["spec"]["containers"][0]["command"][3:] == [
+        *("/opt/venv/bin/python", "-m", f"mugrpo.jobs.{kind}", request.spec_url)
+    ]
+    gen = build_job_manifest(EXAMPLE_REQUEST, settings)
+    assert gen["spec"]["template"]["spec"]["containers"][0]["command"][3:6] == [
+        "/opt/vllm/bin/python",
+        "-m",
+        "mugrpo.jobs.generate",
+    ]
+
+
+def test_image_pull_policy_follows_the_tagging_scheme():
+    pinned = "registry.example.com/mugrpo@sha256:" + "a" * 64
+    for image, policy in (("r/mugrpo:gpu", "Always"), (pinned, "IfNotPresent")):
+        manifest = build_job_manifest(
+            EXAMPLE_REQUEST, EXAMPLE_SETTINGS.model_copy(update={"images": {}, "image": image})
+        )
+        assert manifest["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] == policy
+    explicit = EXAMPLE_SETTINGS.model_copy(update={"image_pull_policy": "IfNotPresent"})
+    assert (
+        build_job_manifest(EXAMPLE_REQUEST, explicit)["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"]
+        == "IfNotPresent"
+    )
+
+
+def test_api_server_rules_reject_what_the_schema_accepts():
+    """Each rule of tests/_k8s_rules.py fails on a manifest the OpenAPI schema accepts: the checks can fail."""
+    good = build_job_manifest(EXAMPLE_REQUEST, EXAMPLE_SETTINGS)
+    assert job_errors(good) == []
+
+    def broken(edit) -> dict:
+        manifest = copy.deepcopy(good)
+        edit(manifest)
+        kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)  # the schema has no objection
+        return manifest
+
+    pod = lambda m: m["spec"]["template"]["spec"]  # noqa: E731
+    cases = {
+        "DNS-1123 label": lambda m: m["metadata"].update(name="Mugrpo_Train"),
+        "<= 63": lambda m: m["metadata"].update(name="a" * 64),
+        "label key": lambda m: m["metadata"]["labels"].update({"mugrpo/" + "k" * 64: "v"}),
+        "value must be": lambda m: m["metadata"]["labels"].update({"mugrpo/run": "r" * 64}),
+        "restartPolicy": lambda m: pod(m).update(restartPolicy="Always"),
+        "is not a quantity": lambda m: pod(m)["containers"][0]["resources"]["requests"].update(memory="8 GB"),
+        "sizeLimit": lambda m: pod(m)["volumes"][1]["emptyDir"].update(sizeLimit="16gb"),
+        "secretKeyRef.name is empty": lambda m: pod(m)["containers"][0]["env"][-1]["valueFrom"]["secretKeyRef"].update(
+            name=""
+        ),
+        "container name": lambda m: pod(m)["containers"][0].update(name="Job"),
+    }
+    for message, edit in cases.items():
+        errors = job_errors(broken(edit))
+        assert any(message in e for e in errors), (message, errors)
+
+
+@pytest.mark.parametrize("kind", ["generate", "train", "eval", "segment", "some_new_kind"])
+@pytest.mark.parametrize("gpus", [0, 1, 8])
+def test_launcher_manifests_pass_the_api_server_rules_for_any_kind(kind, gpus):
+    request = JobRequest(
+        kind=kind,
+        spec_url=f"s3://b/runs/x/jobs/stage=12/{kind}.spec.json",
+        timeout_s=3600,
+        labels={"run": "Very_Long.Run-ID " * 8, "stage": "12"},
+        attempt=3,
+    )
+    settings = EXAMPLE_SETTINGS.model_copy(update={"gpus": {kind: gpus}})
+    manifest = build_job_manifest(request, settings)
+    validate_strict(manifest)
+    assert restricted_errors(manifest["spec"]["template"]["spec"]) == []
 
 
 def test_job_settings_from_the_flow_pod_environment():
@@ -250,7 +394,7 @@ def test_job_settings_from_the_flow_pod_environment():
 def test_example_job_manifest_is_what_the_launcher_builds():
     """infra/k8s/job-generate.example.yaml documents the launcher's output; regenerate it with
     MUGRPO_UPDATE_EXAMPLES=1 when build_job_manifest changes."""
-    manifest = build_job_manifest(EXAMPLE_REQUEST, EXAMPLE_SETTINGS, name="mugrpo-generate-3f9c2a1b")
+    manifest = build_job_manifest(EXAMPLE_REQUEST, EXAMPLE_SETTINGS)
     header = (
         "# What the kubernetes launcher (tasks/kubernetes.py) submits for a generation job: generated by\n"
         "# tests/test_infra.py from example settings (MUGRPO_UPDATE_EXAMPLES=1 rewrites it). For reading and for\n"
@@ -293,6 +437,17 @@ def test_dockerfile_stages_copy_existing_paths_and_bake_no_credentials():
         for source in sources.split():
             assert (REPO_ROOT / source).exists(), f"COPY {source}: no such path in the repository"
     assert not re.search(r"^(ENV|ARG)\s+.*(AWS_|SECRET|TOKEN|PASSWORD)", text, flags=re.M | re.I)
+    # The base is pinned by digest; the GPU stage has a C compiler for Triton/vLLM kernels.
+    assert re.search(r"^ARG PYTHON_IMAGE=python:[\w.-]+@sha256:[0-9a-f]{64}$", text, flags=re.M)
+    gpu_stage = text.split("AS gpu", 1)[1].split("AS cpu", 1)[0]
+    assert re.search(r"apt-get install .*\bgcc\b.*\blibc6-dev\b", gpu_stage)
+    # prefect-kubernetes is used through its internals (the worker's config class): pinned to the tested minor.
+    import tomllib
+
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    for req in project["optional-dependencies"]["kubernetes"]:
+        assert "<" in req, f"{req}: no upper bound"
+    assert 'pip install ".[demo,kubernetes]"' in gpu_stage
 
 
 def test_a_deployment_runs_end_to_end_on_a_process_work_pool(process_worker, tmp_path):
@@ -348,3 +503,20 @@ def test_prefect_deploy_registers_the_infra_deployments(prefect_api):
             assert deployment.pull_steps == [
                 {"prefect.deployments.steps.set_working_directory": {"directory": "/opt/mugrpo"}}
             ]
+
+
+@pytest.mark.parametrize("launcher", ["accelerate", "torchrun"])
+def test_the_rendered_multi_gpu_command_starts_one_process_per_gpu(tmp_path, launcher):
+    """Runs the container command the launcher renders for 2 GPUs (without tini, which is the image's) with the
+    stand-in job (tests/jobs_fixture.py) as the module: the process launcher must start 2 ranks of it on the spec.
+    No GPU is needed: the stand-in touches no device."""
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"print_env": ["RANK", "WORLD_SIZE"]}))
+    settings = KubernetesJobSettings(image="r/m:gpu", gpus={"segment": 2}, multi_gpu_launcher=launcher, init_command=[])
+    request = JobRequest(kind="segment", spec_url=str(spec), timeout_s=60, module="jobs_fixture", python=sys.executable)
+    (container,) = build_job_manifest(request, settings)["spec"]["template"]["spec"]["containers"]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "tests"), "ACCELERATE_USE_CPU": "true"}
+    proc = subprocess.run(container["command"], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ranks = sorted(re.findall(r"^RANK=(\d)$", proc.stdout, flags=re.M))
+    assert ranks == ["0", "1"] and re.findall(r"^WORLD_SIZE=(\d)$", proc.stdout, flags=re.M) == ["2", "2"]
