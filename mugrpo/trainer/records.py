@@ -17,6 +17,7 @@ from mugrpo.layout import RunLayout
 from mugrpo.storage import Store, sha256_bytes
 from mugrpo.tables import read_table, table_from_rows, write_table
 from schemas import TRAIN_STEP_SCHEMA, FileRecord
+from schemas.tables import TRAIN_STEP_V3_COLUMNS
 
 #: Loss metrics copied into a row (the other TRAIN_STEP_SCHEMA columns are filled by the trainer).
 LOSS_METRIC_COLUMNS = [
@@ -50,9 +51,12 @@ def train_step_row(
     seconds: float,
     staleness: int,
     mean_reward: float | None,
+    replay: dict[str, float | int | None] | None = None,
 ) -> dict:
     """One ``train_steps`` row. Loss metrics missing from ``metrics`` (e.g. kl_ref without a KL term) are null; the
-    loss's other metrics (e.g. ConSPO's ``conspo_*``) go to the ``loss_metrics`` map."""
+    loss's other metrics (e.g. ConSPO's ``conspo_*``) go to the ``loss_metrics`` map. ``replay`` holds the replay
+    columns (``schemas.tables.TRAIN_STEP_V3_COLUMNS``: fresh/replayed counts, ages, buffer size, evictions); they
+    are null without it (replay off)."""
     row = {
         "run_id": run_id,
         "stage": stage,
@@ -70,6 +74,11 @@ def train_step_row(
     }
     row.update({name: metrics.get(name) for name in LOSS_METRIC_COLUMNS})
     row["loss_metrics"] = {k: float(v) for k, v in sorted(metrics.items()) if k not in LOSS_METRIC_COLUMNS}
+    replay = replay or {}
+    unknown = set(replay) - set(TRAIN_STEP_V3_COLUMNS)
+    if unknown:
+        raise KeyError(f"not train_steps replay columns: {sorted(unknown)}")
+    row.update({name: replay.get(name) for name in TRAIN_STEP_V3_COLUMNS})
     missing = [f.name for f in TRAIN_STEP_SCHEMA if f.name not in row]
     if missing:  # the schema gained a column this module does not fill
         raise KeyError(f"train_steps columns not filled: {missing}")
