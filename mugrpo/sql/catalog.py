@@ -247,7 +247,8 @@ def connect(target: str, storage_options: dict[str, Any] | None = None) -> RunCa
             never written into SQL, errors or logs; prefer the environment (``AWS_ACCESS_KEY_ID``...).
 
     Returns:
-        a :class:`RunCatalog` whose views are ``rollouts``, ``train_steps``, ``evals``, ``replay``, ``stages`` and ``runs``.
+        a :class:`RunCatalog` whose views are ``rollouts``, ``train_steps``, ``evals``, ``replay``, ``stages``
+        and ``runs``.
 
     Raises:
         TargetError: the target is missing, holds no run, or a manifest/run.json is invalid.
