@@ -66,6 +66,7 @@ class Rollout:
     advantage: float
     temperature: float
     positive: bool | None = None
+    zero_variance: bool = False  # the row's group has equal rewards (the estimator's ``zero_variance`` flag)
 
     @property
     def num_tokens(self) -> int:
@@ -134,6 +135,7 @@ def _to_rollout(row: dict, where: str, positive_label: PositiveLabeler | None = 
         advantage=float(row["advantage"]),
         temperature=temperature if temperature > 0 else 1.0,
         positive=positive,
+        zero_variance=bool(row["zero_variance"]),
     )
 
 

@@ -122,3 +122,38 @@ def read_steps(store: Store, layout: RunLayout, stage: int) -> tuple[pa.Table, l
     if not tables:
         return TRAIN_STEP_SCHEMA.empty_table(), records
     return pa.concat_tables(tables).sort_by("stage_update"), records
+
+
+def write_replay_part(store: Store, layout: RunLayout, stage: int, part: int, rows: list[dict]) -> FileRecord:
+    """Write the ``replay`` audit rows of the updates up to ``part`` (a checkpoint's stage update), atomically."""
+    rel = layout.replay_part(stage, part)
+    return write_table(store, rel, table_from_rows(rows, "replay"), "replay", run_rel=layout.rel(rel))
+
+
+def _replay_part_numbers(store: Store, layout: RunLayout, stage: int) -> list[int]:
+    parts = []
+    for name in store.listdir(layout.replay_dir(stage)):
+        m = re.fullmatch(r"part-(\d{5,})\.parquet", name)
+        if m:
+            parts.append(int(m.group(1)))
+    return sorted(parts)
+
+
+def delete_replay_parts_after(store: Store, layout: RunLayout, stage: int, step: int) -> list[int]:
+    """Delete ``replay`` parts of updates after ``step`` (left by a run killed before their checkpoint)."""
+    doomed = [p for p in _replay_part_numbers(store, layout, stage) if p > step]
+    for part in doomed:
+        store.delete(layout.replay_part(stage, part))
+    return doomed
+
+
+def replay_part_records(store: Store, layout: RunLayout, stage: int) -> list[FileRecord]:
+    """A FileRecord (with sha256, verified as a ``replay`` table) for each committed ``replay`` part of a stage."""
+    records = []
+    for part in _replay_part_numbers(store, layout, stage):
+        rel = layout.replay_part(stage, part)
+        data = store.read_bytes(rel)
+        digest = sha256_bytes(data)
+        table = read_table(store, rel, "replay", expected_sha256=digest)
+        records.append(FileRecord(path=layout.rel(rel), sha256=digest, bytes=len(data), rows=table.num_rows))
+    return records
