@@ -119,3 +119,31 @@ def test_draw_frequencies_match_priorities_chi_square():
     assert _chi2(observed, expected) < CHI2_CRIT_0001[19]
     # and the test has power: uniform expectations are rejected
     assert _chi2(single, np.full(5, n / 5)) > CHI2_CRIT_0001[4]
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ({"train": {"recompute_behavior_logprobs": True}}, "train.recompute_behavior_logprobs"),
+        ({"loss": {"tis_cap": 2.0}}, "loss.tis_cap"),
+        ({"train": {"group_minibatches": True}}, "train.group_minibatches"),
+    ],
+)
+def test_replay_refuses_settings_that_would_change_stored_behavior_logprobs(override, field):
+    from mugrpo.config import ConfigError, config_from_dict
+
+    with pytest.raises((ConfigError, ValueError), match=field.replace(".", r"\.")):
+        config_from_dict({"replay": {"enabled": True}, **override})
+    config_from_dict(override)  # fine without replay
+
+
+def test_buffer_state_rejects_duplicates_and_missing_columns():
+    import pyarrow as pa
+
+    buf = _buffer()
+    buf.insert([((0, "a", 0), 0, 1.0)])
+    table = buf.to_table()
+    with pytest.raises(ValueError, match="appears twice"):
+        _buffer().load_table(pa.concat_tables([table, table]), "x.parquet")
+    with pytest.raises(ValueError, match=r"x.parquet: missing columns \['priority'\]"):
+        _buffer().load_table(table.drop_columns(["priority"]), "x.parquet")
