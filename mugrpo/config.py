@@ -22,6 +22,7 @@ from mugrpo.engines.base import SamplingParams
 from mugrpo.layout import validate_run_id
 from mugrpo.losses.config import PolicyLossConfig
 from mugrpo.prompts import PromptConfig
+from mugrpo.replay.config import ReplayConfig
 from mugrpo.rewards import RewardConfig
 from mugrpo.schedules import StageScheduleConfig
 
@@ -277,6 +278,7 @@ class Config(_Section):
     eval: EvalSection = Field(default_factory=EvalSection)
     orchestration: OrchestrationSection = Field(default_factory=OrchestrationSection)
     tracking: TrackingSection = Field(default_factory=TrackingSection)
+    replay: ReplayConfig = Field(default_factory=ReplayConfig)
 
     @field_validator("loss")
     @classmethod
@@ -305,6 +307,7 @@ class Config(_Section):
                 f"train.micro_batch_size ({self.train.micro_batch_size}) must be <= train.rollouts_per_update "
                 f"({self.train.rollouts_per_update})"
             )
+        check_replay(self.replay, self.train, self.loss)
         stage_sizes(self)  # raises ValueError naming the run.stage_schedule field that cannot size a stage
         _check_loss_inputs(self)
         return self
@@ -314,6 +317,26 @@ class Config(_Section):
         d = self.model_dump(mode="json")
         d["run"]["storage_options"] = {k: v for k, v in d["run"]["storage_options"].items() if not _is_secret_key(k)}
         return d
+
+
+def check_replay(replay: ReplayConfig, train: TrainSection, loss: PolicyLossConfig) -> None:
+    """Replay keeps each rollout's stored behavior log-probs and single-row draws (arXiv 2606.04560), so it cannot
+    be combined with recomputed behavior log-probs, truncated IS or whole-group minibatches.
+
+    Raises:
+        ValueError: naming the conflicting field.
+    """
+    if not replay.enabled:
+        return
+    if train.recompute_behavior_logprobs:
+        raise ValueError(
+            "replay.enabled needs train.recompute_behavior_logprobs: false (replayed rollouts keep "
+            "their stored behavior log-probs)"
+        )
+    if loss.tis_cap is not None:
+        raise ValueError("replay.enabled needs loss.tis_cap: null (no trainer behavior log-probs for replayed rows)")
+    if train.group_minibatches:
+        raise ValueError("replay.enabled needs train.group_minibatches: false (the replay unit is one rollout)")
 
 
 def _check_loss_inputs(cfg: Config) -> None:

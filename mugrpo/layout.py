@@ -76,6 +76,18 @@ class RunLayout:
     def train_steps_part(self, stage: int, part: int) -> str:
         return self._p("train_steps", f"stage={stage}", f"part-{part:05d}.parquet")
 
+    def replay_dir(self, stage: int) -> str:
+        """The ``replay`` audit table of a stage: which rollout each update used (fresh or replayed)."""
+        return self._p("replay", f"stage={stage}")
+
+    def replay_part(self, stage: int, part: int) -> str:
+        """Rows of the updates up to stage update ``part``, written with that update's checkpoint."""
+        return self._p("replay", f"stage={stage}", f"part-{part:05d}.parquet")
+
+    def replay_buffer(self, stage: int) -> str:
+        """The replay buffer's state after the last update of ``stage`` (written at the stage's train commit)."""
+        return self._p("replay_buffer", f"stage={stage}", "buffer.parquet")
+
     def checkpoints_dir(self, stage: int) -> str:
         return self._p("checkpoints", f"stage={stage}")
 

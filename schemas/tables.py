@@ -73,11 +73,50 @@ TRAIN_STEP_SCHEMA = pa.schema(
         pa.field("created_at", _ts, nullable=False),
         # v2: every other metric of the loss (e.g. ConSPO's conspo_valid_groups), name -> value; NULL in v1 files.
         pa.field("loss_metrics", pa.map_(pa.string(), pa.float64())),
+        # v3: the replay buffer (arXiv 2606.04560); NULL when replay is off and in v1/v2 files.
+        pa.field("num_fresh", pa.int64()),  # this update's fresh rollouts
+        pa.field("num_replayed", pa.int64()),  # replayed rollouts drawn from the buffer
+        pa.field("replay_age_mean", pa.float64()),  # mean age (updates) of the replayed rollouts
+        pa.field("replay_age_max", pa.int64()),
+        pa.field("replay_buffer_size", pa.int64()),  # entries eligible for the draw (after eviction, before insert)
+        pa.field("replay_evicted_age", pa.int64()),  # evicted before this update's draw (age > tau_max)
+        pa.field("replay_evicted_capacity", pa.int64()),  # evicted by the FIFO capacity at this update's insert
     ]
 )
 
+#: Columns added to train_steps in version 3.
+TRAIN_STEP_V3_COLUMNS = (
+    "num_fresh",
+    "num_replayed",
+    "replay_age_mean",
+    "replay_age_max",
+    "replay_buffer_size",
+    "replay_evicted_age",
+    "replay_evicted_capacity",
+)
+#: train_steps version 2 = version 3 without the replay columns (read as NULL).
+TRAIN_STEP_SCHEMA_V2 = pa.schema([f for f in TRAIN_STEP_SCHEMA if f.name not in TRAIN_STEP_V3_COLUMNS])
 #: train_steps version 1 = version 2 without ``loss_metrics`` (read as NULL).
-TRAIN_STEP_SCHEMA_V1 = pa.schema([f for f in TRAIN_STEP_SCHEMA if f.name != "loss_metrics"])
+TRAIN_STEP_SCHEMA_V1 = pa.schema([f for f in TRAIN_STEP_SCHEMA_V2 if f.name != "loss_metrics"])
+
+#: One row per rollout used by an update (fresh or replayed) of a run with the replay buffer: the audit of which
+#: rollout was used by which update (the ``replay`` SQL view).
+REPLAY_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("stage", pa.int32(), nullable=False),  # the stage whose update used the rollout
+        pa.field("update", pa.int64(), nullable=False),  # global optimizer update (1-based)
+        pa.field("stage_update", pa.int64(), nullable=False),
+        pa.field("rollout_stage", pa.int32(), nullable=False),  # the rollout's reference: stage, prompt, sample
+        pa.field("prompt_id", pa.string(), nullable=False),
+        pa.field("sample_idx", pa.int32(), nullable=False),
+        pa.field("replayed", pa.bool_(), nullable=False),  # False: one of the update's fresh rollouts
+        pa.field("birth_update", pa.int64(), nullable=False),  # policy_version of the rollout
+        pa.field("age", pa.int64(), nullable=False),  # update - 1 - birth_update
+        pa.field("advantage", pa.float64(), nullable=False),  # frozen at birth
+        pa.field("priority", pa.float64()),  # (|A| + eps)^alpha; NULL for fresh rows
+    ]
+)
 
 #: One row per evaluation sample.
 EVAL_SCHEMA = pa.schema(
@@ -106,12 +145,13 @@ TABLES: dict[str, pa.Schema] = {
     "rollouts": ROLLOUT_SCHEMA,
     "train_steps": TRAIN_STEP_SCHEMA,
     "evals": EVAL_SCHEMA,
+    "replay": REPLAY_SCHEMA,
 }
 
 #: Current version of each table's schema. Readers accept exactly these versions.
 #: rollouts v2: + top_k, min_p (the trainer replays the engine's truncation, mugrpo.truncation).
-#: train_steps v2: + loss_metrics (a loss's own metrics, e.g. ConSPO's).
-SCHEMA_VERSIONS: dict[str, int] = {"rollouts": 2, "train_steps": 2, "evals": 1}
+#: train_steps v2: + loss_metrics (a loss's own metrics, e.g. ConSPO's); v3: + the replay-buffer columns.
+SCHEMA_VERSIONS: dict[str, int] = {"rollouts": 2, "train_steps": 3, "evals": 1, "replay": 1}
 
 #: rollouts version 1 = version 2 without ``top_k`` / ``min_p`` (v1 engines applied neither: read as 0 = off).
 ROLLOUT_SCHEMA_V1 = pa.schema([f for f in ROLLOUT_SCHEMA if f.name not in ("top_k", "min_p")])
@@ -120,5 +160,6 @@ ROLLOUT_SCHEMA_V1 = pa.schema([f for f in ROLLOUT_SCHEMA if f.name not in ("top_
 #: filled by :func:`mugrpo.tables.read_table` (a stated default, else NULL); the SQL views read files by column name.
 OLDER_SCHEMAS: dict[tuple[str, int], pa.Schema] = {
     ("train_steps", 1): TRAIN_STEP_SCHEMA_V1,
+    ("train_steps", 2): TRAIN_STEP_SCHEMA_V2,
     ("rollouts", 1): ROLLOUT_SCHEMA_V1,
 }

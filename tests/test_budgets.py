@@ -12,7 +12,7 @@ from mugrpo.schedules import stage_plan, total_updates
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 #: Keys a baseline may change: the algorithm (the loss), the schedule and how the run is executed.
 SCHEDULE = {"run.num_stages", "generation.prompts_per_stage", "train.updates_per_stage", "eval.every_n_stages"}
-ALGORITHM_PREFIXES = ("loss.",)
+ALGORITHM_PREFIXES = ("loss.", "replay.")
 EXECUTION_PREFIXES = ("orchestration.",)
 
 
@@ -44,6 +44,7 @@ def test_baselines_differ_from_the_main_config_only_in_algorithm_and_schedule():
     main = load_config(CONFIGS / "gsm8k-smollm2.yaml")
     grpo = load_config(CONFIGS / "gsm8k-smollm2-grpo.yaml")
     naive = load_config(CONFIGS / "gsm8k-smollm2-naive.yaml")
+    replay = load_config(CONFIGS / "gsm8k-smollm2-replay.yaml")
 
     extra = {
         k for k in _diff(main, grpo) if k not in SCHEDULE and not k.startswith(ALGORITHM_PREFIXES + EXECUTION_PREFIXES)
@@ -52,8 +53,16 @@ def test_baselines_differ_from_the_main_config_only_in_algorithm_and_schedule():
     extra = {k for k in _diff(main, naive) if not k.startswith(ALGORITHM_PREFIXES)}
     assert not extra, f"gsm8k-smollm2-naive.yaml differs from the main config outside the loss: {extra}"
 
-    # the budgets those keys leave: equal
-    assert _budget(main) == _budget(grpo) == _budget(naive)
+    # replay GRPO runs like the GRPO baseline; only the loss knobs and the replay section differ from it
+    # (and recompute_behavior_logprobs, which replay refuses: a replayed row keeps its birth behavior log-probs)
+    assert {k for k in _diff(grpo, replay) if not k.startswith(ALGORITHM_PREFIXES)} == {
+        "train.recompute_behavior_logprobs"
+    }
+    assert replay.replay.enabled and replay.orchestration == grpo.orchestration
+
+    # the budgets those keys leave: equal (replay: same FRESH rollouts per update and updates; replayed rollouts are
+    # extra compute per update, never extra generation)
+    assert _budget(main) == _budget(grpo) == _budget(naive) == _budget(replay)
     assert _budget(main)["updates"] == 32 and _budget(main)["rollouts"] == 512
 
     # and the algorithms are the ones the paper compares
@@ -63,6 +72,9 @@ def test_baselines_differ_from_the_main_config_only_in_algorithm_and_schedule():
     for baseline in (grpo, naive):
         assert baseline.loss.name == "grpo" and (baseline.loss.eps_low, baseline.loss.eps_high) == (0.2, 0.2)
     assert naive.run.num_stages == main.run.num_stages  # mu large, like Mu-GRPO
+    # the re-implementation's GRPO (arXiv 2606.04560): clip-higher 0.2/0.28, dual-clip 10, token-mean, no KL
+    assert (replay.loss.name, replay.loss.eps_low, replay.loss.eps_high) == ("grpo", 0.2, 0.28)
+    assert (replay.loss.dual_clip_c, replay.loss.agg_mode, replay.loss.kl_coef) == (10.0, "token-mean", 0.0)
 
 
 def test_the_budget_check_catches_a_changed_budget():

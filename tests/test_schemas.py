@@ -126,7 +126,7 @@ def test_train_steps_version_1_reads_with_null_loss_metrics_in_python_and_sql(tm
     (tmp_path / old_rel).parent.mkdir(parents=True)
     pq.write_table(old, tmp_path / old_rel)
 
-    assert SCHEMA_VERSIONS["train_steps"] == 2
+    assert SCHEMA_VERSIONS["train_steps"] == 3
     back = read_table(store, old_rel, "train_steps")
     assert back.schema.remove_metadata().equals(TABLES["train_steps"]) and back.column("loss_metrics").null_count == 1
     with connect(str(tmp_path / "r")) as cat:  # the current columns over older files only: loss_metrics NULL
@@ -153,3 +153,27 @@ def test_rollouts_v1_files_are_read_with_top_k_and_min_p_off(tmp_path):
     upgraded = read_table(store, "old.parquet", "rollouts")
     assert upgraded.schema.remove_metadata().equals(ROLLOUT_SCHEMA)
     assert upgraded["top_k"].to_pylist() == [0, 0, 0] and upgraded["min_p"].to_pylist() == [0.0] * 3
+
+
+def test_train_steps_version_2_reads_with_null_replay_columns(tmp_path):
+    """train_steps v3 added the replay columns (arXiv 2606.04560); v2 files read them as NULL, in Python and SQL."""
+    from mugrpo.sql import connect
+    from schemas.tables import TRAIN_STEP_SCHEMA_V2, TRAIN_STEP_V3_COLUMNS
+
+    store = Store(str(tmp_path))
+    old_rel, new_rel = "r/train_steps/stage=0/part-00001.parquet", "r/train_steps/stage=1/part-00001.parquet"
+    old = pa.Table.from_pylist([_train_step(0, 1, {})], schema=TRAIN_STEP_SCHEMA_V2)
+    old = old.replace_schema_metadata({b"mugrpo.table": b"train_steps", META_VERSION: b"2"})
+    (tmp_path / old_rel).parent.mkdir(parents=True)
+    pq.write_table(old, tmp_path / old_rel)
+    back = read_table(store, old_rel, "train_steps")
+    assert all(back.column(c).null_count == 1 for c in TRAIN_STEP_V3_COLUMNS)
+    row = _train_step(1, 1, {})
+    row.update(num_fresh=8, num_replayed=4, replay_age_max=3)
+    write_table(store, new_rel, table_from_rows([row], "train_steps"), "train_steps")
+    with connect(str(tmp_path / "r")) as cat:
+        rows = cat.arrow("SELECT stage, num_fresh, num_replayed FROM train_steps ORDER BY stage").to_pylist()
+    assert rows == [
+        {"stage": 0, "num_fresh": None, "num_replayed": None},
+        {"stage": 1, "num_fresh": 8, "num_replayed": 4},
+    ]

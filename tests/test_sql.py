@@ -155,6 +155,27 @@ def write_run(store: Store, run_id: str, *, skill: float = 0.5, run_json: bool =
             )
         rel = layout.train_steps_part(k, 0)
         files.append(write_table(store, rel, table_from_rows(_train_rows(run_id, k), "train_steps"), "train_steps"))
+        if k > 0:  # a replay audit part: stage k's update 1 used 2 fresh rows and replayed 2 of stage k-1
+            audit = [
+                {
+                    "run_id": run_id,
+                    "stage": k,
+                    "update": k * 4 + 1,
+                    "stage_update": 1,
+                    "rollout_stage": k - replayed,
+                    "prompt_id": r["prompt_id"],
+                    "sample_idx": r["sample_idx"],
+                    "replayed": bool(replayed),
+                    "birth_update": (k - replayed) * 4,
+                    "age": 4 * replayed,
+                    "advantage": r["advantage"],
+                    "priority": abs(r["advantage"]) ** 0.5 if replayed else None,
+                }
+                for replayed in (0, 1)
+                for r in (_rollout_rows(run_id, k - replayed, skill)[:2])
+            ]
+            rel = layout.replay_part(k, 1)
+            write_table(store, rel, table_from_rows(audit, "replay"), "replay")
         rel = layout.eval_file(k, "gsm8k")
         files.append(
             write_table(store, rel, table_from_rows(_eval_rows(run_id, k, skill + 0.25 * k), "evals"), "evals")
@@ -398,7 +419,7 @@ def test_shell_reads_piped_statements(root: Path):
     )
     result = run_cli(str(root), input=script)
     out = result.stdout
-    assert out.splitlines()[0] == "rollouts  train_steps  evals  stages  runs"
+    assert out.splitlines()[0] == "rollouts  train_steps  evals  replay  stages  runs"
     assert " n\n--\n48\n(1 row)\n" in out
     assert "stages(\n  run_id VARCHAR,\n  stage INTEGER," in out
     assert "stage,n\n0,2\n1,2\n" in out and out.endswith("s\nlast without semicolon\n")

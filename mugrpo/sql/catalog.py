@@ -8,6 +8,8 @@ Views (one set per connection, over the files committed when it was opened; :fun
 
 - ``rollouts``, ``train_steps``, ``evals``: the Parquet files as written (``schemas.tables``), read with Hive
   partitioning so ``stage`` is an INTEGER column; token lists stay ``INTEGER[]``/``FLOAT[]`` lists.
+- ``replay``: with the replay buffer on (``replay.enabled``), one row per rollout used by an update, fresh or
+  replayed (``schemas.tables.REPLAY_SCHEMA``): which rollout was used by which update, at what age.
 - ``stages``: one row per committed stage manifest (``schemas.STAGE_VIEW_SCHEMA``).
 - ``runs``: one row per run: ``run.json`` fields (NULL when it is absent) and counts of committed stages and files.
 
@@ -57,7 +59,7 @@ RUNS_SCHEMA = pa.schema(
 )
 
 #: Every view a catalog defines, in the order ``.tables`` lists them.
-VIEWS = ("rollouts", "train_steps", "evals", "stages", "runs")
+VIEWS = ("rollouts", "train_steps", "evals", "replay", "stages", "runs")
 #: Prefix of the registered Arrow tables behind the manifest views and empty placeholders. The database holds no
 #: base table at all, so even a data-modifying CTE (``WITH x AS (INSERT ...) SELECT``) has nothing to write to.
 _INTERNAL = "_mugrpo"
@@ -245,7 +247,8 @@ def connect(target: str, storage_options: dict[str, Any] | None = None) -> RunCa
             never written into SQL, errors or logs; prefer the environment (``AWS_ACCESS_KEY_ID``...).
 
     Returns:
-        a :class:`RunCatalog` whose views are ``rollouts``, ``train_steps``, ``evals``, ``stages`` and ``runs``.
+        a :class:`RunCatalog` whose views are ``rollouts``, ``train_steps``, ``evals``, ``replay``, ``stages``
+        and ``runs``.
 
     Raises:
         TargetError: the target is missing, holds no run, or a manifest/run.json is invalid.

@@ -158,7 +158,7 @@ def sql_command(
 ) -> None:
     """Query rollouts, train steps, evals, stages and runs with SQL (DuckDB), read-only.
 
-    Views: rollouts, train_steps, evals, stages, runs. Example:
+    Views: rollouts, train_steps, evals, replay, stages, runs. Example:
 
         mugrpo sql runs/exp1 "SELECT stage, avg(reward) FROM rollouts GROUP BY ALL ORDER BY stage"
     """

@@ -47,11 +47,17 @@ def _eval_file(layout: RunLayout, stage: int, name: str) -> str | None:
     return layout.eval_file(stage, name[: -len(".parquet")])
 
 
+def _replay_file(layout: RunLayout, stage: int, name: str) -> str | None:
+    m = _PART.fullmatch(name)
+    return None if m is None else layout.replay_part(stage, int(m.group(1)))
+
+
 #: Parquet table -> rebuilds the layout path of a file named ``name`` in stage ``stage`` (None if the name is foreign).
 TABLE_FILES: dict[str, Callable[[RunLayout, int, str], str | None]] = {
     "rollouts": _rollout_file,
     "train_steps": _train_steps_file,
     "evals": _eval_file,
+    "replay": _replay_file,
 }
 
 

@@ -78,6 +78,11 @@ class LoadedCheckpoint:
     trainer_state: dict[str, Any]
     rng_states: list[dict[str, Any]]
 
+    def extra_file(self, name: str) -> bytes | None:
+        """A file written through ``write_checkpoint(extra_files=...)`` (verified on download), or None."""
+        path = self.model_dir.parent / name
+        return path.read_bytes() if path.exists() else None
+
 
 def write_checkpoint(
     store: Store,
@@ -88,6 +93,7 @@ def write_checkpoint(
     trainer_state: dict[str, Any],
     rng_states: list[dict[str, Any]],
     tmp_root: str | None = None,
+    extra_files: dict[str, bytes] | None = None,
 ) -> dict[str, str]:
     """Write a checkpoint folder at ``rel`` atomically (local temp folder, upload, ``_COMPLETE`` last).
 
@@ -97,6 +103,8 @@ def write_checkpoint(
         trainer_state: JSON-able dict.
         rng_states: per-rank :func:`capture_rng_state` dicts (rank order).
         tmp_root: parent of the local temporary folder (default: the system temp dir).
+        extra_files: more files of the checkpoint, {name: bytes} (e.g. the replay buffer state), covered by the
+            marker like the others.
 
     Returns:
         {file name: sha256} of the uploaded files.
@@ -117,6 +125,8 @@ def write_checkpoint(
         save_file(tensors, str(tmp / RNG_FILE))
         payload = {"format": CHECKPOINT_FORMAT, **trainer_state, "rng": json_rng}
         (tmp / STATE_FILE).write_text(json.dumps(payload, indent=2, sort_keys=True))
+        for name, data in (extra_files or {}).items():
+            (tmp / name).write_bytes(data)
         return store.upload_dir(tmp, rel, meta={"step": trainer_state.get("stage_update")})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -73,6 +73,7 @@ class Rollout:
     temperature: float
     truncation: Truncation = Truncation()
     positive: bool | None = None
+    zero_variance: bool = False  # the row's group has equal rewards (the estimator's ``zero_variance`` flag)
 
     @property
     def num_tokens(self) -> int:
@@ -151,6 +152,7 @@ def _to_rollout(row: dict, where: str, positive_label: PositiveLabeler | None = 
         temperature=temperature if temperature > 0 else 1.0,
         truncation=truncation if temperature > 0 else Truncation(),  # greedy rows are never truncated
         positive=positive,
+        zero_variance=bool(row["zero_variance"]),
     )
 
 

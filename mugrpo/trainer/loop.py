@@ -42,6 +42,14 @@ from mugrpo.losses import positive_labeler, training_progress
 from mugrpo.manifest import read_job_manifest, write_job_manifest
 from mugrpo.models import load_policy, load_tokenizer
 from mugrpo.progress import job_progress
+from mugrpo.replay.session import StageReplay, UpdateBatch, rollout_key
+from mugrpo.replay.state import (
+    CHECKPOINT_FILE,
+    buffer_from_bytes,
+    buffer_to_bytes,
+    read_stage_buffer,
+    write_stage_buffer,
+)
 from mugrpo.storage import COMPLETE_MARKER, Store
 from mugrpo.trainer.batch import TokenBatch, collate
 from mugrpo.trainer.checkpoint import (
@@ -58,7 +66,15 @@ from mugrpo.trainer.data import RolloutSet, load_rollouts, make_minibatch_order,
 from mugrpo.trainer.forward import PolicyTokenLogprobs
 from mugrpo.trainer.optim import build_lr_schedule, build_optimizer
 from mugrpo.trainer.precision import check_fp32_master, recompute_context_fn
-from mugrpo.trainer.records import delete_parts_after, read_steps, train_step_row, write_steps_part
+from mugrpo.trainer.records import (
+    delete_parts_after,
+    delete_replay_parts_after,
+    read_steps,
+    replay_part_records,
+    train_step_row,
+    write_replay_part,
+    write_steps_part,
+)
 from mugrpo.trainer.spec import TrainSpec
 from mugrpo.trainer.step import NonFiniteError, train_update
 from schemas import FileRecord, JobManifest
@@ -198,6 +214,8 @@ class Trainer:
         self.weights_stage: int | None = None
         #: (stage, stage update) of the checkpoint whose AdamW state equals the in-memory one; None: fresh moments.
         self.optimizer_source: tuple[int, int] | None = None
+        #: Rollouts the replay buffer may reference, by stage (kept across warm stages; re-read when missing).
+        self._replay_rows: dict[int, dict] = {}
 
     @property
     def pad_id(self) -> int:
@@ -283,6 +301,7 @@ class Trainer:
             )
         if not data.rollouts:
             manifest = _finish_without_updates(spec, store, layout, data, origin)
+            self._replay_rows.clear()
             if self.weights_stage == spec.stage:  # unchanged weights: the next stage's behavior policy
                 self.weights_stage = spec.stage + 1
             return manifest
@@ -298,6 +317,7 @@ class Trainer:
             trainer_behavior = self._setup_weights(spec, store, data, order, ckpt)
             schedule = self._resume(spec, store, layout, ckpt)
             check_fp32_master(self.model.parameters(), self.optimizer)
+            replay = self._replay_setup(spec, store, layout, data, ckpt)
             reference = None
             if spec.loss.kl_coef > 0:
                 ref_policy, _ = load_policy(local_policy_dir(store, spec.reference_policy_dir))
@@ -307,11 +327,12 @@ class Trainer:
 
             if accelerator.is_main_process:
                 delete_parts_after(store, layout, spec.stage, start_step)
+                delete_replay_parts_after(store, layout, spec.stage, start_step)
             t_train = self._train_updates(
-                spec, store, layout, data, order, schedule, start_step, reference, trainer_behavior
+                spec, store, layout, data, order, schedule, start_step, reference, trainer_behavior, replay
             )
             self._publish(spec, store, workdir)
-            manifest = self._commit(spec, store, layout, data, start_step, t_switch, t_train, origin)
+            manifest = self._commit(spec, store, layout, data, start_step, t_switch, t_train, origin, replay)
             self.weights_stage = spec.stage + 1
             return manifest
         finally:
@@ -331,6 +352,38 @@ class Trainer:
                 "rollouts (data fingerprint differs); delete the stage's checkpoints to start over"
             )
         return start_step, ckpt
+
+    def _replay_setup(
+        self, spec: TrainSpec, store: Store, layout: RunLayout, data: RolloutSet, ckpt: LoadedCheckpoint | None
+    ) -> StageReplay | None:
+        """Resume of the replay buffer (``replay.enabled``): the state of the stage's checkpoint, else the one the
+        previous stage committed (empty before stage 0), with the rollouts its entries reference: this stage's,
+        and those of earlier stages read by reference from their committed Parquet (cached across warm stages).
+
+        Raises:
+            ValueError: a checkpoint without a replay buffer state.
+            FileNotFoundError: the previous stage committed without one.
+        """
+        if not spec.replay.enabled:
+            return None
+        if ckpt is not None:
+            raw = ckpt.extra_file(CHECKPOINT_FILE)
+            where = store.uri(f"{layout.checkpoint_dir(spec.stage, ckpt.step)}/{CHECKPOINT_FILE}")
+            if raw is None:
+                raise ValueError(f"{where} is missing: the checkpoint was written without replay.enabled")
+            buffer = buffer_from_bytes(raw, spec.replay, where)
+        else:
+            buffer = read_stage_buffer(store, layout, spec.stage - 1, spec.replay)
+        for stage in spec.rollout_stages:
+            self._replay_rows[stage] = {rollout_key(r): r for r in data.rollouts if r.stage == stage}
+        needed = {e.stage for e in buffer.entries} | set(spec.rollout_stages)
+        for stage in sorted(needed - set(self._replay_rows)):
+            older = load_rollouts(store, spec.run_id, [stage], skip_zero_variance_groups=False)
+            self._replay_rows[stage] = {rollout_key(r): r for r in older.rollouts}
+        for stage in set(self._replay_rows) - needed:
+            del self._replay_rows[stage]
+        rows = {key: r for by_key in self._replay_rows.values() for key, r in by_key.items()}
+        return StageReplay(buffer, rows, derive_seed(spec.seed, "replay-draw"))
 
     def _setup_weights(
         self, spec: TrainSpec, store: Store, data: RolloutSet, order, ckpt: LoadedCheckpoint | None
@@ -416,13 +469,19 @@ class Trainer:
         start_step: int,
         reference,
         trainer_behavior: list[torch.Tensor] | None,
+        replay: StageReplay | None = None,
     ) -> float:
-        """Train: updates ``start_step + 1 .. updates_per_stage`` with checkpoints; returns their seconds."""
+        """Train: updates ``start_step + 1 .. updates_per_stage`` with checkpoints; returns their seconds.
+
+        With ``replay``, each update is fresh-anchored (:mod:`mugrpo.replay.session`): its fresh minibatch plus
+        the replayed rollouts drawn for it, each with the behavior log-probs and advantage of its own row."""
         accelerator, model, optimizer = self.accelerator, self.model, self.optimizer
         train, main, pad_id = spec.train, accelerator.is_main_process, self.pad_id
         total = train.updates_per_stage
         group_of = {i: g for g, members in enumerate(data.groups) for i in members}
+        num_rows, num_groups = len(data.rollouts), len(data.groups)
         pending: list[dict] = []
+        pending_audit: list[dict] = []
         t0 = time.monotonic()
         with job_progress(
             f"train stage {spec.stage}",
@@ -434,8 +493,14 @@ class Trainer:
             task = bar.add_task("train", total=total, completed=start_step, loss=0.0, tps=0.0)
             for u in range(start_step + 1, total + 1):
                 indices = order.minibatch(u - 1)
+                fresh = [data.rollouts[i] for i in indices]
+                batch: UpdateBatch | None = None
+                if replay is not None:
+                    batch = replay.compose(spec.policy_version + u, fresh)
+                extra = batch.replayed if batch is not None else []
+                # replayed rollouts get row indices after the stage's rows, each its own group (the unit is a rollout)
                 micro = split_minibatch(
-                    indices,
+                    indices + list(range(num_rows, num_rows + len(extra))),
                     data,
                     micro_batch_size=train.micro_batch_size,
                     rank=accelerator.process_index,
@@ -443,7 +508,12 @@ class Trainer:
                     keep_groups=train.group_minibatches,
                 )
                 batches: list[TokenBatch] = [
-                    collate([data.rollouts[i] for i in mb], [group_of[i] for i in mb], pad_id) for mb in micro
+                    collate(
+                        [data.rollouts[i] if i < num_rows else extra[i - num_rows] for i in mb],
+                        [group_of[i] if i < num_rows else num_groups + i - num_rows for i in mb],
+                        pad_id,
+                    )
+                    for mb in micro
                 ]
                 tis = None
                 if trainer_behavior is not None:
@@ -451,7 +521,7 @@ class Trainer:
                         _pad_rows([trainer_behavior[i] for i in mb], b.response_ids.shape[1])
                         for mb, b in zip(micro, batches, strict=True)
                     ]
-                rollouts = [data.rollouts[i] for i in indices]
+                rollouts = fresh + extra
                 lr = schedule.apply(optimizer, spec.policy_version + u)
                 try:
                     result = train_update(
@@ -485,6 +555,12 @@ class Trainer:
                             },
                         )
                     raise
+                replay_columns = None
+                if batch is not None:
+                    replay_columns, _ = replay.record(spec.policy_version + u, batch)
+                    pending_audit.extend(
+                        StageReplay.audit_rows(spec.run_id, spec.stage, u, spec.policy_version + u, batch)
+                    )
                 pending.append(
                     train_step_row(
                         run_id=spec.run_id,
@@ -497,21 +573,23 @@ class Trainer:
                         num_sequences=len(rollouts),
                         num_tokens=result.num_tokens,
                         seconds=result.seconds,
-                        staleness=spec.policy_version + u - 1 - min(r.policy_version for r in rollouts),
-                        mean_reward=sum(r.reward for r in rollouts) / len(rollouts),
+                        staleness=spec.policy_version + u - 1 - min(r.policy_version for r in fresh),
+                        mean_reward=sum(r.reward for r in fresh) / len(fresh),
+                        replay=replay_columns,
                     )
                 )
                 bar.update(
                     task, completed=u, loss=result.metrics.get("loss", 0.0), tps=pending[-1]["tokens_per_second"]
                 )
                 if u % train.checkpoint_every == 0 or u == total:
-                    self._checkpoint(spec, store, layout, schedule, data, u, pending)
-                    pending = []
+                    self._checkpoint(spec, store, layout, schedule, data, u, pending, replay, pending_audit)
+                    pending, pending_audit = [], []
         return time.monotonic() - t0
 
-    def _checkpoint(self, spec, store, layout, schedule, data, step, rows) -> None:
-        """Checkpoint: commit the train_steps part of updates since the last checkpoint, then the checkpoint of
-        ``step`` (collective under FSDP: every rank calls it)."""
+    def _checkpoint(self, spec, store, layout, schedule, data, step, rows, replay=None, audit=()) -> None:
+        """Checkpoint: commit the train_steps part (and with replay the ``replay`` audit part) of updates since the
+        last checkpoint, then the checkpoint of ``step`` with the replay buffer's state inside (collective under
+        FSDP: every rank calls it)."""
         accelerator, model = self.accelerator, self.model
         model_state = _policy_state_dict(model)
         optimizer_state = get_optimizer_state_dict(model, _inner(self.optimizer), options=_FULL)
@@ -519,6 +597,10 @@ class Trainer:
         rng_states = gather_object([rng]) if accelerator.num_processes > 1 else [rng]
         if accelerator.is_main_process:
             write_steps_part(store, layout, spec.stage, step, rows)
+            extra_files = {}
+            if replay is not None:
+                write_replay_part(store, layout, spec.stage, step, list(audit))
+                extra_files[CHECKPOINT_FILE] = buffer_to_bytes(replay.buffer)
             write_checkpoint(
                 store,
                 layout.checkpoint_dir(spec.stage, step),
@@ -533,6 +615,7 @@ class Trainer:
                     "lr_schedule": schedule.state_dict(),
                 },
                 rng_states=rng_states,
+                extra_files=extra_files,
             )
             prune_checkpoints(store, layout, spec.stage, spec.keep_checkpoints)
         accelerator.wait_for_everyone()
@@ -552,8 +635,11 @@ class Trainer:
             store.upload_dir(out, spec.output_policy_dir, meta=meta)
         self.accelerator.wait_for_everyone()
 
-    def _commit(self, spec, store, layout, data, start_step, t_switch, t_train, origin) -> JobManifest | None:
-        """Commit: check that train_steps hold updates 1..N exactly once, then write the job manifest."""
+    def _commit(
+        self, spec, store, layout, data, start_step, t_switch, t_train, origin, replay=None
+    ) -> JobManifest | None:
+        """Commit: check that train_steps hold updates 1..N exactly once, then (with replay) write the buffer's
+        state after the stage, then the job manifest listing both."""
         accelerator, total = self.accelerator, spec.train.updates_per_stage
         manifest = None
         if accelerator.is_main_process:
@@ -565,6 +651,11 @@ class Trainer:
                 )
             cols = steps.to_pydict()
             policy_files = _file_records(store, layout, spec.output_policy_dir) if spec.publish_policy else []
+            replay_counts = {}
+            if replay is not None:
+                policy_files += replay_part_records(store, layout, spec.stage)
+                policy_files.append(write_stage_buffer(store, layout, spec.stage, replay.buffer))
+                replay_counts = {"replayed": int(sum(cols["num_replayed"])), "replay_buffer_size": len(replay.buffer)}
             t_total = time.monotonic() - origin
             manifest = JobManifest(
                 run_id=spec.run_id,
@@ -578,6 +669,7 @@ class Trainer:
                     "tokens": int(sum(cols["num_tokens"])),
                     "resumed_from": start_step,
                     **data.counts,
+                    **replay_counts,
                 },
                 metrics={
                     "final_loss": float(cols["loss"][-1]),
@@ -616,12 +708,16 @@ def _finish_without_updates(spec: TrainSpec, store: Store, layout: RunLayout, da
             spec.output_policy_dir,
             meta={"stage": spec.stage + 1, "policy_version": spec.policy_version},
         )
+    files = _file_records(store, layout, spec.output_policy_dir) if spec.publish_policy else []
+    if spec.replay.enabled:  # no update, no eviction: the buffer is carried over unchanged
+        buffer = read_stage_buffer(store, layout, spec.stage - 1, spec.replay)
+        files.append(write_stage_buffer(store, layout, spec.stage, buffer))
     manifest = JobManifest(
         run_id=spec.run_id,
         stage=spec.stage,
         job="train",
         created_at=datetime.now(UTC),
-        files=_file_records(store, layout, spec.output_policy_dir) if spec.publish_policy else [],
+        files=files,
         counts={"updates": 0, "policy_version": spec.policy_version, **data.counts},
         timings={"switch": 0.0, "train": 0.0, "total": time.monotonic() - origin},
     )

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from mugrpo.config import Config, TrainSection
+from mugrpo.config import Config, TrainSection, check_replay
 from mugrpo.jobs.common import JobSpec
 from mugrpo.layout import RunLayout
 from mugrpo.losses.config import PolicyLossConfig
 from mugrpo.losses.registry import check_trainer_settings
+from mugrpo.replay.config import ReplayConfig
 from mugrpo.schedules import stage_plan, total_updates
 
 
@@ -62,6 +63,9 @@ class TrainSpec(JobSpec):
     keep_checkpoints: int = Field(1, ge=1, description="Complete checkpoints kept per stage (older ones deleted).")
     train: TrainSection = Field(default_factory=TrainSection)
     loss: PolicyLossConfig = Field(default_factory=PolicyLossConfig)
+    replay: ReplayConfig = Field(
+        default_factory=ReplayConfig, description="The rollout-level replay buffer (arXiv 2606.04560); off by default."
+    )
 
     @model_validator(mode="after")
     def _defaults(self) -> TrainSpec:
@@ -85,6 +89,7 @@ class TrainSpec(JobSpec):
                 f"({self.train.rollouts_per_update})"
             )
         check_trainer_settings(self.loss, group_minibatches=self.train.group_minibatches)
+        check_replay(self.replay, self.train, self.loss)
         if self.train.mixed_precision == "fp16":
             raise ValueError(
                 "train.mixed_precision=fp16 is not supported: fp16 loss scaling meets inf gradients by design and "
@@ -111,4 +116,5 @@ class TrainSpec(JobSpec):
             total_updates=total_updates(cfg),
             train=cfg.train.model_copy(update={"updates_per_stage": updates}),
             loss=cfg.loss,
+            replay=cfg.replay,
         )
