@@ -37,6 +37,22 @@ ROLLOUT_SCHEMA = pa.schema(
         pa.field("seed", pa.int64(), nullable=False),
         pa.field("engine", pa.string(), nullable=False),
         pa.field("created_at", _ts, nullable=False),
+        # v2 (AGPO, arXiv 2605.20722); NULL in v1 files and, except is_probe, in runs without AGPO.
+        pa.field("is_probe", pa.bool_()),  # a probe response: sampled at tau_base, scored, never trained on
+        pa.field("probe_sigma", pa.float64()),  # the prompt's probe reward dispersion
+        pa.field("probe_vote_entropy", pa.float64()),  # the prompt's probe vote entropy E (nats)
+        pa.field("probe_skew", pa.float64()),  # the prompt's probe skew k3 (clamped to +-10)
+        pa.field("agpo_u", pa.float64()),  # U = w_r sigma + w_e E + w_k |k3|
+        pa.field("agpo_c", pa.float64()),  # c = (U - EMA) / (EMA + 1e-8); the row's temperature is tau(c)
+    ]
+)
+
+#: rollouts version 1 = version 2 without the AGPO columns (read as NULL; is_probe NULL means not a probe).
+ROLLOUT_SCHEMA_V1 = pa.schema(
+    [
+        f
+        for f in ROLLOUT_SCHEMA
+        if f.name not in {"is_probe", "probe_sigma", "probe_vote_entropy", "probe_skew", "agpo_u", "agpo_c"}
     ]
 )
 
@@ -107,8 +123,11 @@ TABLES: dict[str, pa.Schema] = {
 }
 
 #: Current version of each table's schema. Readers accept exactly these versions.
-SCHEMA_VERSIONS: dict[str, int] = {"rollouts": 1, "train_steps": 2, "evals": 1}
+SCHEMA_VERSIONS: dict[str, int] = {"rollouts": 2, "train_steps": 2, "evals": 1}
 
 #: Older versions a reader still accepts: (table, version) -> the schema of that version. Columns added since are
 #: read as NULL (:func:`mugrpo.tables.read_table`; the SQL views read files by column name).
-OLDER_SCHEMAS: dict[tuple[str, int], pa.Schema] = {("train_steps", 1): TRAIN_STEP_SCHEMA_V1}
+OLDER_SCHEMAS: dict[tuple[str, int], pa.Schema] = {
+    ("train_steps", 1): TRAIN_STEP_SCHEMA_V1,
+    ("rollouts", 1): ROLLOUT_SCHEMA_V1,
+}

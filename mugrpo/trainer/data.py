@@ -38,6 +38,10 @@ ROLLOUT_COLUMNS = [
     "advantage",
     "zero_variance",
     "temperature",
+    "is_probe",
+    "probe_sigma",
+    "probe_vote_entropy",
+    "probe_skew",
 ]
 
 
@@ -52,7 +56,8 @@ class Rollout:
     ``temperature`` is the temperature of the distribution the behavior log-probs are log-probs of: the
     sampling temperature, or 1.0 for greedy rollouts (T = 0), whose engines report the T = 1 policy
     (:mod:`mugrpo.engines.base`). ``positive`` is the row's positive/negative label for losses that need one
-    (ConSPO), from the loss's ``positive_rule``; None when the loss needs none.
+    (ConSPO), from the loss's ``positive_rule``; None when the loss needs none. ``probe`` is the (sigma, vote
+    entropy, skew) of the prompt's AGPO probe (arXiv 2605.20722), None for rollouts generated without AGPO.
     """
 
     stage: int
@@ -66,6 +71,7 @@ class Rollout:
     advantage: float
     temperature: float
     positive: bool | None = None
+    probe: tuple[float, float, float] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -134,7 +140,15 @@ def _to_rollout(row: dict, where: str, positive_label: PositiveLabeler | None = 
         advantage=float(row["advantage"]),
         temperature=temperature if temperature > 0 else 1.0,
         positive=positive,
+        probe=_probe_stats(row),
     )
+
+
+def _probe_stats(row: dict) -> tuple[float, float, float] | None:
+    """(sigma, vote entropy, skew) of the row's AGPO probe, or None (no probe; a row from before schema v2)."""
+    if row.get("probe_sigma") is None:
+        return None
+    return (row["probe_sigma"], row["probe_vote_entropy"], row["probe_skew"])
 
 
 def load_rollouts(
@@ -149,6 +163,8 @@ def load_rollouts(
 
     With ``positive_label`` (:func:`mugrpo.losses.conspo.positive_labeler`), every rollout is labeled positive or
     negative from its row's reward and reward components, and the rule is part of the data fingerprint.
+
+    AGPO's probe rows (``is_probe``) are never trained on: they are left out here (counted as ``probe_rows``).
 
     Every file is checked against the sha256 the manifest recorded and against the rollout schema and version
     (:func:`mugrpo.tables.read_table`).
@@ -180,6 +196,8 @@ def load_rollouts(
             digest.update(f"{record.path}:{record.sha256}".encode())
             where = store.uri(rel)
             rows.extend((row, where) for row in table.select(ROLLOUT_COLUMNS).to_pylist())
+    probe_rows = sum(1 for row, _ in rows if row["is_probe"])
+    rows = [(row, where) for row, where in rows if not row["is_probe"]]
     rows.sort(key=lambda item: (item[0]["stage"], item[0]["prompt_id"], item[0]["sample_idx"]))
 
     by_group: dict[tuple[int, str], list[tuple[dict, str]]] = {}
@@ -197,6 +215,7 @@ def load_rollouts(
         groups.append(list(range(start, len(rollouts))))
     counts = {
         "rows_read": len(rows),
+        "probe_rows": probe_rows,
         "groups_read": len(by_group),
         "zero_variance_groups_dropped": dropped,
         "rows": len(rollouts),
