@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
+from mugrpo.adaptive.config import AGPOConfig
 from mugrpo.config import Config, TrainSection
 from mugrpo.jobs.common import JobSpec
 from mugrpo.layout import RunLayout
@@ -62,6 +63,9 @@ class TrainSpec(JobSpec):
     keep_checkpoints: int = Field(1, ge=1, description="Complete checkpoints kept per stage (older ones deleted).")
     train: TrainSection = Field(default_factory=TrainSection)
     loss: PolicyLossConfig = Field(default_factory=PolicyLossConfig)
+    agpo: AGPOConfig | None = Field(
+        None, description="AGPO's clip-range controller settings (arXiv 2605.20722); required by loss.name=agpo."
+    )
 
     @model_validator(mode="after")
     def _defaults(self) -> TrainSpec:
@@ -85,6 +89,8 @@ class TrainSpec(JobSpec):
                 f"({self.train.rollouts_per_update})"
             )
         check_trainer_settings(self.loss, group_minibatches=self.train.group_minibatches)
+        if self.loss.name == "agpo" and self.agpo is None:
+            raise ValueError("loss.name=agpo needs the agpo section (its clip-range controller settings)")
         if self.train.mixed_precision == "fp16":
             raise ValueError(
                 "train.mixed_precision=fp16 is not supported: fp16 loss scaling meets inf gradients by design and "
@@ -111,4 +117,5 @@ class TrainSpec(JobSpec):
             total_updates=total_updates(cfg),
             train=cfg.train.model_copy(update={"updates_per_stage": updates}),
             loss=cfg.loss,
+            agpo=cfg.agpo,
         )
