@@ -14,6 +14,7 @@ from mugrpo.jobs.generate import run_generate
 from mugrpo.layout import RunLayout
 from mugrpo.storage import Store
 from mugrpo.tables import read_table
+from mugrpo.tracking.events import rollout_sample
 from mugrpo.trainer.loop import run_training
 from mugrpo.trainer.records import read_steps
 from mugrpo.trainer.spec import TrainSpec
@@ -84,3 +85,6 @@ def test_tiny_agpo_run_two_stages(tmp_path, tiny_model_dir):
     first_prompt = next(r for r in stage1 if not r["is_probe"])
     ema0 = gen_manifests[0].metrics["agpo_u_ema"]
     assert first_prompt["agpo_c"] == pytest.approx((first_prompt["agpo_u"] - ema0) / (ema0 + 1e-8))
+    # the tracker's rollout sample shows training responses only (shard 0: 2 prompts x G=3, probes left out)
+    columns, sample = rollout_sample(store, layout, 0, 50)
+    assert len(sample) == 6
