@@ -246,8 +246,8 @@ def shard_rows(
             (p, i, s) for p, samples in zip(prompts, probe.samples, strict=True) for i, s in enumerate(samples)
         ]
         probe_results = [r for group in probe.results for r in group]
-        probe_seed = probe_params(spec.sampling, spec.agpo, derive_seed(spec.seed, spec.stage, shard, "agpo-probe"))
-        rows += _rows(spec, probe_seed, probe_flat, probe_results, plans, is_probe=True)
+        probe_sampling = probe_params(spec.sampling, spec.agpo, derive_seed(spec.seed, spec.stage, shard, "agpo-probe"))
+        rows += _rows(spec, probe_sampling, probe_flat, probe_results, plans, is_probe=True)
         tokens += sum(len(s.response_token_ids) for _, _, s in probe_flat)
     return rows, tokens
 
