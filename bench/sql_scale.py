@@ -129,7 +129,10 @@ class ShardGenerator:
             "seed": pa.array(np.arange(rows, dtype=np.int64)),
             "engine": pa.array(["vllm"] * rows),
             "created_at": now,
+            "is_probe": pa.array(np.zeros(rows, bool)),
         }
+        for f in ROLLOUT_SCHEMA:  # AGPO's probe statistics: NULL in rows sampled without AGPO
+            cols.setdefault(f.name, pa.nulls(rows, f.type))
         return pa.table(cols).cast(ROLLOUT_SCHEMA)
 
 

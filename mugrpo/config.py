@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from mugrpo.adaptive.config import AGPOConfig
 from mugrpo.advantages import AdvantageConfig
 from mugrpo.data import DatasetConfig
 from mugrpo.engines.base import SamplingParams
@@ -279,6 +280,11 @@ class Config(_Section):
     orchestration: OrchestrationSection = Field(default_factory=OrchestrationSection)
     tracking: TrackingSection = Field(default_factory=TrackingSection)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
+    agpo: AGPOConfig | None = Field(
+        None,
+        description="AGPO (arXiv 2605.20722): probe each prompt at tau_base and sample it at an adaptive "
+        "temperature; with loss.name=agpo, clip each group at an adaptive eps. None = off.",
+    )
 
     @field_validator("loss")
     @classmethod
@@ -349,6 +355,11 @@ def _check_loss_inputs(cfg: Config) -> None:
     from mugrpo.losses.conspo import CORRECTNESS_COMPONENT
 
     check_trainer_settings(cfg.loss, group_minibatches=cfg.train.group_minibatches)
+    if cfg.loss.name == "agpo" and (cfg.agpo is None or not cfg.agpo.probe):
+        raise ValueError(
+            "loss.name=agpo clips each group at an eps computed from its probe statistics: add an agpo section "
+            "with agpo.probe=true"
+        )
     needs_labels = loss_requirements(cfg.loss.name).positive_labels
     if needs_labels and cfg.loss.positive_rule == "correctness" and CORRECTNESS_COMPONENT not in cfg.reward.components:
         raise ValueError(

@@ -64,7 +64,7 @@ def collect(target: str, storage_options: dict | None = None) -> ReportData:
                       avg(CASE WHEN finish_reason = 'length' THEN 1 ELSE 0 END) AS truncated,
                       avg(CASE WHEN zero_variance THEN 1 ELSE 0 END) AS zero_var_frac,
                       min(policy_version) AS policy_version
-               FROM rollouts GROUP BY stage ORDER BY stage""",
+               FROM rollouts WHERE is_probe IS NOT TRUE GROUP BY stage ORDER BY stage""",
         )
         steps = _rows(
             cat,

@@ -39,8 +39,16 @@ ROLLOUT_SCHEMA = pa.schema(
         pa.field("seed", pa.int64(), nullable=False),
         pa.field("engine", pa.string(), nullable=False),
         pa.field("created_at", _ts, nullable=False),
+        # v3 (AGPO, arXiv 2605.20722); NULL in v1/v2 files and, except is_probe, in runs without AGPO.
+        pa.field("is_probe", pa.bool_()),  # a probe response: sampled at tau_base, scored, never trained on
+        pa.field("probe_sigma", pa.float64()),  # the prompt's probe reward dispersion
+        pa.field("probe_vote_entropy", pa.float64()),  # the prompt's probe vote entropy E (nats)
+        pa.field("probe_skew", pa.float64()),  # the prompt's probe skew k3 (clamped to +-10)
+        pa.field("agpo_u", pa.float64()),  # U = w_r sigma + w_e E + w_k |k3|
+        pa.field("agpo_c", pa.float64()),  # c = (U - EMA) / (EMA + 1e-8); the row's temperature is tau(c)
     ]
 )
+
 
 #: One row per optimizer update.
 TRAIN_STEP_SCHEMA = pa.schema(
@@ -149,17 +157,22 @@ TABLES: dict[str, pa.Schema] = {
 }
 
 #: Current version of each table's schema. Readers accept exactly these versions.
-#: rollouts v2: + top_k, min_p (the trainer replays the engine's truncation, mugrpo.truncation).
+#: rollouts v2: + top_k, min_p (the trainer replays the engine's truncation, mugrpo.truncation); v3: + the AGPO
+#: probe columns (is_probe, probe statistics, U, c).
 #: train_steps v2: + loss_metrics (a loss's own metrics, e.g. ConSPO's); v3: + the replay-buffer columns.
-SCHEMA_VERSIONS: dict[str, int] = {"rollouts": 2, "train_steps": 3, "evals": 1, "replay": 1}
+SCHEMA_VERSIONS: dict[str, int] = {"rollouts": 3, "train_steps": 3, "evals": 1, "replay": 1}
 
+_AGPO_COLUMNS = {"is_probe", "probe_sigma", "probe_vote_entropy", "probe_skew", "agpo_u", "agpo_c"}
+#: rollouts version 2 = version 3 without the AGPO columns (read as NULL; is_probe NULL means not a probe).
+ROLLOUT_SCHEMA_V2 = pa.schema([f for f in ROLLOUT_SCHEMA if f.name not in _AGPO_COLUMNS])
 #: rollouts version 1 = version 2 without ``top_k`` / ``min_p`` (v1 engines applied neither: read as 0 = off).
-ROLLOUT_SCHEMA_V1 = pa.schema([f for f in ROLLOUT_SCHEMA if f.name not in ("top_k", "min_p")])
+ROLLOUT_SCHEMA_V1 = pa.schema([f for f in ROLLOUT_SCHEMA_V2 if f.name not in ("top_k", "min_p")])
 
 #: Older versions a reader still accepts: (table, version) -> the schema of that version. Columns added since are
 #: filled by :func:`mugrpo.tables.read_table` (a stated default, else NULL); the SQL views read files by column name.
 OLDER_SCHEMAS: dict[tuple[str, int], pa.Schema] = {
     ("train_steps", 1): TRAIN_STEP_SCHEMA_V1,
     ("train_steps", 2): TRAIN_STEP_SCHEMA_V2,
+    ("rollouts", 2): ROLLOUT_SCHEMA_V2,
     ("rollouts", 1): ROLLOUT_SCHEMA_V1,
 }

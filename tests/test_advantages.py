@@ -47,7 +47,7 @@ def _expected(estimator: str, std: dict[str, float]) -> np.ndarray:
 
 def test_registry_holds_both_estimators_and_rejects_unknown_names() -> None:
     assert {"grpo", "dr_grpo"} <= set(ADVANTAGE_ESTIMATORS)
-    with pytest.raises(ValueError, match=r"unknown advantage estimator 'ppo'; registered: dr_grpo, grpo"):
+    with pytest.raises(ValueError, match=r"unknown advantage estimator 'ppo'; registered: agpo, dr_grpo, grpo"):
         ADVANTAGE_ESTIMATORS["ppo"]
     with pytest.raises(ValueError, match="'grpo' is already registered"):
         ADVANTAGE_ESTIMATORS.register("grpo")(ADVANTAGE_ESTIMATORS["dr_grpo"])

@@ -84,7 +84,7 @@ def test_registry_names_are_checked_at_load():
     with pytest.raises(
         ConfigError,
         match=r"override 'loss.name=mugrpo': unknown policy loss 'mugrpo' \(did you mean 'mu_grpo'\?\); "
-        r"registered: conspo, grpo, gspo, mu_grpo",
+        r"registered: agpo, conspo, grpo, gspo, mu_grpo",
     ):
         load_config(None, ["loss.name=mugrpo"])
     with pytest.raises(ConfigError, match=r"unknown lr schedule 'cosin' \(did you mean 'cosine'\?\)"):

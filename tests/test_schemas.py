@@ -144,7 +144,9 @@ def test_train_steps_version_1_reads_with_null_loss_metrics_in_python_and_sql(tm
 
 def test_rollouts_v1_files_are_read_with_top_k_and_min_p_off(tmp_path):
     """A run committed before rollouts v2 (no top_k / min_p columns) still resumes: the columns read as off."""
-    table = table_from_rows(rollout_rows(3), "rollouts").drop_columns(["top_k", "min_p"])
+    from schemas.tables import ROLLOUT_SCHEMA_V1
+
+    table = table_from_rows(rollout_rows(3), "rollouts").select(ROLLOUT_SCHEMA_V1.names)  # no top_k/min_p (nor v3's)
     table = table.replace_schema_metadata({b"mugrpo.table": b"rollouts", META_VERSION: b"1"})
     store = Store(str(tmp_path))
     buf = pa.BufferOutputStream()

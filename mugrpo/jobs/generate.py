@@ -26,6 +26,9 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
+from mugrpo.adaptive.config import AGPOConfig
+from mugrpo.adaptive.controllers import TemperatureController
+from mugrpo.adaptive.probe import EMA_METRIC, ShardProbe, plan_prompts, probe_params, replay_uncertainties
 from mugrpo.advantages import AdvantageConfig, compute_advantages
 from mugrpo.data import DatasetConfig, Problem, load_problems
 from mugrpo.engines.base import SamplingParams
@@ -66,6 +69,9 @@ class GenerateSpec(JobSpec):
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
     on_bad_prompt: Literal["skip", "error"] = "skip"
     max_context: int | None = Field(None, description="Prompt + response token limit; None = the model's.")
+    agpo: AGPOConfig | None = Field(
+        None, description="AGPO (arXiv 2605.20722): probe each prompt at tau_base, then sample at its adaptive tau."
+    )
 
     @classmethod
     def from_config(cls, cfg, stage: int, policy_version: int) -> GenerateSpec:
@@ -89,6 +95,7 @@ class GenerateSpec(JobSpec):
             advantage=cfg.advantage,
             on_bad_prompt=cfg.data.on_bad_prompt,
             max_context=cfg.model.max_context,
+            agpo=cfg.agpo,
         )
 
 
@@ -142,25 +149,71 @@ def prepare_prompts(
     return out, skipped
 
 
-def shard_params(spec: GenerateSpec, shard: int, prompts: list[PreparedPrompt]) -> SamplingParams:
-    """Sampling params of one shard: the shard's own seed, and per-prompt temperatures when the spec has them."""
+def shard_params(
+    spec: GenerateSpec, shard: int, prompts: list[PreparedPrompt], probe: ShardProbe | None = None
+) -> SamplingParams:
+    """Sampling params of one shard: the shard's own seed, and per-prompt temperatures when the spec has them
+    (or AGPO's probe gives them)."""
     params = spec.sampling.model_copy(update={"seed": derive_seed(spec.seed, spec.stage, shard)})
-    if spec.temperatures:
+    if probe is not None:
+        params = params.model_copy(update={"temperatures": probe.temperatures})
+    elif spec.temperatures:
         temps = [spec.temperatures.get(p.problem.prompt_id, params.temperature) for p in prompts]
         params = params.model_copy(update={"temperatures": tuple(temps)})
     return params
 
 
-def sample_shard(spec: GenerateSpec, shard: int, prompts: list[PreparedPrompt], engine) -> list[list]:
-    """The G samples of every prompt of one shard (outer: prompt; inner: sample).
+def sample_shard(
+    spec: GenerateSpec, shard: int, prompts: list[PreparedPrompt], engine, probe: ShardProbe | None = None
+) -> list[list]:
+    """The G samples of every prompt of one shard (outer: prompt; inner: sample), at AGPO's per-prompt
+    temperatures when ``probe`` is given.
 
     Raises:
         GenerationError: the engine failed (exception or out of memory); nothing is returned for the shard.
     """
+    return _generate(spec, shard, prompts, engine, shard_params(spec, shard, prompts, probe))
+
+
+def probe_shard(
+    spec: GenerateSpec,
+    shard: int,
+    prompts: list[PreparedPrompt],
+    engine,
+    scorer: RewardScorer,
+    controller: TemperatureController,
+) -> ShardProbe:
+    """AGPO's probe of one shard (arXiv 2605.20722): G responses per prompt at tau_base (own seed), scored; each
+    prompt's statistics step ``controller`` in prompt order and give its training temperature.
+
+    Raises:
+        GenerationError: the engine failed.
+    """
+    params = probe_params(spec.sampling, spec.agpo, derive_seed(spec.seed, spec.stage, shard, "agpo-probe"))
+    samples = _generate(spec, shard, prompts, engine, params)
+    flat = [
+        RewardInput(s.text, p.problem.ground_truth) for p, group in zip(prompts, samples, strict=True) for s in group
+    ]
+    scored = scorer.score(flat)
+    results, start = [], 0
+    for group in samples:
+        results.append(scored[start : start + len(group)])
+        start += len(group)
+    plans = plan_prompts(
+        controller,
+        spec.agpo,
+        [[r.reward for r in group] for group in results],
+        [[s.text for s in group] for group in samples],
+        spec.advantage.dispersion,
+    )
+    return ShardProbe(samples=samples, results=results, plans=plans)
+
+
+def _generate(spec: GenerateSpec, shard: int, prompts: list[PreparedPrompt], engine, params: SamplingParams):
     if not prompts:
         return []
     try:
-        return engine.generate([p.token_ids for p in prompts], shard_params(spec, shard, prompts))
+        return engine.generate([p.token_ids for p in prompts], params)
     except (RuntimeError, MemoryError, ValueError) as e:
         first, last = prompts[0].problem.prompt_id, prompts[-1].problem.prompt_id
         raise GenerationError(
@@ -170,20 +223,44 @@ def sample_shard(spec: GenerateSpec, shard: int, prompts: list[PreparedPrompt], 
 
 
 def shard_rows(
-    spec: GenerateSpec, shard: int, prompts: list[PreparedPrompt], groups: list[list], scorer: RewardScorer
+    spec: GenerateSpec,
+    shard: int,
+    prompts: list[PreparedPrompt],
+    groups: list[list],
+    scorer: RewardScorer,
+    probe: ShardProbe | None = None,
 ) -> tuple[list[dict], int]:
-    """Score and group-normalize one shard's samples into rollout rows. Returns (rows, generated tokens)."""
+    """Score and group-normalize one shard's samples into rollout rows, followed by AGPO's probe rows when
+    ``probe`` is given (``is_probe`` true; their advantage is that of the probe group, never trained on).
+    Returns (rows, generated tokens, probe tokens included)."""
     if not prompts:
         return [], 0
-    params = shard_params(spec, shard, prompts)
+    params = shard_params(spec, shard, prompts, probe)
     flat = [(p, i, s) for p, samples in zip(prompts, groups, strict=True) for i, s in enumerate(samples)]
     results = scorer.score([RewardInput(s.text, p.problem.ground_truth) for p, _, s in flat])
+    plans = {p.problem.prompt_id: plan for p, plan in zip(prompts, probe.plans, strict=True)} if probe else {}
+    rows = _rows(spec, params, flat, results, plans, is_probe=False)
+    tokens = sum(len(s.response_token_ids) for _, _, s in flat)
+    if probe is not None:
+        probe_flat = [
+            (p, i, s) for p, samples in zip(prompts, probe.samples, strict=True) for i, s in enumerate(samples)
+        ]
+        probe_results = [r for group in probe.results for r in group]
+        probe_sampling = probe_params(spec.sampling, spec.agpo, derive_seed(spec.seed, spec.stage, shard, "agpo-probe"))
+        rows += _rows(spec, probe_sampling, probe_flat, probe_results, plans, is_probe=True)
+        tokens += sum(len(s.response_token_ids) for _, _, s in probe_flat)
+    return rows, tokens
+
+
+def _rows(spec: GenerateSpec, params: SamplingParams, flat: list, results: list, plans: dict, *, is_probe: bool):
+    """Rollout rows of ``flat`` = [(prompt, sample index, sample)] with their reward results and group advantages."""
     rewards = np.array([r.reward for r in results], dtype=np.float32)
     group_ids = np.array([p.problem.prompt_id for p, _, _ in flat])
     advantages, zero_var = compute_advantages(rewards, group_ids, spec.advantage, expected_group_size=params.n)
     now = datetime.now(UTC)
     rows = []
     for (p, i, s), r, adv, zv in zip(flat, results, advantages, zero_var, strict=True):
+        plan = plans.get(p.problem.prompt_id)
         rows.append(
             {
                 "run_id": spec.run_id,
@@ -213,9 +290,15 @@ def shard_rows(
                 "seed": params.seed,
                 "engine": spec.engine,
                 "created_at": now,
+                "is_probe": is_probe,
+                "probe_sigma": plan.stats.sigma if plan else None,
+                "probe_vote_entropy": plan.stats.entropy if plan else None,
+                "probe_skew": plan.stats.skew if plan else None,
+                "agpo_u": plan.uncertainty if plan else None,
+                "agpo_c": plan.c if plan else None,
             }
         )
-    return rows, sum(len(s.response_token_ids) for _, _, s in flat)
+    return rows
 
 
 def _summary(rows: list[dict]) -> dict[str, float]:
@@ -314,6 +397,7 @@ class GenerationWorker:
             f"({len(shards) - len(todo)} already written), skipped prompts: {dict(skipped) or 'none'}"
         )
 
+        controller = _temperature_controller(spec, store, layout, len(shards), todo)
         t_switch = t_gen = 0.0
         tokens = 0
         if todo:
@@ -326,20 +410,67 @@ class GenerationWorker:
             try:
                 scorer = self.scorer(spec.reward)
                 t_switch = time.monotonic() - origin  # (process start, imports,) engine start and weight load
-                tokens, t_gen = _sample_and_commit(spec, store, layout, shards, todo, len(selected), engine, scorer)
+                tokens, t_gen = _sample_and_commit(
+                    spec, store, layout, shards, todo, len(selected), engine, scorer, controller
+                )
             finally:
                 if own_engine:
                     engine.close()
-        return _commit(spec, store, layout, shards, report, skipped, tokens, t_switch, t_gen, origin)
+        return _commit(spec, store, layout, shards, report, skipped, tokens, t_switch, t_gen, origin, controller)
+
+
+def _temperature_controller(
+    spec: GenerateSpec, store: Store, layout: RunLayout, num_shards: int, todo: list[int]
+) -> TemperatureController | None:
+    """AGPO's temperature controller as of the first shard still to sample (None without AGPO probes): the previous
+    stage's state at its commit, then the U of every prompt of this stage's committed shards, in order.
+
+    Raises:
+        GenerationError: committed shards are not a prefix of the stage's shards, or one lacks AGPO columns.
+    """
+    from mugrpo.tables import read_table
+
+    if spec.agpo is None or not spec.agpo.probe:
+        return None
+    controller = spec.agpo.temperature_controller()
+    previous = read_job_manifest(store, spec.run_id, spec.stage - 1, "generate") if spec.stage > 0 else None
+    if previous is not None and EMA_METRIC in previous.metrics:
+        controller.load_state_dict({"ema": previous.metrics[EMA_METRIC]})
+    committed = [s for s in range(num_shards) if s not in todo]
+    if todo and committed and max(committed) > min(todo):
+        raise GenerationError(
+            f"stage {spec.stage}: shard {min(todo)} is missing but later shards are written; AGPO's temperature "
+            "controller runs prompt by prompt in shard order: delete the stage's rollouts to regenerate them"
+        )
+    for s in committed:
+        rows = read_table(store, layout.rollout_shard(spec.stage, s), "rollouts").select(
+            ["prompt_id", "sample_idx", "is_probe", "agpo_u"]
+        )
+        try:
+            replay_uncertainties(controller, rows.to_pylist())
+        except ValueError as e:
+            raise GenerationError(f"{layout.rollout_shard(spec.stage, s)}: {e}") from e
+    return controller
 
 
 def _sample_and_commit(
-    spec: GenerateSpec, store: Store, layout: RunLayout, shards: list, todo: list[int], num_prompts: int, engine, scorer
+    spec: GenerateSpec,
+    store: Store,
+    layout: RunLayout,
+    shards: list,
+    todo: list[int],
+    num_prompts: int,
+    engine,
+    scorer,
+    controller: TemperatureController | None = None,
 ) -> tuple[int, float]:
-    """Sample the shards in ``todo`` and write each one's rollouts; returns (generated tokens, seconds)."""
+    """Sample the shards in ``todo`` and write each one's rollouts; returns (generated tokens, seconds).
 
-    def commit(shard: int, live: list[PreparedPrompt], groups: list[list]) -> int:
-        rows, n_tok = shard_rows(spec, shard, live, groups, scorer)
+    With AGPO (``controller`` given), each shard is probed first (:func:`probe_shard`); the probe is scored here,
+    after the previous shard's commit finished, so the verifier pool serves one caller at a time."""
+
+    def commit(shard: int, live: list[PreparedPrompt], groups: list[list], probe: ShardProbe | None) -> int:
+        rows, n_tok = shard_rows(spec, shard, live, groups, scorer, probe)
         write_table(store, layout.rollout_shard(spec.stage, shard), table_from_rows(rows, "rollouts"), "rollouts")
         return n_tok
 
@@ -353,10 +484,16 @@ def _sample_and_commit(
             pending = None
             for s in todo:
                 live = [p for p in shards[s] if p is not None]
-                groups = sample_shard(spec, s, live, engine)
+                probe = None
+                if controller is not None and live:
+                    if pending is not None:
+                        tokens += pending.result()
+                        pending = None
+                    probe = probe_shard(spec, s, live, engine, scorer, controller)
+                groups = sample_shard(spec, s, live, engine, probe)
                 if pending is not None:
                     tokens += pending.result()
-                pending = committer.submit(commit, s, live, groups)
+                pending = committer.submit(commit, s, live, groups, probe)
                 t_gen = time.monotonic() - t0
                 bar.update(task, advance=len(shards[s]), tps=tokens / max(t_gen, 1e-9))
             if pending is not None:
@@ -375,8 +512,13 @@ def _commit(
     t_switch: float,
     t_gen: float,
     origin: float,
+    controller: TemperatureController | None = None,
 ) -> JobManifest:
-    """List every shard with its sha256, then write the job manifest last (the job's commit)."""
+    """List every shard with its sha256, then write the job manifest last (the job's commit).
+
+    Probe rows (AGPO) are counted apart: ``rows``/``prompts`` and the reward metrics are over training rows;
+    ``probe_rows``/``probe_tokens`` count the probes, ``tokens`` is every generated token (probes included, the
+    token budget), and ``metrics["agpo_u_ema"]`` is the temperature controller's state at this commit."""
     from mugrpo.tables import read_table
 
     files, all_rows = [], []
@@ -386,18 +528,38 @@ def _commit(
         table = read_table(store, rel, "rollouts")
         all_rows.extend(
             table.select(
-                ["prompt_id", "reward", "reward_components", "zero_variance", "num_tokens", "finish_reason"]
+                [
+                    "prompt_id",
+                    "reward",
+                    "reward_components",
+                    "zero_variance",
+                    "num_tokens",
+                    "finish_reason",
+                    "is_probe",
+                    "temperature",
+                ]
             ).to_pylist()
         )
         files.append(FileRecord(path=layout.rel(rel), sha256=sha256_bytes(data), bytes=len(data), rows=table.num_rows))
-    metrics = _summary(all_rows)
+    probe_rows = [r for r in all_rows if r["is_probe"]]
+    train_rows = [r for r in all_rows if not r["is_probe"]]
+    metrics = _summary(train_rows)
     if t_gen > 0:
         metrics["tokens_per_second"] = tokens / t_gen
+    if probe_rows:
+        metrics["probe_mean_reward"] = float(np.mean([r["reward"] for r in probe_rows]))
+        metrics["mean_temperature"] = float(np.mean([r["temperature"] for r in train_rows]))
+    if controller is not None:
+        metrics[EMA_METRIC] = controller.ema
+    probe_tokens = sum(r["num_tokens"] for r in probe_rows)
     counts = {
-        "rows": len(all_rows),
-        "prompts": len({r["prompt_id"] for r in all_rows}),
+        "rows": len(train_rows),
+        "prompts": len({r["prompt_id"] for r in train_rows}),
         "shards": len(shards),
-        "zero_variance_groups": len({r["prompt_id"] for r in all_rows if r["zero_variance"]}),
+        "tokens": probe_tokens + sum(r["num_tokens"] for r in train_rows),
+        "probe_rows": len(probe_rows),
+        "probe_tokens": probe_tokens,
+        "zero_variance_groups": len({r["prompt_id"] for r in train_rows if r["zero_variance"]}),
         "dataset_rows": report.rows,
         **{f"skipped_{k}": v for k, v in skipped.items()},
     }

@@ -9,11 +9,13 @@ Usage::
                               context=LossContext(global_num_tokens=tokens_in_update))
     out.loss.backward()
 
-Built-in losses: ``grpo``, ``mu_grpo``, ``gspo``, ``conspo``. Add one with ``@POLICY_LOSSES.register("name")``.
+Built-in losses: ``grpo``, ``mu_grpo``, ``gspo``, ``conspo``, ``agpo``.
+Add one with ``@POLICY_LOSSES.register("name")``.
 """
 
-from mugrpo.losses import clipped, conspo, gspo  # noqa: F401  (importing registers the built-in losses)
+from mugrpo.losses import agpo, clipped, conspo, gspo  # noqa: F401  (importing registers the built-in losses)
 from mugrpo.losses.aggregation import AGGREGATIONS, aggregate_token_values
+from mugrpo.losses.agpo import agpo_loss, kl_step_per_response
 from mugrpo.losses.clipped import clipped_surrogate, grpo_loss, mu_grpo_loss
 from mugrpo.losses.config import AggMode, KLEstimator, PolicyLossConfig, VetoScope
 from mugrpo.losses.conspo import (
@@ -49,6 +51,8 @@ from mugrpo.losses.registry import (
 from mugrpo.losses.veto import VETO_SCOPES, VetoInfo, negative_advantage_veto_mask
 
 __all__ = [
+    "agpo_loss",
+    "kl_step_per_response",
     "AGGREGATIONS",
     "KL_ESTIMATORS",
     "POLICY_LOSSES",

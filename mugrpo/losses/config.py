@@ -39,7 +39,8 @@ class PolicyLossConfig(BaseModel):
         description="Registry key of the policy loss: grpo (PPO/GRPO clipped surrogate), mu_grpo (Mu-GRPO "
         "relaxed clipping + negative-advantage veto, arXiv 2605.17570), gspo (sequence-level ratio, "
         "arXiv 2507.18071), conspo (group InfoNCE over length-normalized sequence log-probs with a cosine "
-        "margin, arXiv 2605.12969; needs train.group_minibatches), or any loss registered with "
+        "margin, arXiv 2605.12969; needs train.group_minibatches), agpo (clipped surrogate with a per-group clip range "
+        "from AGPO's controller, arXiv 2605.20722; needs the agpo section), or any loss registered with "
         "@POLICY_LOSSES.register.",
     )
     eps_low: float = Field(
@@ -106,6 +107,12 @@ class PolicyLossConfig(BaseModel):
         ge=0.0,
         description="Coefficient of the KL penalty to a reference policy (GRPO, arXiv 2402.03300). 0 skips it "
         "entirely (no reference log-probs needed); DAPO and Dr. GRPO drop it.",
+    )
+    kl_agg_mode: AggMode | None = Field(
+        default=None,
+        description="Aggregation of the KL penalty's per-token values; None = agg_mode. AGPO's released code "
+        "(arXiv 2605.20722) takes the token-mean over all response tokens of the batch while its surrogate is "
+        "seq-mean-token-mean.",
     )
     kl_estimator: KLEstimator = Field(
         default="k3",

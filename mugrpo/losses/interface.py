@@ -37,6 +37,8 @@ class LossContext:
             before the forward pass.
         progress: training progress lambda_t in [0, 1]: global updates done before this update / the run's total
             updates (ConSPO's margin schedule).
+        clip_eps: [B] float symmetric clip range of each response (its group's eps; AGPO, arXiv 2605.20722),
+            computed by the trainer's clip-range controller before the update; required by the ``agpo`` loss.
     """
 
     global_num_tokens: float | None = None
@@ -49,6 +51,7 @@ class LossContext:
     positive: torch.Tensor | None = None
     global_num_valid_groups: float | None = None
     progress: float | None = None
+    clip_eps: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         for name in ("global_num_tokens", "global_num_seqs", "max_response_len", "global_num_valid_groups"):

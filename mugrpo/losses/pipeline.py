@@ -101,7 +101,7 @@ def prepare_batch(
         value = getattr(context, name)
         if value is not None:
             _check_shape(f"LossContext.{name}", value, shape)
-    for name in ("group_index", "positive"):
+    for name in ("group_index", "positive", "clip_eps"):
         value = getattr(context, name)
         if value is not None and value.shape != shape[:1]:
             raise ValueError(f"LossContext.{name} has shape {tuple(value.shape)}, expected [{shape[0]}]")
@@ -206,7 +206,8 @@ def _with_kl_and_totals(
     if config.kl_coef > 0:
         ref = torch.where(mask, batch.context.ref_logprobs.detach().float(), zero)
         kl_tokens = kl_estimate(batch.logprobs, ref, config.kl_estimator)
-        kl_loss, _ = aggregate_token_values(kl_tokens, mask, config.agg_mode, batch.context)
+        kl_agg = config.kl_agg_mode or config.agg_mode
+        kl_loss, _ = aggregate_token_values(kl_tokens, mask, kl_agg, batch.context)
         loss = loss + config.kl_coef * kl_loss
         stats["kl_ref"] = MetricStat.masked_mean(kl_tokens, mask)
     # With global normalizers each micro-batch's loss is its share of the update's loss: shares add up.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mugrpo.layout import RunLayout
@@ -65,8 +66,14 @@ def rollout_sample(store: Store, layout: RunLayout, stage: int, rows: int) -> tu
         return None
     rel = f"{layout.rollouts_dir(stage)}/{shards[0]}"
     with store.fs.open(store.full(rel), "rb") as f:
-        table = pq.read_table(f, columns=[*SAMPLE_COLUMNS, "response_text"])
-    table = table.sort_by([("prompt_id", "ascending"), ("sample_idx", "ascending")]).slice(0, rows)
+        table = pq.read_table(f)
+    if "is_probe" in table.column_names:  # AGPO's probe responses are not what the policy was trained on
+        table = table.filter(pc.invert(pc.fill_null(table["is_probe"], False)))
+    table = (
+        table.select([*SAMPLE_COLUMNS, "response_text"])
+        .sort_by([("prompt_id", "ascending"), ("sample_idx", "ascending")])
+        .slice(0, rows)
+    )
     columns = [*SAMPLE_COLUMNS, "response_text"]
     data = [[r[c] if c != "response_text" else r[c][:_TEXT_CHARS] for c in columns] for r in table.to_pylist()]
     return columns, data

@@ -32,6 +32,7 @@ class TokenBatch:
         group_index: [B] int64 index of each row's group in the rollout set.
         prompt_ids: B prompt ids (for error reports).
         positive: [B] bool positive/negative label of each row (ConSPO), or None when the rollouts carry none.
+        clip_eps: [B] float32 clip range of each row's group (AGPO), set by the trainer before the update, or None.
     """
 
     input_ids: torch.Tensor
@@ -46,6 +47,7 @@ class TokenBatch:
     group_index: torch.Tensor
     prompt_ids: list[str]
     positive: torch.Tensor | None = None
+    clip_eps: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

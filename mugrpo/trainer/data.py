@@ -42,6 +42,10 @@ ROLLOUT_COLUMNS = [
     "top_p",
     "top_k",
     "min_p",
+    "is_probe",
+    "probe_sigma",
+    "probe_vote_entropy",
+    "probe_skew",
 ]
 
 
@@ -58,7 +62,8 @@ class Rollout:
     (:mod:`mugrpo.engines.base`). ``truncation`` is the min-p / top-k / top-p the engine sampled with (none for
     greedy rows); the trainer computes its log-probs under the same truncation (:mod:`mugrpo.truncation`).
     ``positive`` is the row's positive/negative label for losses that need one (ConSPO), from the loss's
-    ``positive_rule``; None when the loss needs none.
+    ``positive_rule``; None when the loss needs none. ``probe`` is the (sigma, vote entropy, skew) of the prompt's
+    AGPO probe (arXiv 2605.20722), None for rollouts generated without AGPO.
     """
 
     stage: int
@@ -74,6 +79,7 @@ class Rollout:
     truncation: Truncation = Truncation()
     positive: bool | None = None
     zero_variance: bool = False  # the row's group has equal rewards (the estimator's ``zero_variance`` flag)
+    probe: tuple[float, float, float] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -153,7 +159,15 @@ def _to_rollout(row: dict, where: str, positive_label: PositiveLabeler | None = 
         truncation=truncation if temperature > 0 else Truncation(),  # greedy rows are never truncated
         positive=positive,
         zero_variance=bool(row["zero_variance"]),
+        probe=_probe_stats(row),
     )
+
+
+def _probe_stats(row: dict) -> tuple[float, float, float] | None:
+    """(sigma, vote entropy, skew) of the row's AGPO probe, or None (no probe; a row from before schema v2)."""
+    if row.get("probe_sigma") is None:
+        return None
+    return (row["probe_sigma"], row["probe_vote_entropy"], row["probe_skew"])
 
 
 def load_rollouts(
@@ -168,6 +182,8 @@ def load_rollouts(
 
     With ``positive_label`` (:func:`mugrpo.losses.conspo.positive_labeler`), every rollout is labeled positive or
     negative from its row's reward and reward components, and the rule is part of the data fingerprint.
+
+    AGPO's probe rows (``is_probe``) are never trained on: they are left out here (counted as ``probe_rows``).
 
     Every file is checked against the sha256 the manifest recorded and against the rollout schema and version
     (:func:`mugrpo.tables.read_table`).
@@ -199,6 +215,8 @@ def load_rollouts(
             digest.update(f"{record.path}:{record.sha256}".encode())
             where = store.uri(rel)
             rows.extend((row, where) for row in table.select(ROLLOUT_COLUMNS).to_pylist())
+    probe_rows = sum(1 for row, _ in rows if row["is_probe"])
+    rows = [(row, where) for row, where in rows if not row["is_probe"]]
     rows.sort(key=lambda item: (item[0]["stage"], item[0]["prompt_id"], item[0]["sample_idx"]))
 
     by_group: dict[tuple[int, str], list[tuple[dict, str]]] = {}
@@ -216,6 +234,7 @@ def load_rollouts(
         groups.append(list(range(start, len(rollouts))))
     counts = {
         "rows_read": len(rows),
+        "probe_rows": probe_rows,
         "groups_read": len(by_group),
         "zero_variance_groups_dropped": dropped,
         "rows": len(rollouts),

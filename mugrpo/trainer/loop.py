@@ -51,6 +51,7 @@ from mugrpo.replay.state import (
     write_stage_buffer,
 )
 from mugrpo.storage import COMPLETE_MARKER, Store
+from mugrpo.trainer.agpo import AGPOUpdates, state_from_metrics, state_metrics
 from mugrpo.trainer.batch import TokenBatch, collate
 from mugrpo.trainer.checkpoint import (
     LoadedCheckpoint,
@@ -216,6 +217,8 @@ class Trainer:
         self.optimizer_source: tuple[int, int] | None = None
         #: Rollouts the replay buffer may reference, by stage (kept across warm stages; re-read when missing).
         self._replay_rows: dict[int, dict] = {}
+        #: AGPO's clip-range controller of the stage being trained (loss.name=agpo), else None.
+        self._agpo: AGPOUpdates | None = None
 
     @property
     def pad_id(self) -> int:
@@ -300,7 +303,7 @@ class Trainer:
                 f"({accelerator.distributed_type.value}) on {accelerator.device}"
             )
         if not data.rollouts:
-            manifest = _finish_without_updates(spec, store, layout, data, origin)
+            manifest = _finish_without_updates(spec, store, layout, data, origin, _previous_agpo_metrics(spec, store))
             self._replay_rows.clear()
             if self.weights_stage == spec.stage:  # unchanged weights: the next stage's behavior policy
                 self.weights_stage = spec.stage + 1
@@ -318,6 +321,7 @@ class Trainer:
             schedule = self._resume(spec, store, layout, ckpt)
             check_fp32_master(self.model.parameters(), self.optimizer)
             replay = self._replay_setup(spec, store, layout, data, ckpt)
+            self._agpo = _agpo_updates(spec, store, ckpt)
             reference = None
             if spec.loss.kl_coef > 0:
                 ref_policy, _ = load_policy(local_policy_dir(store, spec.reference_policy_dir))
@@ -523,6 +527,8 @@ class Trainer:
                     ]
                 rollouts = fresh + extra
                 lr = schedule.apply(optimizer, spec.policy_version + u)
+                if self._agpo is not None:
+                    self._agpo.before_update(accelerator, model, batches, micro, data, indices)
                 try:
                     result = train_update(
                         accelerator,
@@ -561,6 +567,8 @@ class Trainer:
                     pending_audit.extend(
                         StageReplay.audit_rows(spec.run_id, spec.stage, u, spec.policy_version + u, batch)
                     )
+                if self._agpo is not None:
+                    self._agpo.after_update(result.metrics)
                 pending.append(
                     train_step_row(
                         run_id=spec.run_id,
@@ -613,6 +621,7 @@ class Trainer:
                     "data_fingerprint": data.fingerprint,
                     "data_cursor": {"next_update": step + 1, "rollouts": len(data.rollouts)},
                     "lr_schedule": schedule.state_dict(),
+                    **({"agpo": self._agpo.controller.state_dict()} if self._agpo is not None else {}),
                 },
                 rng_states=rng_states,
                 extra_files=extra_files,
@@ -677,6 +686,7 @@ class Trainer:
                     "max_ratio_max": float(max(cols["ratio_max"])),
                     "mean_veto_token_frac": float(sum(cols["veto_token_frac"]) / total),
                     "mean_tokens_per_second": float(sum(cols["num_tokens"]) / max(sum(cols["seconds"]), 1e-9)),
+                    **(state_metrics(self._agpo.controller) if self._agpo is not None else {}),
                 },
                 timings={"switch": t_switch, "train": t_train, "total": t_total},
             )
@@ -695,8 +705,30 @@ def run_training(spec: TrainSpec) -> JobManifest:
     return Trainer(spec.train.mixed_precision).run_stage(spec, origin=PROCESS_START)
 
 
-def _finish_without_updates(spec: TrainSpec, store: Store, layout: RunLayout, data: RolloutSet, origin: float):
-    """No trainable rollout (every group zero-variance): publish the behavior policy unchanged, commit 0 updates."""
+def _previous_agpo_metrics(spec: TrainSpec, store: Store) -> dict[str, float]:
+    """AGPO's controller state at the previous stage's commit, as manifest metrics ({} without AGPO or at stage 0)."""
+    if spec.loss.name != "agpo" or spec.stage == 0:
+        return {}
+    previous = read_job_manifest(store, spec.run_id, spec.stage - 1, "train")
+    return {} if previous is None else {k: v for k, v in previous.metrics.items() if k.startswith("agpo_")}
+
+
+def _agpo_updates(spec: TrainSpec, store: Store, ckpt: LoadedCheckpoint | None) -> AGPOUpdates | None:
+    """AGPO's clip-range controller for this stage (loss.name=agpo): from the checkpoint being resumed, else from the
+    previous stage's train manifest (its state at commit), else fresh. None for other losses."""
+    if spec.loss.name != "agpo":
+        return None
+    if ckpt is not None:
+        return AGPOUpdates(spec.agpo, ckpt.trainer_state["agpo"])
+    previous = _previous_agpo_metrics(spec, store)
+    return AGPOUpdates(spec.agpo, state_from_metrics(previous) if previous else None)
+
+
+def _finish_without_updates(
+    spec: TrainSpec, store: Store, layout: RunLayout, data: RolloutSet, origin: float, metrics: dict[str, float]
+):
+    """No trainable rollout (every group zero-variance): publish the behavior policy unchanged, commit 0 updates
+    (``metrics``: AGPO's controller state, carried over unchanged)."""
     console.print(
         f"[yellow]train stage {spec.stage}: no trainable rollouts ({data.counts}); the policy is published "
         "unchanged[/yellow]"
@@ -719,6 +751,7 @@ def _finish_without_updates(spec: TrainSpec, store: Store, layout: RunLayout, da
         created_at=datetime.now(UTC),
         files=files,
         counts={"updates": 0, "policy_version": spec.policy_version, **data.counts},
+        metrics=metrics,
         timings={"switch": 0.0, "train": 0.0, "total": time.monotonic() - origin},
     )
     write_job_manifest(store, manifest)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
+from mugrpo.adaptive.config import AGPOConfig
 from mugrpo.config import Config, TrainSection, check_replay
 from mugrpo.jobs.common import JobSpec
 from mugrpo.layout import RunLayout
@@ -66,6 +67,9 @@ class TrainSpec(JobSpec):
     replay: ReplayConfig = Field(
         default_factory=ReplayConfig, description="The rollout-level replay buffer (arXiv 2606.04560); off by default."
     )
+    agpo: AGPOConfig | None = Field(
+        None, description="AGPO's clip-range controller settings (arXiv 2605.20722); required by loss.name=agpo."
+    )
 
     @model_validator(mode="after")
     def _defaults(self) -> TrainSpec:
@@ -90,6 +94,8 @@ class TrainSpec(JobSpec):
             )
         check_trainer_settings(self.loss, group_minibatches=self.train.group_minibatches)
         check_replay(self.replay, self.train, self.loss)
+        if self.loss.name == "agpo" and self.agpo is None:
+            raise ValueError("loss.name=agpo needs the agpo section (its clip-range controller settings)")
         if self.train.mixed_precision == "fp16":
             raise ValueError(
                 "train.mixed_precision=fp16 is not supported: fp16 loss scaling meets inf gradients by design and "
@@ -117,4 +123,5 @@ class TrainSpec(JobSpec):
             train=cfg.train.model_copy(update={"updates_per_stage": updates}),
             loss=cfg.loss,
             replay=cfg.replay,
+            agpo=cfg.agpo,
         )

@@ -143,6 +143,7 @@ def train_update(
                     None if global_num_valid_groups is None else float(max(global_num_valid_groups, 1))
                 ),
                 progress=progress,
+                clip_eps=batch.clip_eps,
             )
             out = compute_policy_loss(
                 logprobs, batch.behavior_logprobs, batch.advantages, batch.response_mask, loss_config, context=context
