@@ -171,6 +171,9 @@ def _execute(cfg) -> None:
     console.print(f"  watch it:  mugrpo status {uri}")
     console.print("  (for the Prefect UI, start `prefect server start` and set PREFECT_API_URL before `mugrpo run`)")
     console.print(f'  query it:  mugrpo sql {uri} "SELECT stage, avg(reward) FROM rollouts GROUP BY ALL"')
+    from mugrpo.progress import quiet_library_bars
+
+    quiet_library_bars()  # the flow process converts the initial policy (GGUF -> HF): no bar frames in a log
     signal.signal(signal.SIGTERM, _interrupt)  # preemption: stop like Ctrl-C, so Prefect's temporary server stops too
     try:
         result = run_flow(config=cfg.to_json_dict())
@@ -263,7 +266,7 @@ def status_cmd(
             f"{t.t_sync:.2f}s" if t else "-",
             f"{t.t_total:.0f}s" if t else "-",
         )
-    Console(width=max(console.width, 130)).print(table)
+    Console(width=max(console.width, 180)).print(table)
     left = [s.stage for s in st.stages if not s.committed]
     console.print(
         "complete"
