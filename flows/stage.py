@@ -91,7 +91,8 @@ def launch_workers(cfg: Config, job: str, stage: int) -> float:
     futures = []
     for w in todo:
         task = run_job.with_options(
-            name=f"{job}-stage-{stage}" + (f"-worker-{w}-of-{n}" if n > 1 else ""),
+            name=f"{job}-stage-{stage}",
+            task_run_name=f"{job}-stage-{stage}-worker-{w}-of-{n}",  # one task run per worker, with its logs
             retries=orch.retries,
             retry_delay_seconds=orch.retry_delay_s,
             tags=[f"run:{cfg.run.id}", f"stage:{stage}", f"job:{job}", f"worker:{w}"],

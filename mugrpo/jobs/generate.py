@@ -535,7 +535,13 @@ def _commit_worker(
     for s in mine:
         rel = layout.rollout_shard(spec.stage, s)
         data = store.read_bytes(rel)
-        rows = int(_parquet_rows(data))
+        try:
+            rows = _parquet_rows(data)
+        except Exception as e:  # pyarrow raises ArrowInvalid (a ValueError) and OSError on a broken file
+            raise GenerationError(
+                f"{store.uri(rel)} (shard {s} of worker {spec.worker}) is not a readable Parquet file "
+                f"({type(e).__name__}: {e}); delete it and re-run the worker to re-sample that shard"
+            ) from e
         files.append(FileRecord(path=layout.rel(rel), sha256=sha256_bytes(data), bytes=len(data), rows=rows))
     manifest = JobManifest(
         run_id=spec.run_id,
@@ -552,6 +558,7 @@ def _commit_worker(
 
 
 def _parquet_rows(data: bytes) -> int:
+    """Rows of a Parquet file's bytes (from its footer)."""
     import io
 
     import pyarrow.parquet as pq
