@@ -264,6 +264,9 @@ def test_rbac_grants_exactly_the_verbs_the_launcher_uses(k8s):
     fake.plan = Plan(waiting=("ImagePullBackOff", "Back-off"), events=[("Failed", "pull")])
     with pytest.raises(JobFailedError):
         run(request(spec_url="s3://b/runs/r1/jobs/stage=1/train.spec.json"))  # events of a pending pod
+    fake.plan = Plan(lines=["step 0"])
+    multi = SETTINGS.model_copy(update={"nodes": {"train": 2}})
+    run(request(spec_url="s3://b/runs/r1/jobs/stage=2/train.spec.json"), settings=multi)  # its headless Service
     assert used_permissions(fake) == rbac_grants()
 
 
