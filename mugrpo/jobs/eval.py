@@ -3,7 +3,9 @@
     python -m mugrpo.jobs.eval SPEC          # SPEC: path or URL of an EvalSpec JSON
 
 Writes one Parquet file per benchmark, ``evals/stage={k}/{benchmark}.parquet`` (one row per sample), skipping
-benchmarks already written (resume), then the job manifest with avg@k / pass@k per benchmark. ``stage`` names the
+benchmarks already written (resume), then its worker manifest, then (once every worker has committed, with
+``eval.workers`` > 1 splitting the benchmarks; :mod:`mugrpo.jobs.fanout`) the job manifest with avg@k / pass@k per
+benchmark. ``stage`` names the
 policy evaluated: policies/stage={k} (stage K is the final policy).
 """
 

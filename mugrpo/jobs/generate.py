@@ -4,9 +4,12 @@ advantages, and write sharded Parquet rollouts (design.md, first half of a stage
     python -m mugrpo.jobs.generate SPEC          # SPEC: path or URL of a GenerateSpec JSON
 
 Resumable: prompts are processed in shards of ``shard_size`` prompts; each shard's file is written atomically once
-its groups are complete, and shards already written are skipped on a re-run. A group never spans two shards. The job
-manifest (``jobs/stage=k/generate.manifest.json``), written last, lists every shard with its sha256; the training job
-reads the rollouts through it.
+its groups are complete, and shards already written are skipped on a re-run. A group never spans two shards.
+
+Fan-out (``generation.workers``, :mod:`mugrpo.jobs.fanout`): the job is worker ``spec.worker`` of ``spec.workers``
+and samples the shards it owns (w, w + N, ...), then writes its worker manifest. The job manifest
+(``jobs/stage=k/generate.manifest.json``), written once every worker has committed, lists every shard with its
+sha256; the training job reads the rollouts through it. One worker (N = 1) runs the same functions.
 
 Determinism: shard ``s`` is sampled with seed ``derive_seed(run seed, stage, s)``, so a resumed job produces the same
 rollouts as an uninterrupted one on engines that honour per-call seeds (TransformersEngine). vLLM is seeded once per
