@@ -251,3 +251,18 @@ def test_eval_workers_split_the_benchmarks(tmp_path, tiny_model_dir):
     a = read_table(store, RunLayout(RUN).eval_file(0, "gsm8k"), "evals")
     b = read_table(store, RunLayout(RUN).eval_file(0, "gsm8k_b"), "evals")
     assert a["prompt_id"].to_pylist() == b["prompt_id"].to_pylist()
+
+
+def test_config_refuses_several_workers_with_agpo_probes_or_warm_execution(tmp_path):
+    from mugrpo.config import config_from_dict
+
+    base = {
+        "run": {"id": "c", "root": str(tmp_path)},
+        "data": {"train": {"name": "gsm8k", "path": str(DATA / "gsm8k/train.jsonl"), "answer_kind": "gsm8k"}},
+        "generation": {"workers": 2},
+    }
+    assert config_from_dict(base).generation.workers == 2
+    with pytest.raises(ValueError, match="agpo.probe, so its probes need generation.workers = 1|its probes need"):
+        config_from_dict({**base, "agpo": {"probe": True}})
+    with pytest.raises(ValueError, match="execution = cold"):
+        config_from_dict({**base, "orchestration": {"execution": "warm"}})
