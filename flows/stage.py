@@ -16,6 +16,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.futures import wait
 
 from mugrpo.config import Config, config_from_dict
+from mugrpo.jobs.fanout import FANOUT_JOBS
 from mugrpo.manifest import read_job_manifest, read_manifest
 from mugrpo.runs import commit_stage, job_env, open_store, write_job_specs
 from schemas import StageManifest, StageTimings
@@ -171,7 +172,7 @@ def stage_flow(config: dict[str, Any], stage: int) -> dict[str, Any]:
                 walls[job] = committed.timings.get("total", 0.0)
                 switch += committed.timings.get("switch", 0.0)
                 continue
-            fanout = job in ("generate", "eval")  # N workers at once (mugrpo.jobs.fanout)
+            fanout = job in FANOUT_JOBS  # generate and eval: N workers at once
             walls[job] = launch_workers(cfg, job, stage) if fanout else launch(cfg, job, urls[job], stage)
             switch += switch_seconds(cfg, stage, job, walls[job])
         timings = StageTimings(
