@@ -11,7 +11,7 @@ from prefect import flow, get_run_logger, tags
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
 from flows.exclusive import one_flow_run_per_run_id
-from flows.stage import launch, segment_flow, stage_flow
+from flows.stage import launch_workers, segment_flow, stage_flow
 from mugrpo.config import Config, config_from_dict
 from mugrpo.manifest import read_job_manifest
 from mugrpo.runs import init_run, write_final_eval_spec
@@ -82,7 +82,7 @@ def _run(cfg: Config) -> dict[str, Any]:
         if spec is not None:
             with tags(f"run:{cfg.run.id}", "final-eval"):
                 if read_job_manifest(store, cfg.run.id, cfg.run.num_stages, "eval") is None:
-                    launch(cfg, "eval", spec, cfg.run.num_stages)
+                    launch_workers(cfg, "eval", cfg.run.num_stages)
             final = read_job_manifest(store, cfg.run.id, cfg.run.num_stages, "eval").metrics
     try:
         report = publish_report(cfg, store.uri(cfg.run.id))

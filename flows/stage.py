@@ -13,8 +13,10 @@ from typing import Any
 
 from prefect import flow, get_run_logger, tags
 from prefect.artifacts import create_markdown_artifact
+from prefect.futures import wait
 
 from mugrpo.config import Config, config_from_dict
+from mugrpo.jobs.fanout import FANOUT_JOBS
 from mugrpo.manifest import read_job_manifest, read_manifest
 from mugrpo.runs import commit_stage, job_env, open_store, write_job_specs
 from schemas import StageManifest, StageTimings
@@ -54,6 +56,69 @@ def launch(cfg: Config, job: str, spec_url: str, stage: int, *, stages: int = 1)
         launcher=orch.launcher,
         labels={"run": cfg.run.id, "stage": str(stage)},
     )
+    return time.monotonic() - t0
+
+
+def launch_workers(cfg: Config, job: str, stage: int) -> float:
+    """Run the fan-out job ``job`` (generate or eval) of stage ``stage``: its N workers (``generation.workers``,
+    ``eval.workers``; :mod:`mugrpo.jobs.fanout`) at once, each its own launcher task run (a process, or a
+    Kubernetes Job with its own GPU request) with the config's retries and timeout; workers whose worker manifest
+    exists are not relaunched. Once all returned, the job manifest is written from their manifests if the last
+    worker did not write it. N = 1 runs the same way. Returns the wall seconds of the fan-out.
+
+    Raises:
+        JobError: a worker failed past its retries (the first failed worker's error, with its last lines; the
+            other workers run to their end first, so what they sampled is committed for the resume).
+        RuntimeError: every worker returned but one has no worker manifest.
+    """
+    from mugrpo.jobs.eval import EvalSpec
+    from mugrpo.jobs.fanout import finalizer, missing_workers, worker_spec_paths
+    from mugrpo.jobs.generate import GenerateSpec
+    from mugrpo.layout import RunLayout
+
+    logger = get_run_logger()
+    orch = cfg.orchestration
+    store = open_store(cfg)
+    spec_cls = {"generate": GenerateSpec, "eval": EvalSpec}[job]
+    spec = spec_cls.model_validate_json(store.read_bytes(RunLayout(cfg.run.id).job_spec(stage, job)))
+    n = spec.workers
+    paths = worker_spec_paths(store, cfg.run.id, stage, job, spec, n)
+    todo = missing_workers(store, cfg.run.id, stage, job, n)
+    if len(todo) < n:
+        logger.info(
+            "stage %d: %s workers %s already committed: not relaunched", stage, job, sorted(set(range(n)) - set(todo))
+        )
+    t0 = time.monotonic()
+    futures = []
+    for w in todo:
+        task = run_job.with_options(
+            name=f"{job}-stage-{stage}",
+            task_run_name=f"{job}-stage-{stage}-worker-{w}-of-{n}",  # one task run per worker, with its logs
+            retries=orch.retries,
+            retry_delay_seconds=orch.retry_delay_s,
+            tags=[f"run:{cfg.run.id}", f"stage:{stage}", f"job:{job}", f"worker:{w}"],
+        )
+        future = task.submit(
+            job,
+            store.uri(paths[w]),
+            python=job_python(cfg, job),
+            env=job_env(cfg),
+            timeout_s=orch.job_timeout_s,
+            launcher=orch.launcher,
+            labels={"run": cfg.run.id, "stage": str(stage), "worker": str(w)},
+        )
+        futures.append((w, future))
+    wait([f for _, f in futures])
+    for w, future in futures:
+        if future.state.is_failed():
+            try:
+                future.result()
+            except Exception as e:
+                e.add_note(f"stage {stage}: {job} worker {w} of {n} failed past its retries")
+                raise
+    if finalizer(job)(spec) is None:
+        missing = missing_workers(store, cfg.run.id, stage, job, n)
+        raise RuntimeError(f"stage {stage}: {job} workers {missing} of {n} exited 0 but have no worker manifest")
     return time.monotonic() - t0
 
 
@@ -107,7 +172,8 @@ def stage_flow(config: dict[str, Any], stage: int) -> dict[str, Any]:
                 walls[job] = committed.timings.get("total", 0.0)
                 switch += committed.timings.get("switch", 0.0)
                 continue
-            walls[job] = launch(cfg, job, urls[job], stage)
+            fanout = job in FANOUT_JOBS  # generate and eval: N workers at once
+            walls[job] = launch_workers(cfg, job, stage) if fanout else launch(cfg, job, urls[job], stage)
             switch += switch_seconds(cfg, stage, job, walls[job])
         timings = StageTimings(
             t_gen=walls.get("generate", 0.0),

@@ -101,6 +101,15 @@ class GenerationSection(_Section):
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     prompts_per_stage: int = Field(64, ge=1, description="Prompts sampled per stage (not published by Mu-GRPO).")
     shard_size: int = Field(16, ge=1, description="Prompts per Parquet shard; a group never spans two shards.")
+    workers: int = Field(
+        1,
+        ge=1,
+        description="Generation workers per stage: the stage flow launches this many generate jobs at once (N "
+        "processes locally, N Kubernetes Jobs, each with its own GPU request); worker w samples shards w, w + N, ... "
+        "(mugrpo.jobs.fanout). Per-shard seeds make the rollouts independent of N with the transformers engine. "
+        "Generation is embarrassingly parallel (one frozen behavior policy per stage, Mu-GRPO arXiv 2605.17570), "
+        "so N is bounded by the shards of a stage and the GPUs of the pool; AGPO's probes need N = 1.",
+    )
     python: str | None = Field(
         None, description="Interpreter of the generation job (e.g. a separate vLLM virtualenv); None = this one."
     )
@@ -185,6 +194,12 @@ class EvalSection(_Section):
         description="With every_stage: evaluate the behavior policy of stages 0, n, 2n, ... only. A run with n times "
         "more stages of 1/n the updates (standard GRPO's mu = 4 against Mu-GRPO's large stages) then evaluates the "
         "same policy versions (optimizer updates) as the run it is compared with.",
+    )
+    workers: int = Field(
+        1,
+        ge=1,
+        description="Evaluation workers: the benchmarks are split round-robin over this many eval jobs run at once "
+        "(at most one worker per benchmark; mugrpo.jobs.fanout).",
     )
     python: str | None = Field(None, description="Interpreter of the eval job; None = this one.")
 
@@ -316,6 +331,16 @@ class Config(_Section):
         check_replay(self.replay, self.train, self.loss)
         stage_sizes(self)  # raises ValueError naming the run.stage_schedule field that cannot size a stage
         _check_loss_inputs(self)
+        if self.generation.workers > 1 and self.agpo is not None and self.agpo.probe:
+            raise ValueError(
+                f"generation.workers = {self.generation.workers} with agpo.probe: AGPO's temperature controller steps "
+                "prompt by prompt in shard order, so its probes need generation.workers = 1"
+            )
+        if self.generation.workers > 1 and self.orchestration.execution == "warm":
+            raise ValueError(
+                "generation.workers > 1 needs orchestration.execution = cold: a warm segment is one process that "
+                "generates with the trainer's live policy"
+            )
         return self
 
     def to_json_dict(self) -> dict[str, Any]:

@@ -295,6 +295,40 @@ async def ensure_job(
     return name
 
 
+async def ensure_service(api: Any, manifest: dict, retry: ApiRetry, on_line: LineSink) -> None:
+    """Create the headless rendezvous Service of the multi-node Job ``manifest`` (already created or re-attached:
+    the Service is owned by it, so it goes when the Job goes); one that exists already (409) is kept.
+
+    Raises:
+        JobLaunchError: the API refused the Service or kept failing.
+    """
+    from kubernetes_asyncio.client import BatchV1Api, CoreV1Api
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    from tasks.kubernetes import build_rendezvous_service
+
+    meta = manifest["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    batch, core = BatchV1Api(api), CoreV1Api(api)
+    job = await retry.call(
+        f"read Job {namespace}/{name}",
+        lambda: fetch(batch.read_namespaced_job(name, namespace, _preload_content=False)),
+    )
+    service = build_rendezvous_service(manifest, owner_uid=job["metadata"].get("uid"))
+
+    async def create() -> Any:
+        try:
+            return await fetch(core.create_namespaced_service(namespace, body=service, _preload_content=False))
+        except ApiException as e:
+            if e.status == 409:  # a previous attempt (or another flow run) created it
+                return None
+            raise
+
+    created = await retry.call(f"create Service {namespace}/{name}", create)
+    state = "created" if created is not None else "kept the existing"
+    on_line(f"{state} headless Service {namespace}/{name} for the rendezvous of the multi-node Job")
+
+
 # -------------------------------------------------------------------------------------------------------- logs
 def ts_key(ts: str) -> str:
     """Sort key of an RFC 3339 UTC timestamp with a trimmed fraction (Go's RFC3339Nano: ``...:05.1Z`` comes

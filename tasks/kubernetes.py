@@ -79,9 +79,24 @@ class KubernetesJobSettings(BaseModel):
     )
     multi_gpu_launcher: Literal["accelerate", "torchrun"] = Field(
         "accelerate",
-        description="Process launcher of multi-GPU jobs: `accelerate launch --multi_gpu --num_processes N` or "
-        "`torchrun --standalone --nproc_per_node N` (one pod; multi-node is the scale-out launcher's).",
+        description="Process launcher of multi-GPU jobs in one pod: `accelerate launch --multi_gpu --num_processes N` "
+        "or `torchrun --standalone --nproc_per_node N` (several pods: `nodes`).",
     )
+    launcher_args: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="Extra arguments of the multi-GPU process launcher per job kind, before `-m MODULE`, e.g. FSDP "
+        "on one pod with accelerate: {train: [--use_fsdp, --fsdp_version, '2', --fsdp_auto_wrap_policy, "
+        "TRANSFORMER_BASED_WRAP, --fsdp_transformer_layer_cls_to_wrap, LlamaDecoderLayer, --fsdp_state_dict_type, "
+        "FULL_STATE_DICT]} (mugrpo.jobs.train). FSDP has not run on a GPU in this project yet.",
+    )
+    nodes: dict[str, int] = Field(
+        default_factory=dict,
+        description="Pods per job kind (kinds not listed: 1). N > 1 runs a kind of `multi_gpu_kinds` multi-node: an "
+        "Indexed Job of N pods (completionMode Indexed, completions = parallelism = N), each `torchrun --nnodes N "
+        "--node_rank INDEX --nproc_per_node GPUS` with a static rendezvous on pod 0, reached through a headless "
+        "Service named after the Job (infra/README.md: why not the Training Operator's PyTorchJob).",
+    )
+    rendezvous_port: int = Field(29500, ge=1, le=65535, description="TCP port of the multi-node rendezvous on pod 0.")
     init_command: list[str] = Field(
         default_factory=lambda: ["tini", "-g", "--"],
         description="Command prefix of job containers: an init as PID 1 that forwards SIGTERM to the job's "
@@ -223,20 +238,102 @@ def job_name(request: JobRequest) -> str:
     return f"{prefix}-{suffix}".replace("--", "-")
 
 
-def job_command(request: JobRequest, settings: KubernetesJobSettings) -> list[str]:
+#: Env var of a multi-node pod holding its node rank (its Indexed Job completion index, through the downward API).
+NODE_RANK_ENV = "MUGRPO_NODE_RANK"
+#: Pod annotation the Job controller sets to the completion index of an Indexed Job's pod.
+COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+
+
+def job_nodes(kind: str, settings: KubernetesJobSettings) -> int:
+    """Pods of a job kind: ``settings.nodes[kind]`` for a kind of ``multi_gpu_kinds``, else 1.
+
+    Raises:
+        ValueError: more than one node asked for a kind that is not data parallel.
+    """
+    nodes = settings.nodes.get(kind, 1)
+    if nodes > 1 and kind not in settings.multi_gpu_kinds:
+        raise ValueError(
+            f"nodes[{kind!r}] = {nodes}: only the data-parallel kinds {settings.multi_gpu_kinds} run over several "
+            "pods (generation scales out with generation.workers instead)"
+        )
+    return max(nodes, 1)
+
+
+def multinode_command(
+    python: str,
+    module: str,
+    spec_url: str,
+    *,
+    nodes: int,
+    procs_per_node: int,
+    node_rank: str,
+    master_addr: str,
+    master_port: int,
+    extra: list[str] = (),
+) -> list[str]:
+    """``torchrun`` of one node of a multi-node job with a static rendezvous (no etcd, no elastic restarts:
+    every node must be present, a lost node fails the attempt and Prefect retries it; the job resumes from its
+    checkpoint): ``python -m torch.distributed.run --nnodes N --nproc_per_node P --node_rank R --rdzv_backend
+    static --master_addr A --master_port PORT -m MODULE SPEC``. Node 0 hosts the rendezvous store at A:PORT.
+
+    The Kubernetes launcher renders it with ``node_rank = $(MUGRPO_NODE_RANK)`` (expanded by the kubelet from the
+    pod's completion index) and ``master_addr = {job}-0.{job}`` (pod 0's DNS name under the headless Service);
+    the multi-node test runs it on 127.0.0.1 with two "nodes" of one CPU process each.
+    """
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(nodes),
+        "--nproc_per_node",
+        str(procs_per_node),
+        "--node_rank",
+        node_rank,
+        "--rdzv_backend",
+        "static",
+        "--master_addr",
+        master_addr,
+        "--master_port",
+        str(master_port),
+        *extra,
+        "-m",
+        module,
+        spec_url,
+    ]
+
+
+def job_command(request: JobRequest, settings: KubernetesJobSettings, name: str | None = None) -> list[str]:
     """The job container's command: the init (tini), then ``python -m MODULE SPEC``, or, for a kind in
     ``settings.multi_gpu_kinds`` given N > 1 GPUs, one process per GPU through ``accelerate launch`` (``python -m
     accelerate.commands.launch --multi_gpu --num_processes N --num_machines 1 -m MODULE SPEC``) or ``torchrun``
     (``python -m torch.distributed.run --standalone --nproc_per_node N -m MODULE SPEC``). The interpreter is the
-    job's own (``request.python``), so the launcher runs from the same environment as the job."""
+    job's own (``request.python``), so the launcher runs from the same environment as the job. A kind run on
+    N > 1 pods (``settings.nodes``) runs :func:`multinode_command` (one torchrun per pod, GPUS processes each) with
+    pod 0 of Job ``name`` as the rendezvous."""
     python, gpus = request.python or "python", settings.gpus.get(request.kind, 0)
-    if gpus > 1 and request.kind in settings.multi_gpu_kinds:
+    extra = list(settings.launcher_args.get(request.kind, []))
+    nodes = job_nodes(request.kind, settings)
+    if nodes > 1:
+        name = name or job_name(request)
+        run = multinode_command(
+            python,
+            request.module_name,
+            request.spec_url,
+            nodes=nodes,
+            procs_per_node=max(gpus, 1),
+            node_rank=f"$({NODE_RANK_ENV})",
+            master_addr=f"{name}-0.{name}",
+            master_port=settings.rendezvous_port,
+            extra=extra,
+        )
+    elif gpus > 1 and request.kind in settings.multi_gpu_kinds:
         if settings.multi_gpu_launcher == "accelerate":
             launch = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(gpus)]
             launch += ["--num_machines", "1"]
         else:
             launch = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(gpus)]
-        run = [python, *launch, "-m", request.module_name, request.spec_url]
+        run = [python, *launch, *extra, "-m", request.module_name, request.spec_url]
     else:
         run = request.command(python)
     return [*settings.init_command, *run]
@@ -313,12 +410,16 @@ def build_job_manifest(request: JobRequest, settings: KubernetesJobSettings, nam
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": settings.shm_size}})
 
+    nodes = job_nodes(kind, settings)
+    if nodes > 1:  # defined before the command that references it as $(MUGRPO_NODE_RANK)
+        annotation = f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"
+        env.append({"name": NODE_RANK_ENV, "valueFrom": {"fieldRef": {"fieldPath": annotation}}})
     image = settings.image_for(kind)
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": image,
         "imagePullPolicy": pull_policy(image, settings),
-        "command": job_command(request, settings),
+        "command": job_command(request, settings, name),
         "env": env,
         "resources": job_resources(kind, settings),
         "volumeMounts": mounts,
@@ -346,8 +447,14 @@ def build_job_manifest(request: JobRequest, settings: KubernetesJobSettings, nam
         pod_spec["tolerations"] = tolerations
     if settings.service_account_name:
         pod_spec["serviceAccountName"] = settings.service_account_name
+    if nodes > 1:
+        pod_spec["subdomain"] = name  # pod i is {name}-i.{name}: DNS through the headless Service of that name
+        container["ports"] = [{"name": "rendezvous", "containerPort": settings.rendezvous_port}]
     template = {"metadata": {"labels": dict(labels)}, "spec": pod_spec}
-    digest = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:16]
+    # The Job's own name (in a multi-node pod's subdomain and rendezvous address) is left out of the hash: a
+    # later attempt (another name) still re-attaches to a running Job of the same spec and pod template.
+    digest = hashlib.sha256(json.dumps(template, sort_keys=True).replace(name, "{job}").encode()).hexdigest()[:16]
+    indexed = {"completionMode": "Indexed", "completions": nodes, "parallelism": nodes} if nodes > 1 else {}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -358,6 +465,7 @@ def build_job_manifest(request: JobRequest, settings: KubernetesJobSettings, nam
             "annotations": {TEMPLATE_HASH_ANNOTATION: digest},
         },
         "spec": {
+            **indexed,
             "backoffLimit": 0,
             "activeDeadlineSeconds": max(1, int(request.timeout_s)),
             "ttlSecondsAfterFinished": settings.ttl_seconds_after_finished,
@@ -368,6 +476,36 @@ def build_job_manifest(request: JobRequest, settings: KubernetesJobSettings, nam
             "template": template,
         },
     }
+
+
+def build_rendezvous_service(job: dict, owner_uid: str | None = None) -> dict | None:
+    """The headless Service (``clusterIP: None``) that gives the pods of a multi-node Job stable DNS names
+    (``{job}-{index}.{job}``), so every node reaches the rendezvous on pod 0; None for a one-pod Job. Named
+    after the Job, selecting its pods (``batch.kubernetes.io/job-name``); ``publishNotReadyAddresses`` so the
+    names resolve as soon as the pods have IPs. With ``owner_uid`` it is owned by the Job, and deleted with it.
+    """
+    spec = job["spec"]
+    if spec.get("completionMode") != "Indexed":
+        return None
+    meta = job["metadata"]
+    name = meta["name"]
+    port = spec["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]
+    service: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": meta["namespace"], "labels": dict(meta["labels"])},
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {"batch.kubernetes.io/job-name": name},
+            "ports": [{"name": "rendezvous", "port": port, "targetPort": port, "protocol": "TCP"}],
+        },
+    }
+    if owner_uid:
+        service["metadata"]["ownerReferences"] = [
+            {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": owner_uid, "blockOwnerDeletion": False}
+        ]
+    return service
 
 
 @register_launcher("kubernetes")
@@ -440,12 +578,16 @@ class KubernetesLauncher(Launcher):
         return ApiRetry(window_s=s.api_retry_window_s, max_s=s.api_backoff_max_s, kind=request.kind, on_line=on_line)
 
     async def _launch(self, request: JobRequest, manifest: dict, on_line: LineSink, attached: dict) -> LaunchOutcome:
-        from tasks.k8s_watch import JobWatch, ensure_job
+        from tasks.k8s_watch import JobWatch, ensure_job, ensure_service
 
         timing, retry = self._timing(), self._retry(request, on_line)
         selector = f"{SPEC_LABEL}={manifest['metadata']['labels'][SPEC_LABEL]}"
         async with await api_client() as api:
             attached["name"] = await ensure_job(api, manifest, selector, retry, timing, on_line)
+            if manifest["spec"].get("completionMode") == "Indexed":  # multi-node: the rendezvous DNS
+                await ensure_service(
+                    api, {**manifest, "metadata": {**manifest["metadata"], "name": attached["name"]}}, retry, on_line
+                )
             watch = JobWatch(
                 api=api,
                 namespace=self.settings.namespace,

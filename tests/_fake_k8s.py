@@ -78,6 +78,7 @@ class FakeKubernetes:
         self.plan = plan or Plan()
         self.plans: dict[str, Plan] = {}
         self.jobs: dict[str, dict] = {}
+        self.services: dict[str, dict] = {}
         self.pods: dict[str, dict] = {}
         self.logs: dict[str, list[tuple[datetime, str]]] = {}
         self.events: list[dict] = []
@@ -168,6 +169,12 @@ class FakeKubernetes:
         m = re.fullmatch(r"/apis/batch/v1/namespaces/([^/]+)/jobs(?:/([^/]+))?", url.path)
         if m:
             return self._jobs(h, method, m.group(2), query, body)
+        if re.fullmatch(r"/api/v1/namespaces/([^/]+)/services", url.path) and method == "POST":
+            with self.lock:
+                if body["metadata"]["name"] in self.services:
+                    return self._send(h, 409, _status(409, "AlreadyExists"))
+                self.services[body["metadata"]["name"]] = body
+            return self._send(h, 201, body)
         m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/log", url.path)
         if m and method == "GET":
             return self._log(h, m.group(2), query)
@@ -250,7 +257,8 @@ class FakeKubernetes:
         self.jobs[name] = job
         self.plans[name] = plan
         involved = name
-        if not plan.no_pod:
+        completions = job["spec"].get("completions", 1) if job["spec"].get("completionMode") == "Indexed" else 1
+        for _ in range(0 if plan.no_pod else completions):  # an Indexed Job: one pod per completion index
             self._pod_count += 1
             pod = f"{name}-{self._pod_count:05d}"[:63]
             involved = pod

@@ -74,6 +74,7 @@ def test_probe_then_adaptive_temperature_by_hand_and_resume(tmp_path, tiny_model
     store, layout = Store(str(root)), RunLayout("gen")
     store.delete(layout.rollout_shard(0, 1))
     store.delete(layout.job_manifest(0, "generate"))
+    store.delete(layout.job_manifest(0, "generate.worker-000-of-001"))  # the worker's own commit (fan-out)
     again = run_generate(spec)
     redone = _shard_rows(root, 2)
     for col in ("prompt_id", "response_token_ids", "temperature", "agpo_u", "agpo_c", "is_probe", "advantage"):

@@ -520,3 +520,60 @@ def test_the_rendered_multi_gpu_command_starts_one_process_per_gpu(tmp_path, lau
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ranks = sorted(re.findall(r"^RANK=(\d)$", proc.stdout, flags=re.M))
     assert ranks == ["0", "1"] and re.findall(r"^WORLD_SIZE=(\d)$", proc.stdout, flags=re.M) == ["2", "2"]
+
+
+def test_multi_node_training_is_an_indexed_job_with_a_headless_service():
+    """settings.nodes = {train: 2}: an Indexed Job of 2 pods (completions = parallelism = 2), each a torchrun node
+    whose rank is its completion index (downward API, expanded by the kubelet in the command) and whose rendezvous is
+    pod 0 through the headless Service of the Job's name. Both manifests pass the API schema (strict)."""
+    from tasks.kubernetes import build_rendezvous_service
+
+    settings = EXAMPLE_SETTINGS.model_copy(update={"gpus": {"train": 8}, "nodes": {"train": 2}})
+    request = JobRequest(
+        kind="train", spec_url="s3://b/r/jobs/stage=3/train.spec.json", timeout_s=60, python="/opt/venv/bin/python"
+    )
+    job = build_job_manifest(request, settings)
+    validate_strict(job)
+    name, spec = job["metadata"]["name"], job["spec"]
+    assert (spec["completionMode"], spec["completions"], spec["parallelism"], spec["backoffLimit"]) == (
+        "Indexed",
+        2,
+        2,
+        0,
+    )
+    pod = spec["template"]["spec"]
+    assert pod["subdomain"] == name
+    (container,) = pod["containers"]
+    assert container["command"] == [
+        *("tini", "-g", "--", "/opt/venv/bin/python", "-m", "torch.distributed.run"),
+        *("--nnodes", "2", "--nproc_per_node", "8", "--node_rank", "$(MUGRPO_NODE_RANK)", "--rdzv_backend", "static"),
+        *("--master_addr", f"{name}-0.{name}", "--master_port", "29500", "-m", "mugrpo.jobs.train", request.spec_url),
+    ]
+    rank = next(e for e in container["env"] if e["name"] == "MUGRPO_NODE_RANK")
+    assert (
+        rank["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    )
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 8  # per pod: 2 x 8 GPUs
+    service = build_rendezvous_service(job, owner_uid="0f0e")
+    validate_strict(service)
+    assert service["metadata"]["name"] == name and service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"] == {"batch.kubernetes.io/job-name": name}
+    assert service["metadata"]["ownerReferences"][0]["uid"] == "0f0e"
+    assert build_rendezvous_service(build_job_manifest(request, EXAMPLE_SETTINGS)) is None  # one pod: no Service
+    # Generation scales out with generation.workers, not with nodes.
+    with pytest.raises(ValueError, match="generation.workers"):
+        build_job_manifest(
+            JobRequest(kind="generate", spec_url="s3://b/g.json", timeout_s=60),
+            EXAMPLE_SETTINGS.model_copy(update={"nodes": {"generate": 2}}),
+        )
+
+
+def test_fsdp_arguments_reach_the_accelerate_launch_of_a_one_pod_job():
+    """launcher_args: FSDP on one pod's GPUs through accelerate (FSDP has not run on a GPU here: no GPU is lent)."""
+    fsdp = ["--use_fsdp", "--fsdp_version", "2", "--fsdp_state_dict_type", "FULL_STATE_DICT"]
+    settings = EXAMPLE_SETTINGS.model_copy(update={"gpus": {"train": 4}, "launcher_args": {"train": fsdp}})
+    request = JobRequest(kind="train", spec_url="s3://b/t.json", timeout_s=60, python="/opt/venv/bin/python")
+    job = build_job_manifest(request, settings)
+    validate_strict(job)
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--num_machines") + 2 : command.index("-m", command.index("--num_machines"))] == fsdp

@@ -264,4 +264,35 @@ def test_rbac_grants_exactly_the_verbs_the_launcher_uses(k8s):
     fake.plan = Plan(waiting=("ImagePullBackOff", "Back-off"), events=[("Failed", "pull")])
     with pytest.raises(JobFailedError):
         run(request(spec_url="s3://b/runs/r1/jobs/stage=1/train.spec.json"))  # events of a pending pod
+    fake.plan = Plan(lines=["step 0"])
+    multi = SETTINGS.model_copy(update={"nodes": {"train": 2}})
+    run(request(spec_url="s3://b/runs/r1/jobs/stage=2/train.spec.json"), settings=multi)  # its headless Service
     assert used_permissions(fake) == rbac_grants()
+
+
+# ------------------------------------------------------------------------------------ multi-node training (issue 19)
+def test_a_multi_node_train_job_gets_its_rendezvous_service_and_both_pods_are_followed(k8s):
+    """settings.nodes = {train: 2}: one Indexed Job of 2 pods, then a headless Service owned by it; the launcher
+    follows the logs of both pods. (A fake API: no cluster here, so nothing resolves the pods' DNS names.)"""
+    fake = k8s(Plan(lines=["step 0", "step 1"]))
+    settings = SETTINGS.model_copy(update={"nodes": {"train": 2}, "gpus": {"train": 8}})
+    result, lines = run(settings=settings)
+    assert result.exit_code == 0
+    (name,) = fake.jobs
+    job = fake.jobs[name]
+    assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] == 2
+    service = fake.services[name]
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["metadata"]["ownerReferences"][0] == {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "name": name,
+        "uid": f"uid-{name}",
+        "blockOwnerDeletion": False,
+    }
+    assert job_lines(lines) == ["step 0", "step 1"] * 2  # one stream per pod
+    assert any("created headless Service" in line for line in lines)
+    # A retry of the attempt re-attaches to the Job and keeps its Service (409).
+    result, lines = run(request(attempt=2), settings=settings)
+    assert result.exit_code == 0 and len(fake.calls("POST", r"/services$")) == 2 and len(fake.services) == 1
+    assert any("kept the existing headless Service" in line for line in lines)

@@ -3,7 +3,9 @@
     python -m mugrpo.jobs.eval SPEC          # SPEC: path or URL of an EvalSpec JSON
 
 Writes one Parquet file per benchmark, ``evals/stage={k}/{benchmark}.parquet`` (one row per sample), skipping
-benchmarks already written (resume), then the job manifest with avg@k / pass@k per benchmark. ``stage`` names the
+benchmarks already written (resume), then its worker manifest, then (once every worker has committed, with
+``eval.workers`` > 1 splitting the benchmarks; :mod:`mugrpo.jobs.fanout`) the job manifest with avg@k / pass@k per
+benchmark. ``stage`` names the
 policy evaluated: policies/stage={k} (stage K is the final policy).
 """
 
@@ -13,18 +15,20 @@ import sys
 import time
 from datetime import UTC, datetime
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from mugrpo.config import BenchmarkConfig
 from mugrpo.data import load_problems
 from mugrpo.engines.base import SamplingParams
 from mugrpo.jobs.common import PROCESS_START, JobSpec, console, derive_seed, fail, load_spec, local_policy_dir
+from mugrpo.jobs.fanout import owned, worker_job, worker_manifests
+from mugrpo.jobs.verifiers import VerifierPoolOwner
 from mugrpo.layout import RunLayout
 from mugrpo.manifest import read_job_manifest, write_job_manifest
 from mugrpo.metrics import avg_at_k, mean_pass_at_k
 from mugrpo.progress import quiet_library_bars
 from mugrpo.prompts import PromptConfig, encode_prompt, render_prompt
-from mugrpo.rewards import RewardConfig, RewardInput, RewardScorer
+from mugrpo.rewards import RewardConfig, RewardInput
 from mugrpo.storage import sha256_bytes
 from mugrpo.tables import read_table, table_from_rows, write_table
 from schemas import FileRecord, JobManifest
@@ -41,6 +45,14 @@ class EvalSpec(JobSpec):
     dtype: str = "float32"
     verify_timeout_s: float = 5.0
     reward_workers: int = 2
+    workers: int = Field(1, ge=1, description="Evaluation workers (eval.workers); they split the benchmarks.")
+    worker: int = Field(0, ge=0, description="This worker's index w: it runs benchmarks w, w + workers, ...")
+
+    @model_validator(mode="after")
+    def _worker_in_range(self) -> EvalSpec:
+        if self.worker >= self.workers:
+            raise ValueError(f"worker {self.worker} of {self.workers}: the worker index must be < workers")
+        return self
 
     @classmethod
     def from_config(cls, cfg, stage: int) -> EvalSpec:
@@ -55,6 +67,10 @@ class EvalSpec(JobSpec):
             dtype=cfg.model.dtype,
             verify_timeout_s=cfg.reward.verify_timeout_s,
             reward_workers=cfg.reward.num_workers,
+            # a warm segment evaluates in its own process: one worker
+            workers=min(cfg.eval.workers, max(len(cfg.eval.benchmarks), 1))
+            if cfg.orchestration.execution == "cold"
+            else 1,
         )
 
 
@@ -106,54 +122,40 @@ def bench_metrics(rows: list[dict], k: int) -> dict[str, float]:
     return {f"avg@{k}": avg_at_k(groups), f"pass@{k}": mean_pass_at_k(groups, k)}
 
 
-class EvalWorker:
+class EvalWorker(VerifierPoolOwner):
     """The evaluation side of a run: a rollout engine and a verifier pool that live across evaluations.
 
-    A cold eval job builds one, evaluates one policy and exits (:func:`run_eval`); a warm segment passes an
-    ``engine`` bound to the trainer's live policy (the behavior policy of the stage, before its updates).
+    A cold eval job builds one, evaluates its worker's benchmarks of one policy and exits (:func:`run_eval`); a
+    warm segment passes an ``engine`` bound to the trainer's live policy (the behavior policy of the stage, before
+    its updates). The verifier pool is started and waited ready on first use
+    (:class:`~mugrpo.jobs.verifiers.VerifierPoolOwner`).
 
     Args:
         engine: a ready rollout engine (owned by the caller), or None to start one per policy from its dir.
     """
 
     def __init__(self, engine=None) -> None:
+        super().__init__()
         self._engine = engine
-        self._scorer: RewardScorer | None = None
-        self._key: tuple | None = None
 
-    def scorer(self, spec: EvalSpec) -> RewardScorer:
-        """The correctness-only verifier pool of ``spec`` (started on first use)."""
-        key = (spec.verify_timeout_s, spec.reward_workers)
-        if self._scorer is not None and self._key != key:
-            self.close()
-        if self._scorer is None:
-            self._scorer = RewardScorer(
-                RewardConfig(
-                    components={"math_correctness": 1.0},
-                    verify_timeout_s=spec.verify_timeout_s,
-                    num_workers=spec.reward_workers,
-                )
-            )
-            self._key = key
-        return self._scorer
-
-    def close(self) -> None:
-        """Stop the verifier pool (the engine passed in stays the caller's)."""
-        if self._scorer is not None:
-            self._scorer.close()
-            self._scorer = None
-
-    def __enter__(self) -> EvalWorker:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    @staticmethod
+    def reward_config(spec: EvalSpec) -> RewardConfig:
+        """The correctness-only reward of an evaluation."""
+        return RewardConfig(
+            components={"math_correctness": 1.0},
+            verify_timeout_s=spec.verify_timeout_s,
+            num_workers=spec.reward_workers,
+        )
 
     def run_stage(self, spec: EvalSpec, *, origin: float | None = None) -> JobManifest:
-        """Evaluate (or finish evaluating) policy ``spec.stage``; returns the job manifest.
+        """Evaluate (or finish evaluating) worker ``spec.worker``'s benchmarks of policy ``spec.stage``, write its
+        worker manifest, then the eval manifest if every worker has committed (:func:`commit_eval`).
 
         Args:
             origin: ``time.monotonic()`` value the switch time counts from (process start for a cold job).
+
+        Returns:
+            The eval manifest, or this worker's manifest while other workers have not committed.
         """
         from transformers import AutoTokenizer
 
@@ -166,7 +168,12 @@ class EvalWorker:
         if done is not None:
             console.print(f"eval policy {spec.stage}: already committed")
             return done
-        todo = [b for b in spec.benchmarks if not store.exists(layout.eval_file(spec.stage, b.dataset.name))]
+        name = worker_job("eval", spec.worker, spec.workers)
+        mine = read_job_manifest(store, spec.run_id, spec.stage, name)
+        if mine is not None:
+            return commit_eval(spec) or mine
+        benches = [spec.benchmarks[i] for i in owned(len(spec.benchmarks), spec.worker, spec.workers)]
+        todo = [b for b in benches if not store.exists(layout.eval_file(spec.stage, b.dataset.name))]
         t_switch = t_eval = 0.0
         if todo:
             policy = local_policy_dir(store, spec.policy_dir)
@@ -178,7 +185,7 @@ class EvalWorker:
                 else self._engine
             )
             try:
-                scorer = self.scorer(spec)
+                scorer = self.verifier_pool(self.reward_config(spec))
                 t_switch = time.monotonic() - origin
                 t0 = time.monotonic()
                 for bench in todo:
@@ -194,16 +201,44 @@ class EvalWorker:
             finally:
                 if own_engine:
                     engine.close()
-        return _commit(spec, store, layout, t_switch, t_eval, origin)
+        files = []
+        for bench in benches:
+            rel = layout.eval_file(spec.stage, bench.dataset.name)
+            data = store.read_bytes(rel)
+            files.append(FileRecord(path=layout.rel(rel), sha256=sha256_bytes(data), bytes=len(data)))
+        mine = JobManifest(
+            run_id=spec.run_id,
+            stage=spec.stage,
+            job=name,
+            created_at=datetime.now(UTC),
+            files=files,
+            timings={"switch": t_switch, "eval": t_eval, "total": time.monotonic() - origin},
+        )
+        write_job_manifest(store, mine)
+        return commit_eval(spec) or mine
 
 
-def _commit(spec: EvalSpec, store, layout: RunLayout, t_switch: float, t_eval: float, origin: float) -> JobManifest:
-    """avg@k / pass@k of every benchmark file, then the job manifest (the job's commit)."""
+def commit_eval(spec: EvalSpec) -> JobManifest | None:
+    """Write the eval manifest (avg@k / pass@k of every benchmark file, read through its worker manifest) once
+    every worker has committed; None while one has not. Idempotent. Timings are the slowest worker's.
+
+    Raises:
+        mugrpo.storage.ChecksumError: a benchmark file changed after its worker committed it.
+    """
+    store = spec.store()
+    layout = RunLayout(spec.run_id)
+    done = read_job_manifest(store, spec.run_id, spec.stage, "eval")
+    if done is not None:
+        return done
+    parts = worker_manifests(store, spec.run_id, spec.stage, "eval", spec.workers)
+    if any(p is None for p in parts):
+        return None
+    digests = {f.path: f.sha256 for p in parts for f in p.files}
     files, metrics, counts = [], {}, {}
     for bench in spec.benchmarks:
         name = bench.dataset.name
         rel = layout.eval_file(spec.stage, name)
-        data = store.read_bytes(rel)
+        data = store.read_bytes(rel, expected_sha256=digests.get(layout.rel(rel)))
         rows = read_table(store, rel, "evals").to_pylist()
         files.append(FileRecord(path=layout.rel(rel), sha256=sha256_bytes(data), bytes=len(data), rows=len(rows)))
         for key, value in bench_metrics(rows, bench.k).items():
@@ -221,7 +256,7 @@ def _commit(spec: EvalSpec, store, layout: RunLayout, t_switch: float, t_eval: f
         files=files,
         counts=counts,
         metrics=metrics,
-        timings={"switch": t_switch, "eval": t_eval, "total": time.monotonic() - origin},
+        timings={k: max(p.timings.get(k, 0.0) for p in parts) for k in ("switch", "eval", "total")},
     )
     write_job_manifest(store, manifest)
     return manifest

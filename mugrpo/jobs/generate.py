@@ -4,9 +4,12 @@ advantages, and write sharded Parquet rollouts (design.md, first half of a stage
     python -m mugrpo.jobs.generate SPEC          # SPEC: path or URL of a GenerateSpec JSON
 
 Resumable: prompts are processed in shards of ``shard_size`` prompts; each shard's file is written atomically once
-its groups are complete, and shards already written are skipped on a re-run. A group never spans two shards. The job
-manifest (``jobs/stage=k/generate.manifest.json``), written last, lists every shard with its sha256; the training job
-reads the rollouts through it.
+its groups are complete, and shards already written are skipped on a re-run. A group never spans two shards.
+
+Fan-out (``generation.workers``, :mod:`mugrpo.jobs.fanout`): the job is worker ``spec.worker`` of ``spec.workers``
+and samples the shards it owns (w, w + N, ...), then writes its worker manifest. The job manifest
+(``jobs/stage=k/generate.manifest.json``), written once every worker has committed, lists every shard with its
+sha256; the training job reads the rollouts through it. One worker (N = 1) runs the same functions.
 
 Determinism: shard ``s`` is sampled with seed ``derive_seed(run seed, stage, s)``, so a resumed job produces the same
 rollouts as an uninterrupted one on engines that honour per-call seeds (TransformersEngine). vLLM is seeded once per
@@ -24,7 +27,7 @@ from datetime import UTC, datetime
 from typing import Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from mugrpo.adaptive.config import AGPOConfig
 from mugrpo.adaptive.controllers import TemperatureController
@@ -33,6 +36,8 @@ from mugrpo.advantages import AdvantageConfig, compute_advantages
 from mugrpo.data import DatasetConfig, Problem, load_problems
 from mugrpo.engines.base import SamplingParams
 from mugrpo.jobs.common import PROCESS_START, JobSpec, console, derive_seed, fail, load_spec, local_policy_dir
+from mugrpo.jobs.fanout import owned, worker_job, worker_manifests
+from mugrpo.jobs.verifiers import VerifierPoolOwner
 from mugrpo.layout import RunLayout
 from mugrpo.manifest import read_job_manifest, write_job_manifest
 from mugrpo.progress import job_progress, quiet_library_bars
@@ -72,6 +77,18 @@ class GenerateSpec(JobSpec):
     agpo: AGPOConfig | None = Field(
         None, description="AGPO (arXiv 2605.20722): probe each prompt at tau_base, then sample at its adaptive tau."
     )
+    workers: int = Field(1, ge=1, description="Generation workers of the stage (generation.workers).")
+    worker: int = Field(0, ge=0, description="This worker's index w: it samples shards w, w + workers, ...")
+
+    @model_validator(mode="after")
+    def _worker_in_range(self) -> GenerateSpec:
+        if self.worker >= self.workers:
+            raise ValueError(f"worker {self.worker} of {self.workers}: the worker index must be < workers")
+        if self.workers > 1 and self.agpo is not None and self.agpo.probe:
+            raise ValueError(
+                "AGPO's temperature controller steps prompt by prompt in shard order: it needs workers = 1"
+            )
+        return self
 
     @classmethod
     def from_config(cls, cfg, stage: int, policy_version: int) -> GenerateSpec:
@@ -96,6 +113,7 @@ class GenerateSpec(JobSpec):
             on_bad_prompt=cfg.data.on_bad_prompt,
             max_context=cfg.model.max_context,
             agpo=cfg.agpo,
+            workers=g.workers,
         )
 
 
@@ -320,12 +338,13 @@ def _summary(rows: list[dict]) -> dict[str, float]:
     return metrics
 
 
-class GenerationWorker:
+class GenerationWorker(VerifierPoolOwner):
     """The generation side of a run: a rollout engine and a verifier pool that live across stages.
 
-    A cold generate job builds one, runs one stage and exits (:func:`run_generate`): the engine is started on the
-    stage's behavior policy dir. A warm segment job (:mod:`mugrpo.jobs.segment`) passes an ``engine`` bound to
-    the trainer's live policy and runs stage after stage; the verifier pool is started once either way.
+    A cold generate job builds one, runs its worker's share of one stage and exits (:func:`run_generate`): the
+    engine is started on the stage's behavior policy dir. A warm segment job (:mod:`mugrpo.jobs.segment`) passes an
+    ``engine`` bound to the trainer's live policy and runs stage after stage; the verifier pool is started (and
+    waited ready) once either way (:class:`~mugrpo.jobs.verifiers.VerifierPoolOwner`).
 
     Args:
         engine: a ready rollout engine (owned by the caller, not closed here), or None to start one per stage
@@ -333,57 +352,48 @@ class GenerationWorker:
     """
 
     def __init__(self, engine=None) -> None:
+        super().__init__()
         self._engine = engine
-        self._scorer: RewardScorer | None = None
-        self._reward_config: RewardConfig | None = None
-
-    def scorer(self, config: RewardConfig) -> RewardScorer:
-        """The verifier pool for ``config`` (started on first use, restarted only if the config changes)."""
-        if self._scorer is not None and self._reward_config != config:
-            self._scorer.close()
-            self._scorer = None
-        if self._scorer is None:
-            self._scorer = RewardScorer(config)
-            self._scorer.wait_ready()
-            self._reward_config = config
-        return self._scorer
-
-    def close(self) -> None:
-        """Stop the verifier pool (the engine passed in stays the caller's)."""
-        if self._scorer is not None:
-            self._scorer.close()
-            self._scorer = None
-
-    def __enter__(self) -> GenerationWorker:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     def run_stage(self, spec: GenerateSpec, *, origin: float | None = None) -> JobManifest:
-        """Run (or resume, or skip when committed) the generation job of ``spec.stage``; return its manifest.
+        """Run (or resume, or skip when committed) worker ``spec.worker``'s share of the generation of
+        ``spec.stage``: the shards it owns (:func:`mugrpo.jobs.fanout.owned`) that are not written yet, then its
+        worker manifest, then the stage's generate manifest if every worker has committed
+        (:func:`commit_generation`).
 
         Args:
-            spec: the stage's generation spec.
+            spec: the stage's generation spec (with ``worker`` / ``workers``).
             origin: ``time.monotonic()`` value the switch time counts from: the process start for a cold job,
                 the call for a warm stage (default).
+
+        Returns:
+            The stage's generate manifest, or this worker's manifest while other workers have not committed.
 
         Raises:
             GenerationError: a bad prompt in 'error' mode, or a shard whose engine call failed.
             FileNotFoundError: the behavior policy is not committed.
         """
-        from transformers import AutoConfig, AutoTokenizer
-
-        from mugrpo.engines import make_engine
-
         origin = time.monotonic() if origin is None else origin
         store: Store = spec.store()
-        layout = RunLayout(spec.run_id)
         done = read_job_manifest(store, spec.run_id, spec.stage, "generate")
         if done is not None:
             console.print(f"generate stage {spec.stage}: already committed ({done.counts.get('rows', 0)} rows)")
             return done
+        name = worker_job("generate", spec.worker, spec.workers)
+        mine = read_job_manifest(store, spec.run_id, spec.stage, name)
+        if mine is None:
+            mine = self._sample_worker_share(spec, store, origin)
+        else:
+            console.print(f"generate stage {spec.stage}: {name} already committed")
+        return commit_generation(spec) or mine
 
+    def _sample_worker_share(self, spec: GenerateSpec, store: Store, origin: float) -> JobManifest:
+        """Sample this worker's missing shards and write its worker manifest (:func:`_commit_worker`)."""
+        from transformers import AutoConfig, AutoTokenizer
+
+        from mugrpo.engines import make_engine
+
+        layout = RunLayout(spec.run_id)
         policy = local_policy_dir(store, spec.policy_dir)
         tokenizer = AutoTokenizer.from_pretrained(policy)
         max_context = spec.max_context or int(AutoConfig.from_pretrained(policy).max_position_embeddings)
@@ -391,10 +401,12 @@ class GenerationWorker:
         selected = select_problems(problems, spec.seed, spec.prompt_start, spec.num_prompts)
         prepared, skipped = prepare_prompts(spec, tokenizer, selected, max_context)
         shards = [prepared[i : i + spec.shard_size] for i in range(0, len(prepared), spec.shard_size)]
-        todo = [s for s in range(len(shards)) if not store.exists(layout.rollout_shard(spec.stage, s))]
+        mine = owned(len(shards), spec.worker, spec.workers)
+        todo = [s for s in mine if not store.exists(layout.rollout_shard(spec.stage, s))]
         console.print(
-            f"generate stage {spec.stage}: {len(selected)} prompts x G={spec.sampling.n} in {len(shards)} shards "
-            f"({len(shards) - len(todo)} already written), skipped prompts: {dict(skipped) or 'none'}"
+            f"generate stage {spec.stage}: {len(selected)} prompts x G={spec.sampling.n} in {len(shards)} shards; "
+            f"worker {spec.worker} of {spec.workers} owns {len(mine)} ({len(mine) - len(todo)} already written), "
+            f"skipped prompts: {dict(skipped) or 'none'}"
         )
 
         controller = _temperature_controller(spec, store, layout, len(shards), todo)
@@ -408,15 +420,22 @@ class GenerationWorker:
                 else self._engine
             )
             try:
-                scorer = self.scorer(spec.reward)
+                scorer = self.verifier_pool(spec.reward)
                 t_switch = time.monotonic() - origin  # (process start, imports,) engine start and weight load
                 tokens, t_gen = _sample_and_commit(
-                    spec, store, layout, shards, todo, len(selected), engine, scorer, controller
+                    spec, store, layout, shards, todo, sum(len(shards[s]) for s in mine), engine, scorer, controller
                 )
             finally:
                 if own_engine:
                     engine.close()
-        return _commit(spec, store, layout, shards, report, skipped, tokens, t_switch, t_gen, origin, controller)
+        counts = {
+            "shards": len(shards),
+            "new_tokens": tokens,
+            "dataset_rows": report.rows,
+            **{f"skipped_{k}": v for k, v in skipped.items()},
+        }
+        metrics = {EMA_METRIC: controller.ema} if controller is not None else {}
+        return _commit_worker(spec, store, layout, mine, counts, metrics, t_switch, t_gen, origin)
 
 
 def _temperature_controller(
@@ -465,6 +484,7 @@ def _sample_and_commit(
     controller: TemperatureController | None = None,
 ) -> tuple[int, float]:
     """Sample the shards in ``todo`` and write each one's rollouts; returns (generated tokens, seconds).
+    ``num_prompts`` is the prompts of the shards this worker owns (the progress bar's total).
 
     With AGPO (``controller`` given), each shard is probed first (:func:`probe_shard`); the probe is scored here,
     after the previous shard's commit finished, so the verifier pool serves one caller at a time."""
@@ -478,7 +498,7 @@ def _sample_and_commit(
     t0 = time.monotonic()
     with job_progress(f"generate stage {spec.stage}", "prompts", "{task.fields[tps]:.0f} tok/s", console) as bar:
         task = bar.add_task("gen", total=num_prompts, tps=0.0)
-        bar.update(task, completed=sum(len(shards[s]) for s in range(len(shards)) if s not in todo))
+        bar.update(task, completed=num_prompts - sum(len(shards[s]) for s in todo))
         # Scoring and writing shard s (verifier processes, Parquet) overlap sampling shard s+1.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="commit") as committer:
             pending = None
@@ -501,30 +521,83 @@ def _sample_and_commit(
     return tokens, time.monotonic() - t0
 
 
-def _commit(
+def _commit_worker(
     spec: GenerateSpec,
     store: Store,
     layout: RunLayout,
-    shards: list,
-    report,
-    skipped: Counter,
-    tokens: int,
+    mine: list[int],
+    counts: dict[str, int],
+    metrics: dict[str, float],
     t_switch: float,
     t_gen: float,
     origin: float,
-    controller: TemperatureController | None = None,
 ) -> JobManifest:
-    """List every shard with its sha256, then write the job manifest last (the job's commit).
-
-    Probe rows (AGPO) are counted apart: ``rows``/``prompts`` and the reward metrics are over training rows;
-    ``probe_rows``/``probe_tokens`` count the probes, ``tokens`` is every generated token (probes included, the
-    token budget), and ``metrics["agpo_u_ema"]`` is the temperature controller's state at this commit."""
-    from mugrpo.tables import read_table
-
-    files, all_rows = [], []
-    for s in range(len(shards)):
+    """Write worker ``spec.worker``'s manifest: the shards it owns with their sha256, its new tokens and timings
+    (its commit point; :mod:`mugrpo.jobs.fanout`)."""
+    files = []
+    for s in mine:
         rel = layout.rollout_shard(spec.stage, s)
         data = store.read_bytes(rel)
+        try:
+            rows = _parquet_rows(data)
+        except Exception as e:  # pyarrow raises ArrowInvalid (a ValueError) and OSError on a broken file
+            raise GenerationError(
+                f"{store.uri(rel)} (shard {s} of worker {spec.worker}) is not a readable Parquet file "
+                f"({type(e).__name__}: {e}); delete it and re-run the worker to re-sample that shard"
+            ) from e
+        files.append(FileRecord(path=layout.rel(rel), sha256=sha256_bytes(data), bytes=len(data), rows=rows))
+    manifest = JobManifest(
+        run_id=spec.run_id,
+        stage=spec.stage,
+        job=worker_job("generate", spec.worker, spec.workers),
+        created_at=datetime.now(UTC),
+        files=files,
+        counts=counts,
+        metrics=metrics,
+        timings={"switch": t_switch, "gen": t_gen, "total": time.monotonic() - origin},
+    )
+    write_job_manifest(store, manifest)
+    return manifest
+
+
+def _parquet_rows(data: bytes) -> int:
+    """Rows of a Parquet file's bytes (from its footer)."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(io.BytesIO(data)).metadata.num_rows
+
+
+def commit_generation(spec: GenerateSpec) -> JobManifest | None:
+    """Write the stage's generate manifest from its worker manifests (the generation commit), or return None
+    while a worker has not committed. Idempotent: an existing generate manifest is returned as is.
+
+    Every shard is read back through its worker manifest (sha256 checked). Probe rows (AGPO) are counted apart:
+    ``rows``/``prompts`` and the reward metrics are over training rows; ``probe_rows``/``probe_tokens`` count the
+    probes, ``tokens`` is every generated token (probes included, the token budget), and
+    ``metrics["agpo_u_ema"]`` is the temperature controller's state at this commit. Timings are the slowest
+    worker's (the workers ran in parallel); ``tokens_per_second`` is the tokens sampled by this launch of the
+    workers over that time.
+
+    Raises:
+        mugrpo.storage.ChecksumError: a shard changed after its worker committed it.
+    """
+    from mugrpo.tables import read_table
+
+    store = spec.store()
+    layout = RunLayout(spec.run_id)
+    done = read_job_manifest(store, spec.run_id, spec.stage, "generate")
+    if done is not None:
+        return done
+    parts = worker_manifests(store, spec.run_id, spec.stage, "generate", spec.workers)
+    if any(p is None for p in parts):
+        return None
+    files = sorted((f for p in parts for f in p.files), key=lambda f: f.path)
+    all_rows = []
+    for rec in files:
+        rel = layout.abs(rec.path)
+        store.read_bytes(rel, expected_sha256=rec.sha256)
         table = read_table(store, rel, "rollouts")
         all_rows.extend(
             table.select(
@@ -540,29 +613,38 @@ def _commit(
                 ]
             ).to_pylist()
         )
-        files.append(FileRecord(path=layout.rel(rel), sha256=sha256_bytes(data), bytes=len(data), rows=table.num_rows))
     probe_rows = [r for r in all_rows if r["is_probe"]]
     train_rows = [r for r in all_rows if not r["is_probe"]]
     metrics = _summary(train_rows)
+    t_gen = max(p.timings.get("gen", 0.0) for p in parts)
+    tokens = sum(p.counts.get("new_tokens", 0) for p in parts)
     if t_gen > 0:
         metrics["tokens_per_second"] = tokens / t_gen
     if probe_rows:
         metrics["probe_mean_reward"] = float(np.mean([r["reward"] for r in probe_rows]))
         metrics["mean_temperature"] = float(np.mean([r["temperature"] for r in train_rows]))
-    if controller is not None:
-        metrics[EMA_METRIC] = controller.ema
+    for p in parts:
+        if EMA_METRIC in p.metrics:
+            metrics[EMA_METRIC] = p.metrics[EMA_METRIC]
     probe_tokens = sum(r["num_tokens"] for r in probe_rows)
+    first = parts[0].counts
     counts = {
         "rows": len(train_rows),
         "prompts": len({r["prompt_id"] for r in train_rows}),
-        "shards": len(shards),
+        "shards": first["shards"],
         "tokens": probe_tokens + sum(r["num_tokens"] for r in train_rows),
         "probe_rows": len(probe_rows),
         "probe_tokens": probe_tokens,
         "zero_variance_groups": len({r["prompt_id"] for r in train_rows if r["zero_variance"]}),
-        "dataset_rows": report.rows,
-        **{f"skipped_{k}": v for k, v in skipped.items()},
+        "dataset_rows": first["dataset_rows"],
+        "workers": spec.workers,
+        **{k: v for k, v in first.items() if k.startswith("skipped_")},
     }
+    if len(files) != counts["shards"]:
+        raise GenerationError(
+            f"stage {spec.stage}: the {spec.workers} worker manifests list {len(files)} shards, the stage has "
+            f"{counts['shards']}"
+        )
     manifest = JobManifest(
         run_id=spec.run_id,
         stage=spec.stage,
@@ -571,19 +653,21 @@ def _commit(
         files=files,
         counts=counts,
         metrics=metrics,
-        timings={"switch": t_switch, "gen": t_gen, "total": time.monotonic() - origin},
+        timings={k: max(p.timings.get(k, 0.0) for p in parts) for k in ("switch", "gen", "total")},
     )
     write_job_manifest(store, manifest)
     tps = f"{metrics['tokens_per_second']:.0f} tok/s" if "tokens_per_second" in metrics else "no new tokens"
     console.print(
-        f"generate stage {spec.stage}: {counts['rows']} rows, mean reward {metrics['mean_reward']:.3f}, "
-        f"zero-variance groups {counts['zero_variance_groups']}/{counts['prompts']}, {tps}"
+        f"generate stage {spec.stage}: {counts['rows']} rows from {spec.workers} worker(s), mean reward "
+        f"{metrics['mean_reward']:.3f}, zero-variance groups {counts['zero_variance_groups']}/{counts['prompts']}, "
+        f"{tps}"
     )
     return manifest
 
 
 def run_generate(spec: GenerateSpec) -> JobManifest:
-    """The cold generate job: start an engine and a verifier pool, run (or resume) one stage, stop them.
+    """The cold generate job: start an engine and a verifier pool, run (or resume) one worker's share of one stage
+    (and commit the stage's generation if it is the last worker to finish), stop them.
 
     Raises:
         See :meth:`GenerationWorker.run_stage`.
