@@ -18,7 +18,16 @@ from pydantic import Field
 from mugrpo.config import BenchmarkConfig
 from mugrpo.data import load_problems
 from mugrpo.engines.base import SamplingParams
-from mugrpo.jobs.common import PROCESS_START, JobSpec, console, derive_seed, fail, load_spec, local_policy_dir
+from mugrpo.jobs.common import (
+    PROCESS_START,
+    JobSpec,
+    console,
+    derive_seed,
+    fail,
+    load_spec,
+    local_policy_dir,
+    refuse_untrusted,
+)
 from mugrpo.layout import RunLayout
 from mugrpo.manifest import read_job_manifest, write_job_manifest
 from mugrpo.metrics import avg_at_k, mean_pass_at_k
@@ -239,7 +248,8 @@ def main(argv: list[str] | None = None) -> None:
         fail("usage: python -m mugrpo.jobs.eval SPEC (an EvalSpec JSON path or URL)", 2)
     spec = load_spec(argv[0], EvalSpec)
     quiet_library_bars()
-    run_eval(spec)
+    with refuse_untrusted("eval", spec.stage):
+        run_eval(spec)
 
 
 if __name__ == "__main__":
