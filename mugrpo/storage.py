@@ -32,8 +32,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 COMPLETE_MARKER = "_COMPLETE"
 TMP_TAG = ".tmp-"
-#: Bytes per chunk of a streamed read or write (and the S3 multipart part size): memory per transfer is O(this).
-CHUNK_BYTES = 16 * 2**20
+#: Bytes per chunk of a streamed read or write, and the S3 multipart part size (the AWS CLI's default
+#: ``multipart_chunksize``, 8 MiB): memory per transfer is a small multiple of this. Files over 10,000 parts
+#: (S3's limit, ~78 GiB here) get larger parts (:meth:`Store.write_file`).
+CHUNK_BYTES = 8 * 2**20
+#: S3's maximum number of parts of a multipart upload (kept below with a margin).
+MAX_PARTS = 9_000
 _S3_PROTOCOLS = ("s3://", "s3a://")
 
 
@@ -183,11 +187,11 @@ class Store:
         """
         return self.write_chunks(rel, [data])
 
-    def write_chunks(self, rel: str, chunks: Iterable[bytes]) -> str:
+    def write_chunks(self, rel: str, chunks: Iterable[bytes], *, part_bytes: int = CHUNK_BYTES) -> str:
         """Write the concatenation of ``chunks`` atomically at ``rel``; returns its sha256 (computed on the fly).
 
         Local: a temporary file in the same folder, fsynced, then renamed. S3: s3fs's buffered writer with
-        :data:`CHUNK_BYTES` blocks: a file smaller than one block is one PUT, a larger one a multipart upload that
+        ``part_bytes`` blocks: a file smaller than one block is one PUT, a larger one a multipart upload that
         S3 commits only on ``CompleteMultipartUpload``; on any error the upload is aborted, so no object appears.
         Memory: one chunk plus one block.
 
@@ -215,7 +219,7 @@ class Store:
                         os.unlink(tmp)
                     raise
             else:
-                f = self.fs.open(path, "wb", block_size=CHUNK_BYTES)
+                f = self.fs.open(path, "wb", block_size=part_bytes)
                 try:
                     for chunk in chunks:
                         digest.update(chunk)
@@ -240,7 +244,8 @@ class Store:
         Raises:
             StorageError: the write failed; names the object and the cause.
         """
-        return self.write_chunks(rel, _file_chunks(src))
+        size = os.path.getsize(src)
+        return self.write_chunks(rel, _file_chunks(src), part_bytes=max(CHUNK_BYTES, -(-size // MAX_PARTS)))
 
     def iter_chunks(self, rel: str) -> Iterator[bytes]:
         """The bytes of ``rel`` in chunks of at most :data:`CHUNK_BYTES`.
