@@ -231,6 +231,8 @@ class Store:
                         f.discard()  # AbortMultipartUpload: the parts sent so far are dropped
                     except Exception:  # noqa: BLE001 - the server may be gone; S3 lifecycle rules reap parts
                         pass
+                    finally:  # never flushed again, not even by the file's __del__ at interpreter exit (which
+                        f.buffer, f.closed = None, True  # would wait forever on fsspec's stopped event loop)
                     raise
         except StorageError:
             raise
