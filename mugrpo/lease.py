@@ -152,8 +152,8 @@ class RunLease:
         except PreconditionFailed:
             pass
         current = self.store.read_versioned(self.rel)
-        if current is None:  # released and deleted in between: try again
-            return "a writer that just released it"
+        if current is None:  # deleted in between (by hand): create it again
+            return self.try_acquire()
         holder = LeaseRecord.from_bytes(current[0], self.store.uri(self.rel))
         if holder.stale(now) is None:
             return holder.describe(now)
