@@ -159,7 +159,7 @@ def _interrupt(signum: int, frame: object) -> None:
 def _execute(cfg) -> None:
     _prefect_env()
     from flows.run import run_flow
-    from mugrpo.lease import LeaseFenced, RunLeaseHeld
+    from mugrpo.lease import LeaseFenced, RunLeaseHeld, live_holder
     from mugrpo.runs import ConfigMismatchError, open_store
     from mugrpo.storage_errors import check_store
     from mugrpo.verify import CorruptedRunError
@@ -169,6 +169,16 @@ def _execute(cfg) -> None:
     uri = store.uri(cfg.run.id)
     with storage_guard(uri, cfg.run.storage_options):  # fail fast, before Prefect's server starts
         check_store(store, uri)
+        holder = live_holder(store, cfg.run.id)
+    if holder is not None and cfg.orchestration.lease_wait_s == 0:  # the flow takes the lease; refuse early here
+        err.print(
+            f"Error: run {cfg.run.id} at {uri} is being written by {holder}; two writers would commit over each "
+            "other. Wait for it to finish or stop it (a dead writer's lease expires after orchestration.lease_ttl_s).",
+            style="red",
+            markup=False,
+            highlight=False,
+        )
+        raise typer.Exit(3)
     console.print(f"[bold]run {cfg.run.id}[/bold] lives at {uri}")
     console.print(f"  watch it:  mugrpo status {uri}")
     console.print("  (for the Prefect UI, start `prefect server start` and set PREFECT_API_URL before `mugrpo run`)")

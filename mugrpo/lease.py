@@ -239,6 +239,17 @@ class RunLease:
         self.release()
 
 
+def live_holder(store: Store, run_id: str) -> str | None:
+    """The description of the live writer holding ``run_id``'s lease, or None when it is free or stale (a cheap
+    pre-check; :meth:`RunLease.acquire` is what takes it)."""
+    current = store.read_versioned(RunLayout(run_id).lease)
+    if current is None:
+        return None
+    holder = LeaseRecord.from_bytes(current[0], store.uri(RunLayout(run_id).lease))
+    now = time.time()
+    return None if holder.stale(now) else holder.describe(now)
+
+
 def check_fence(store: Store, run_id: str, what: str) -> None:
     """Refuse a commit (``what``, e.g. the object about to be written) by a writer that does not hold the lease.
 

@@ -199,3 +199,19 @@ def test_a_real_job_of_a_superseded_writer_exits_2_without_committing(tmp_path, 
     assert "refusing to commit" in out.stderr and holder.record.owner in out.stderr
     assert store.listdir(RunLayout(RUN).rollouts_dir(0)) == []
     assert read_job_manifest(store, RUN, 0, "generate") is None
+
+
+def test_a_second_mugrpo_run_is_refused_at_once_naming_the_holder(store, tmp_path):
+    """`mugrpo run` of a run another live writer holds exits 3 before starting Prefect, naming the holder."""
+    import yaml
+
+    foreign_lease(store, expires_in=600, host="preempted-pod-7", pid=42)
+    cfg = {"run": {"id": RUN, "root": store.url, "storage_options": store.storage_options}}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = subprocess.run(
+        [sys.executable, "-m", "mugrpo.cli", "run", str(path)], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "is being written by preempted-pod-7:42" in out.stderr and "lease expires in" in out.stderr
+    assert not store.exists(RunLayout(RUN).run_json)  # nothing written
