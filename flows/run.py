@@ -13,9 +13,11 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from flows.exclusive import one_flow_run_per_run_id
 from flows.stage import launch_workers, segment_flow, stage_flow
 from mugrpo.config import Config, config_from_dict
+from mugrpo.lease import RunLease
 from mugrpo.manifest import read_job_manifest
-from mugrpo.runs import init_run, write_final_eval_spec
+from mugrpo.runs import init_run, open_store, write_final_eval_spec
 from mugrpo.tracking.session import TrackingSession
+from mugrpo.verify import refuse_corrupted
 
 
 def artifact_key(run_id: str, suffix: str) -> str:
@@ -55,6 +57,9 @@ def run_flow(config: dict[str, Any]) -> dict[str, Any]:
     Raises:
         mugrpo.runs.ConfigMismatchError: the run id exists with a different config.
         TimeoutError: another flow run of the run id held its slot for 15 minutes.
+        mugrpo.lease.RunLeaseHeld: another live writer holds the run lease in object storage (names it).
+        mugrpo.lease.LeaseFenced: this writer's lease was taken over while it ran.
+        mugrpo.verify.CorruptedRunError: a committed file is corrupted or missing (names it and the recovery).
     """
     cfg = config_from_dict(config, source="run_flow(config)")
     with one_flow_run_per_run_id(cfg.run.id):  # flows/exclusive.py: two flow runs of one run id never overlap
@@ -62,22 +67,36 @@ def run_flow(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run(cfg: Config) -> dict[str, Any]:
+    """Hold the run lease in object storage (mugrpo.lease: one writer per run, jobs fenced by its token) for the
+    whole run."""
+    orch = cfg.orchestration
+    with RunLease(open_store(cfg), cfg.run.id, ttl_s=orch.lease_ttl_s, wait_s=orch.lease_wait_s) as lease:
+        return _run_leased(cfg, lease)
+
+
+def _run_leased(cfg: Config, lease: RunLease) -> dict[str, Any]:
     logger = get_run_logger()
     t0 = time.monotonic()
     store = init_run(cfg)
     logger.info("run %s lives at %s", cfg.run.id, store.uri(cfg.run.id))
+    if cfg.orchestration.verify_on_resume:  # never build on a corrupted committed stage (mugrpo.verify)
+        checked = refuse_corrupted(store, cfg.run.id, cfg.run.num_stages)
+        logger.info("verified %d committed files (%.1f MiB)", checked.total_files, checked.total_bytes / 2**20)
     results = []
     final = {}
     with TrackingSession(cfg, store) as tracking:  # live mirror of committed metrics (tracking.sinks)
         if cfg.orchestration.execution == "warm":  # one job per segment of consecutive stages
             size = cfg.orchestration.segment_stages
             for first in range(0, cfg.run.num_stages, size):
+                lease.ensure_held()
                 results.extend(segment_flow(config=cfg.to_json_dict(), first=first, count=size))
                 tracking.sync()
         else:
             for k in range(cfg.run.num_stages):
+                lease.ensure_held()
                 results.append(stage_flow(config=cfg.to_json_dict(), stage=k))
                 tracking.sync()
+        lease.ensure_held()
         spec = write_final_eval_spec(cfg)
         if spec is not None:
             with tags(f"run:{cfg.run.id}", "final-eval"):

@@ -159,14 +159,26 @@ def _interrupt(signum: int, frame: object) -> None:
 def _execute(cfg) -> None:
     _prefect_env()
     from flows.run import run_flow
+    from mugrpo.lease import LeaseFenced, RunLeaseHeld, live_holder
     from mugrpo.runs import ConfigMismatchError, open_store
     from mugrpo.storage_errors import check_store
+    from mugrpo.verify import CorruptedRunError
     from tasks.launchers import JobError
 
     store = open_store(cfg)
     uri = store.uri(cfg.run.id)
     with storage_guard(uri, cfg.run.storage_options):  # fail fast, before Prefect's server starts
         check_store(store, uri)
+        holder = live_holder(store, cfg.run.id)
+    if holder is not None and cfg.orchestration.lease_wait_s == 0:  # the flow takes the lease; refuse early here
+        err.print(
+            f"Error: run {cfg.run.id} at {uri} is being written by {holder}; two writers would commit over each "
+            "other. Wait for it to finish or stop it (a dead writer's lease expires after orchestration.lease_ttl_s).",
+            style="red",
+            markup=False,
+            highlight=False,
+        )
+        raise typer.Exit(3)
     console.print(f"[bold]run {cfg.run.id}[/bold] lives at {uri}")
     console.print(f"  watch it:  mugrpo status {uri}")
     console.print("  (for the Prefect UI, start `prefect server start` and set PREFECT_API_URL before `mugrpo run`)")
@@ -180,6 +192,9 @@ def _execute(cfg) -> None:
     except ConfigMismatchError as e:
         err.print(f"[red]{e}[/red]")
         raise typer.Exit(2) from None
+    except (RunLeaseHeld, LeaseFenced, CorruptedRunError) as e:
+        err.print(f"Error: {e}", style="red", markup=False, highlight=False)
+        raise typer.Exit(3) from None
     except KeyboardInterrupt:
         # The launcher has already killed the running job's process group; everything committed is kept.
         err.print(f"[yellow]interrupted[/yellow]: committed work is kept. Continue with `mugrpo resume {uri}`.")
@@ -273,6 +288,46 @@ def status_cmd(
         if st.complete
         else f"left: stages {left or 'none'}{'' if st.final_eval else ' + final eval'} -> mugrpo resume {st.uri}"
     )
+
+
+@app.command("verify")
+def verify_cmd(
+    run: str = typer.Argument(..., help="Run id (with --root) or run folder/URL ROOT/RUN_ID."),
+    root: str | None = typer.Option(None, help="Storage root holding the run (default: runs)."),
+    storage_option: list[str] | None = StorageOptionsOpt,
+):
+    """Re-hash every committed file of a run against its manifests; per stage: intact, corrupted or missing.
+
+    Exit code 0 when every committed file is intact, 1 when a file is corrupted or missing (the lines name them
+    and how to recover), 2 when the run cannot be read.
+    """
+    from rich.table import Table
+
+    from mugrpo.runs import open_store
+    from mugrpo.verify import verify_run
+
+    cfg = _stored_config(run, root, _storage_options(storage_option))
+    store = open_store(cfg)
+    with storage_guard(store.uri(cfg.run.id), cfg.run.storage_options):
+        report = verify_run(store, cfg.run.id, cfg.run.num_stages)
+    table = Table(title=f"verify {store.uri(cfg.run.id)}")
+    for col in ("stage", "committed", "files", "intact", "corrupted", "missing"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for s in report.stages:
+        table.add_row(
+            s.label,
+            "yes" if s.committed else "no",
+            str(s.files),
+            str(len(s.intact)),
+            str(len(s.corrupted)),
+            str(len(s.missing)),
+        )
+    Console(width=max(console.width, 120)).print(table)
+    for line in report.problems():
+        err.print(line, markup=False, highlight=False)
+    if not report.ok:
+        raise typer.Exit(1)
+    console.print(f"intact: {report.total_files} files, {report.total_bytes / 2**20:.1f} MiB re-hashed")
 
 
 @app.command("report")

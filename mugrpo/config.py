@@ -26,6 +26,7 @@ from mugrpo.prompts import PromptConfig
 from mugrpo.replay.config import ReplayConfig
 from mugrpo.rewards import RewardConfig
 from mugrpo.schedules import StageScheduleConfig
+from mugrpo.storage import RetryBudget
 
 
 class ConfigError(ValueError):
@@ -45,6 +46,11 @@ class RunSection(_Section):
         default_factory=dict,
         description="fsspec options for `root`, e.g. {endpoint_url: http://127.0.0.1:9000} for MinIO. Leave "
         "credentials to the environment (AWS_ACCESS_KEY_ID...): they are never written to run.json.",
+    )
+    storage_retry: RetryBudget = Field(
+        default_factory=RetryBudget,
+        description="Retry budget of S3 requests (500/503, SlowDown, connection resets, timeouts) before a job "
+        "fails naming the object; see docs/reliability.md.",
     )
     seed: int = Field(0, description="Seeds data order, sampling and initialization of every job.")
     num_stages: int = Field(4, ge=1, description="K: rollout refreshes. Mu-GRPO uses 4 stages (arXiv 2605.17570).")
@@ -210,6 +216,25 @@ class OrchestrationSection(_Section):
     job_timeout_s: float = Field(6 * 3600, gt=0, description="A job running longer is killed and retried.")
     retries: int = Field(1, ge=0, description="Retries of a failed job (resume makes them cheap).")
     retry_delay_s: float = Field(5, ge=0)
+    lease_ttl_s: float = Field(
+        60.0,
+        ge=1,
+        description="Run lease (one writer per run, mugrpo.lease): seconds a lease lives without a heartbeat (the "
+        "holder renews it every ttl/3). A writer that died on another host blocks the run this long; one that died "
+        "on this host is taken over at once. Same order as Kubernetes' node lease (40 s) and Prefect's slot lease.",
+    )
+    lease_wait_s: float = Field(
+        0.0,
+        ge=0,
+        description="Seconds a new writer waits for a live holder's lease to expire before it is refused (0: refuse "
+        "at once, naming the holder). Set it > lease_ttl_s on a scheduler that restarts a preempted flow.",
+    )
+    verify_on_resume: bool = Field(
+        True,
+        description="Before continuing a run, re-hash every committed file against its manifest (`mugrpo verify`) "
+        "and refuse to build on a corrupted or missing one. Costs one read of the run (seconds for a CPU run; turn "
+        "it off for runs of many large checkpoints, whose consumers still verify what they read).",
+    )
     launcher: Literal["subprocess", "kubernetes"] = Field("subprocess")
     execution: Literal["cold", "warm"] = Field(
         "cold",

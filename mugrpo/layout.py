@@ -55,6 +55,11 @@ class RunLayout:
         return self._p("run.json")
 
     @property
+    def lease(self) -> str:
+        """The run lease (:mod:`mugrpo.lease`): who may write the run now."""
+        return self._p("_lease.json")
+
+    @property
     def controllers_json(self) -> str:
         """State of adaptive controllers (AGPO temperature / clip range) that persists across stages."""
         return self._p("controllers.json")

@@ -5,14 +5,20 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from mugrpo.layout import RunLayout
+from mugrpo.lease import check_fence
 from mugrpo.storage import ChecksumError, Store
 from schemas import FileRecord, JobManifest, StageManifest
 
 
 def write_manifest(store: Store, manifest: StageManifest) -> str:
-    """Write the manifest of ``manifest.stage`` atomically. Call it after every file of the stage is written."""
-    layout = RunLayout(manifest.run_id)
-    return store.write_bytes(layout.stage_manifest(manifest.stage), manifest.model_dump_json(indent=2).encode())
+    """Write the manifest of ``manifest.stage`` atomically. Call it after every file of the stage is written.
+
+    Raises:
+        mugrpo.lease.LeaseFenced: this writer does not hold the run lease (a late job of a superseded owner).
+    """
+    rel = RunLayout(manifest.run_id).stage_manifest(manifest.stage)
+    check_fence(store, manifest.run_id, rel)
+    return store.write_bytes(rel, manifest.model_dump_json(indent=2).encode())
 
 
 def read_manifest(store: Store, run_id: str, stage: int) -> StageManifest | None:
@@ -24,8 +30,13 @@ def read_manifest(store: Store, run_id: str, stage: int) -> StageManifest | None
 
 
 def write_job_manifest(store: Store, manifest: JobManifest) -> str:
-    """Write a job's manifest atomically; call it after every file of the job is written (its commit point)."""
+    """Write a job's manifest atomically; call it after every file of the job is written (its commit point).
+
+    Raises:
+        mugrpo.lease.LeaseFenced: this writer does not hold the run lease.
+    """
     rel = RunLayout(manifest.run_id).job_manifest(manifest.stage, manifest.job)
+    check_fence(store, manifest.run_id, rel)
     return store.write_bytes(rel, manifest.model_dump_json(indent=2).encode())
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from pathlib import Path
 from mugrpo import __version__
 from mugrpo.config import Config
 from mugrpo.layout import RunLayout
+from mugrpo.lease import TOKEN_ENV
 from mugrpo.manifest import new_manifest, read_job_manifest, read_manifest, write_manifest
 from mugrpo.schedules import stage_plan
 from mugrpo.storage import Store
@@ -45,7 +47,7 @@ def code_version() -> str:
 
 
 def open_store(cfg: Config) -> Store:
-    return Store(cfg.run.root, cfg.run.storage_options)
+    return Store(cfg.run.root, cfg.run.storage_options, cfg.run.storage_retry)
 
 
 def _comparable(config: dict) -> dict:
@@ -219,8 +221,13 @@ def write_final_eval_spec(cfg: Config) -> str | None:
 
 
 def job_env(cfg: Config) -> dict[str, str]:
-    """Environment for job processes: storage options (never secrets) so specs on object storage can be read."""
-    return {"MUGRPO_STORAGE_OPTIONS": json.dumps(cfg.to_json_dict()["run"]["storage_options"])}
+    """Environment for job processes: storage options (never secrets) so specs on object storage can be read, and
+    the run lease token of this writer (``MUGRPO_LEASE_TOKEN``) when it holds one."""
+    env = {"MUGRPO_STORAGE_OPTIONS": json.dumps(cfg.to_json_dict()["run"]["storage_options"])}
+    token = os.environ.get(TOKEN_ENV)
+    if token:  # the run lease's fencing token (mugrpo.lease): a job of a superseded writer cannot commit
+        env[TOKEN_ENV] = token
+    return env
 
 
 def commit_stage(cfg: Config, stage: int, timings: StageTimings) -> StageManifest:

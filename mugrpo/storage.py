@@ -1,26 +1,80 @@
 """Object storage: any fsspec URL (a local folder by default, ``s3://bucket/prefix`` through s3fs).
 
 Writes are atomic: on a local filesystem a file is written under a temporary name in the same folder, fsynced, then
-renamed; on object stores the whole object is sent in one PUT, which S3 makes visible all at once. A reader therefore
-never sees part of a file. Folders (model dirs, checkpoints) are committed by writing every file and then a
+renamed; on S3 a small object is sent in one PUT and a large one as a multipart upload, and S3 makes either visible
+all at once, on the PUT or on ``CompleteMultipartUpload`` (a failed upload is aborted: no object appears). A reader
+therefore never sees part of a file. Folders (model dirs, checkpoints) are committed by writing every file and then a
 ``_COMPLETE`` marker last; a folder without its marker is ignored and may be overwritten.
+
+Bounded memory: files move in :data:`CHUNK_BYTES` chunks (:meth:`Store.write_file`, :meth:`Store.read_to_file`,
+:meth:`Store.hash_file`) with the sha256 computed on the fly, so a 56 GB optimizer state never sits in memory.
+:meth:`Store.read_bytes` / :meth:`Store.write_bytes` remain for small files (JSON, Parquet shards).
+
+Faults: S3 requests are retried by botocore (the one retry layer; s3fs's own loop is set to a single attempt) within
+:class:`RetryBudget`; past it the error names the object and the cause (:class:`StorageError`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import posixpath
 import uuid
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
+from pydantic import BaseModel, ConfigDict, Field
 
 COMPLETE_MARKER = "_COMPLETE"
 TMP_TAG = ".tmp-"
+#: Bytes per chunk of a streamed read or write, and the S3 multipart part size (the AWS CLI's default
+#: ``multipart_chunksize``, 8 MiB): memory per transfer is a small multiple of this. Files over 10,000 parts
+#: (S3's limit, ~78 GiB here) get larger parts (:meth:`Store.write_file`).
+CHUNK_BYTES = 8 * 2**20
+#: S3's maximum number of parts of a multipart upload (kept below with a margin).
+MAX_PARTS = 9_000
+_S3_PROTOCOLS = ("s3://", "s3a://")
+
+
+class RetryBudget(BaseModel):
+    """How hard S3 requests are retried before a job fails (botocore's retry handler; AWS SDKs and Tools Reference
+    Guide, "Retry behavior"). Each request (PUT, part upload, GET of a range, listing...) is attempted at most
+    ``max_attempts`` times, with exponential backoff and full jitter between attempts, on 500/502/503/504,
+    throttling (``SlowDown``), connection resets and timeouts. Local stores do not retry."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    max_attempts: int = Field(
+        5,
+        ge=1,
+        le=50,
+        description="Attempts per S3 request, first included (botocore `total_max_attempts`; 5 = s3fs's default). "
+        "Standard mode backs off `rand(0, 1) * 2**attempt` s, at most 20 s, so 5 attempts wait <= ~15 s in all.",
+    )
+    mode: Literal["standard", "adaptive"] = Field(
+        "standard",
+        description="botocore retry mode: `standard` (backoff only) or `adaptive` (also a client-side token bucket "
+        "that slows requests after throttling responses).",
+    )
+    connect_timeout_s: float = Field(10.0, gt=0, description="Seconds to open a connection before it is retried.")
+    read_timeout_s: float = Field(
+        60.0, gt=0, description="Seconds without a byte from the server before the request is retried."
+    )
+
+    def s3_options(self, storage_options: dict[str, Any]) -> dict[str, Any]:
+        """``storage_options`` for s3fs with this budget filled in (keys the user set win)."""
+        out = dict(storage_options)
+        config = dict(out.get("config_kwargs") or {})
+        config.setdefault("retries", {"total_max_attempts": self.max_attempts, "mode": self.mode})
+        config.setdefault("connect_timeout", self.connect_timeout_s)
+        config.setdefault("read_timeout", self.read_timeout_s)
+        out["config_kwargs"] = config
+        return out
 
 
 def _fault_pause(rel: str) -> None:
@@ -53,6 +107,28 @@ class ChecksumError(StorageError):
     """A file's bytes do not match the sha256 recorded for it."""
 
 
+class PreconditionFailed(StorageError):
+    """A conditional write lost: the object exists (create) or changed since it was read (replace)."""
+
+
+def describe_cause(exc: BaseException) -> str:
+    """``Type: message`` of the deepest exception in ``exc``'s cause chain that says something, plus the S3 error
+    code when there is one (e.g. ``ClientError [SlowDown]: ...``)."""
+    best, code = exc, None
+    e: BaseException | None = exc
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        response = getattr(e, "response", None)
+        if isinstance(response, dict) and response.get("Error", {}).get("Code"):
+            code = response["Error"]["Code"]
+        if str(e).strip():
+            best = e
+        e = e.__cause__ or e.__context__
+    line = (str(best).strip().splitlines() or [""])[0][:300]
+    return f"{type(best).__name__}{f' [{code}]' if code else ''}: {line}"
+
+
 class Store:
     """A root URL plus an fsspec filesystem. All paths given to methods are relative to the root.
 
@@ -60,15 +136,24 @@ class Store:
         url: a local path or fsspec URL, e.g. ``runs`` or ``s3://bucket/prefix``.
         storage_options: passed to fsspec (for S3: ``endpoint_url``, ``key``, ``secret``...). Credentials are best
             left to the environment (``AWS_ACCESS_KEY_ID``...); they are never logged.
+        retry: the retry budget of S3 requests (default :class:`RetryBudget`); ignored by other filesystems.
     """
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None):
+    def __init__(
+        self, url: str, storage_options: dict[str, Any] | None = None, retry: RetryBudget | None = None
+    ) -> None:
         self.url = str(url).rstrip("/") or "/"
         self.storage_options = dict(storage_options or {})
-        fs, root = fsspec.core.url_to_fs(self.url, **self.storage_options)
+        self.retry = retry or RetryBudget()
+        options = self.storage_options
+        if self.url.startswith(_S3_PROTOCOLS):
+            options = self.retry.s3_options(options)
+        fs, root = fsspec.core.url_to_fs(self.url, **options)
         self.fs = fs
         self.root = root.rstrip("/") if root != "/" else root
         self.is_local = isinstance(fs, LocalFileSystem)
+        if self.url.startswith(_S3_PROTOCOLS):
+            fs.retries = 1  # s3fs's own retry loop off: botocore is the one retry layer, so the budget is exact
         if self.is_local:
             Path(self.root).mkdir(parents=True, exist_ok=True)
             self.root = os.path.abspath(self.root)
@@ -90,40 +175,145 @@ class Store:
         return f"{protocol}://{full}"
 
     # bytes
+    def _failed(self, verb: str, rel: str, e: BaseException) -> StorageError:
+        budget = f" (after up to {self.retry.max_attempts} attempts per request)" if not self.is_local else ""
+        return StorageError(f"could not {verb} {self.uri(rel)}{budget}: {describe_cause(e)}")
+
     def write_bytes(self, rel: str, data: bytes) -> str:
-        """Write ``data`` atomically at ``rel``; returns its sha256. Raises StorageError on failure."""
+        """Write ``data`` atomically at ``rel`` (for small files; see :meth:`write_file`); returns its sha256.
+
+        Raises:
+            StorageError: the write failed (past the retry budget on S3); names the object and the cause.
+        """
+        return self.write_chunks(rel, [data])
+
+    def write_chunks(self, rel: str, chunks: Iterable[bytes], *, part_bytes: int = CHUNK_BYTES) -> str:
+        """Write the concatenation of ``chunks`` atomically at ``rel``; returns its sha256 (computed on the fly).
+
+        Local: a temporary file in the same folder, fsynced, then renamed. S3: s3fs's buffered writer with
+        ``part_bytes`` blocks: a file smaller than one block is one PUT, a larger one a multipart upload that
+        S3 commits only on ``CompleteMultipartUpload``; on any error the upload is aborted, so no object appears.
+        Memory: one chunk plus one block.
+
+        Raises:
+            StorageError: the write failed; names the object and the cause.
+        """
         path = self.full(rel)
+        digest = hashlib.sha256()
         try:
             if self.is_local:
                 folder = os.path.dirname(path)
                 os.makedirs(folder, exist_ok=True)
                 tmp = os.path.join(folder, f".{os.path.basename(path)}{TMP_TAG}{uuid.uuid4().hex}")
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                _fault_pause(rel)
-                os.replace(tmp, path)
+                try:
+                    with open(tmp, "wb") as f:
+                        for chunk in chunks:
+                            digest.update(chunk)
+                            f.write(chunk)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    _fault_pause(rel)
+                    os.replace(tmp, path)
+                except BaseException:
+                    if os.path.exists(tmp):  # an error, Ctrl-C or SIGTERM: no orphan (SIGKILL leaves one, hidden)
+                        os.unlink(tmp)
+                    raise
             else:
-                self.fs.pipe_file(path, data)  # one PUT: all-or-nothing on S3
-        except OSError as e:
-            raise StorageError(f"could not write {self.uri(rel)}: {e}") from e
-        return sha256_bytes(data)
+                f = self.fs.open(path, "wb", block_size=part_bytes)
+                try:
+                    for chunk in chunks:
+                        digest.update(chunk)
+                        f.write(chunk)
+                    _fault_pause(rel)
+                    f.close()  # the commit: the one PUT, or CompleteMultipartUpload
+                except BaseException:
+                    try:
+                        f.discard()  # AbortMultipartUpload: the parts sent so far are dropped
+                    except Exception:  # noqa: BLE001 - the server may be gone; S3 lifecycle rules reap parts
+                        pass
+                    finally:  # never flushed again, not even by the file's __del__ at interpreter exit (which
+                        f.buffer, f.closed = None, True  # would wait forever on fsspec's stopped event loop)
+                    raise
+        except StorageError:
+            raise
+        except Exception as e:  # noqa: BLE001 - every cause (OSError, botocore, aiohttp) gets the object's name
+            raise self._failed("write", rel, e) from e
+        return digest.hexdigest()
 
-    def read_bytes(self, rel: str, *, expected_sha256: str | None = None) -> bytes:
-        """Read ``rel``; with ``expected_sha256``, raise ChecksumError if the bytes differ."""
+    def write_file(self, rel: str, src: str | os.PathLike) -> str:
+        """Stream the local file ``src`` to ``rel`` atomically in :data:`CHUNK_BYTES` chunks; returns its sha256.
+
+        Raises:
+            StorageError: the write failed; names the object and the cause.
+        """
+        size = os.path.getsize(src)
+        return self.write_chunks(rel, _file_chunks(src), part_bytes=max(CHUNK_BYTES, -(-size // MAX_PARTS)))
+
+    def iter_chunks(self, rel: str) -> Iterator[bytes]:
+        """The bytes of ``rel`` in chunks of at most :data:`CHUNK_BYTES`.
+
+        Raises:
+            FileNotFoundError: ``rel`` does not exist (names its URL).
+            StorageError: the read failed (past the retry budget on S3); names the object and the cause.
+        """
         try:
-            with self.fs.open(self.full(rel), "rb") as f:
-                data = f.read()
+            with self.fs.open(self.full(rel), "rb", block_size=CHUNK_BYTES) as f:
+                while chunk := f.read(CHUNK_BYTES):
+                    yield chunk
         except FileNotFoundError as e:
             raise FileNotFoundError(f"{self.uri(rel)} does not exist") from e
-        if expected_sha256 is not None:
-            actual = sha256_bytes(data)
-            if actual != expected_sha256:
-                raise ChecksumError(
-                    f"checksum mismatch for {self.uri(rel)}: manifest says sha256 {expected_sha256}, "
-                    f"file has {actual}. The file was changed or corrupted after it was committed."
-                )
+        except Exception as e:  # noqa: BLE001
+            raise self._failed("read", rel, e) from e
+
+    def check_sha256(self, rel: str, actual: str, expected: str | None) -> None:
+        """Raise ChecksumError naming ``rel`` when ``expected`` is given and differs from ``actual``."""
+        if expected is not None and actual != expected:
+            raise ChecksumError(
+                f"checksum mismatch for {self.uri(rel)}: manifest says sha256 {expected}, "
+                f"file has {actual}. The file was changed or corrupted after it was committed."
+            )
+
+    def hash_file(self, rel: str) -> tuple[str, int]:
+        """(sha256 hex, size in bytes) of ``rel``, streamed (memory: one chunk)."""
+        digest, size = hashlib.sha256(), 0
+        for chunk in self.iter_chunks(rel):
+            digest.update(chunk)
+            size += len(chunk)
+        return digest.hexdigest(), size
+
+    def read_to_file(self, rel: str, dest: str | os.PathLike, *, expected_sha256: str | None = None) -> str:
+        """Stream ``rel`` into the local file ``dest`` (temporary name, then rename); returns the sha256.
+
+        Raises:
+            FileNotFoundError: ``rel`` does not exist.
+            ChecksumError: the bytes differ from ``expected_sha256`` (``dest`` is then not created).
+            StorageError: the read failed; names the object and the cause.
+        """
+        dest = Path(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}{TMP_TAG}{uuid.uuid4().hex}")
+        digest = hashlib.sha256()
+        try:
+            with open(tmp, "wb") as f:
+                for chunk in self.iter_chunks(rel):
+                    digest.update(chunk)
+                    f.write(chunk)
+            self.check_sha256(rel, digest.hexdigest(), expected_sha256)
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return digest.hexdigest()
+
+    def read_bytes(self, rel: str, *, expected_sha256: str | None = None) -> bytes:
+        """Read the whole of ``rel`` (small files; stream big ones with :meth:`read_to_file`).
+
+        Raises:
+            FileNotFoundError: ``rel`` does not exist.
+            ChecksumError: with ``expected_sha256``, the bytes differ.
+            StorageError: the read failed; names the object and the cause.
+        """
+        data = b"".join(self.iter_chunks(rel))
+        self.check_sha256(rel, sha256_bytes(data), expected_sha256)
         return data
 
     def write_json(self, rel: str, obj: Any) -> str:
@@ -159,13 +349,113 @@ class Store:
     def invalidate_cache(self) -> None:
         self.fs.invalidate_cache()
 
+    # conditional writes (the run lease, mugrpo.lease)
+    def read_versioned(self, rel: str) -> tuple[bytes, str] | None:
+        """``(bytes, version)`` of ``rel``, or None if it does not exist. The version is what
+        :meth:`replace_if` compares: the ETag on S3 (bytes and ETag come from one GET, so they match), the sha256
+        of the bytes locally."""
+        if self.is_local:
+            path = self.full(rel)
+            if not os.path.exists(path):
+                return None
+            data = Path(path).read_bytes()
+            return data, sha256_bytes(data)
+        bucket, key, _ = self.fs.split_path(self.full(rel))
+
+        async def get() -> tuple[bytes, str]:
+            response = await self.fs._call_s3("get_object", Bucket=bucket, Key=key)
+            async with response["Body"] as body:
+                return await body.read(), response["ETag"]
+
+        try:
+            return fsspec.asyn.sync(self.fs.loop, get)
+        except FileNotFoundError:
+            return None
+        except Exception as e:  # noqa: BLE001
+            raise self._failed("read", rel, e) from e
+
+    def create_exclusive(self, rel: str, data: bytes) -> str:
+        """Create ``rel`` with ``data`` only if it does not exist; returns the new version.
+
+        S3: ``PutObject`` with ``If-None-Match: *`` (S3 conditional writes, 2024; moto implements them). Local: a
+        temporary file hard-linked to the name (``link`` fails atomically if the name exists).
+
+        Raises:
+            PreconditionFailed: ``rel`` exists.
+            StorageError: the write failed for another reason.
+        """
+        if self.is_local:
+            with self._local_lock(rel):
+                tmp = self._local_tmp(rel, data)
+                try:
+                    os.link(tmp, self.full(rel))
+                except FileExistsError as e:
+                    raise PreconditionFailed(f"{self.uri(rel)} already exists") from e
+                finally:
+                    os.unlink(tmp)
+            return sha256_bytes(data)
+        return self._conditional_put(rel, data, IfNoneMatch="*")
+
+    def replace_if(self, rel: str, data: bytes, version: str) -> str:
+        """Overwrite ``rel`` with ``data`` only if its version is still ``version``; returns the new version.
+
+        S3: ``PutObject`` with ``If-Match: ETAG``. Local: under an exclusive ``flock`` on a lock file beside it,
+        compare the sha256, then write a temporary file and rename it.
+
+        Raises:
+            PreconditionFailed: ``rel`` changed (or vanished) since ``version`` was read.
+        """
+        if self.is_local:
+            with self._local_lock(rel):
+                current = self.read_versioned(rel)
+                if current is None or current[1] != version:
+                    raise PreconditionFailed(f"{self.uri(rel)} changed since it was read")
+                os.replace(self._local_tmp(rel, data), self.full(rel))
+            return sha256_bytes(data)
+        return self._conditional_put(rel, data, IfMatch=version)
+
+    def _local_tmp(self, rel: str, data: bytes) -> str:
+        path = self.full(rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}{TMP_TAG}{uuid.uuid4().hex}")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        return tmp
+
+    @contextlib.contextmanager
+    def _local_lock(self, rel: str) -> Iterator[None]:
+        import fcntl
+
+        path = self.full(rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        lock = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}{TMP_TAG}lock")
+        with open(lock, "a") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+    def _conditional_put(self, rel: str, data: bytes, **condition: str) -> str:
+        bucket, key, _ = self.fs.split_path(self.full(rel))
+        try:
+            out = self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **condition)
+        except Exception as e:  # noqa: BLE001
+            if _precondition_failed(e):
+                raise PreconditionFailed(f"{self.uri(rel)}: conditional write refused ({condition})") from e
+            raise self._failed("write", rel, e) from e
+        self.fs.invalidate_cache(self.full(rel))
+        return out["ETag"]
+
     # folders
     def is_complete_dir(self, rel: str) -> bool:
         """True if the folder ``rel`` was committed (its ``_COMPLETE`` marker exists)."""
         return self.exists(posixpath.join(rel, COMPLETE_MARKER))
 
     def upload_dir(self, local_dir: str | os.PathLike, rel: str, *, meta: dict | None = None) -> dict[str, str]:
-        """Copy a local folder to ``rel`` file by file (each atomic), then write the ``_COMPLETE`` marker.
+        """Copy a local folder to ``rel`` file by file (each atomic and streamed), then write the ``_COMPLETE`` marker.
 
         Returns {relative file name: sha256}. The marker holds the checksums, so :meth:`download_dir` verifies them.
         """
@@ -174,12 +464,12 @@ class Store:
         for p in sorted(local_dir.rglob("*")):
             if p.is_file():
                 name = p.relative_to(local_dir).as_posix()
-                sums[name] = self.write_bytes(posixpath.join(rel, name), p.read_bytes())
+                sums[name] = self.write_file(posixpath.join(rel, name), p)
         self.write_json(posixpath.join(rel, COMPLETE_MARKER), {"files": sums, **(meta or {})})
         return sums
 
     def download_dir(self, rel: str, local_dir: str | os.PathLike) -> Path:
-        """Copy a committed folder to ``local_dir``, verifying every file against the marker's checksums.
+        """Copy a committed folder to ``local_dir`` (streamed), verifying every file against the marker's checksums.
 
         Raises FileNotFoundError if the folder was not committed, ChecksumError on a mismatch.
         """
@@ -188,12 +478,32 @@ class Store:
         marker = self.read_json(posixpath.join(rel, COMPLETE_MARKER))
         local_dir = Path(local_dir)
         for name, digest in marker["files"].items():
-            data = self.read_bytes(posixpath.join(rel, name), expected_sha256=digest)
-            dest = local_dir / name
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(data)
+            self.read_to_file(posixpath.join(rel, name), local_dir / name, expected_sha256=digest)
         return local_dir
 
     def local_path(self, rel: str) -> Path | None:
         """The local filesystem path of ``rel`` when the store is local, else None (then download it)."""
         return Path(self.full(rel)) if self.is_local else None
+
+
+def _file_chunks(src: str | os.PathLike) -> Iterator[bytes]:
+    with open(src, "rb") as f:
+        while chunk := f.read(CHUNK_BYTES):
+            yield chunk
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` (s3fs wraps botocore's ClientError in OSError) is S3's 412 PreconditionFailed or 409
+    ConditionalRequestConflict (a concurrent conditional write won)."""
+    e: BaseException | None = exc
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        response = getattr(e, "response", None)
+        if isinstance(response, dict):
+            code = response.get("Error", {}).get("Code")
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in {"PreconditionFailed", "ConditionalRequestConflict"} or status in {412, 409}:
+                return True
+        e = e.__cause__ or e.__context__
+    return False

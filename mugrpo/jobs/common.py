@@ -8,6 +8,8 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -15,7 +17,7 @@ import fsspec
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 
-from mugrpo.storage import Store
+from mugrpo.storage import RetryBudget, Store
 
 #: Process start as seen by the job (set at import of this module, i.e. right after the interpreter started).
 PROCESS_START = time.monotonic()
@@ -32,12 +34,13 @@ class JobSpec(BaseModel):
 
     root: str = Field(description="Run root URL (local folder or s3://...).")
     storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options (no secrets).")
+    storage_retry: RetryBudget = Field(default_factory=RetryBudget, description="Retry budget of S3 requests.")
     run_id: str
     stage: int = Field(ge=0)
     seed: int = 0
 
     def store(self) -> Store:
-        return Store(self.root, self.storage_options)
+        return Store(self.root, self.storage_options, self.storage_retry)
 
     @staticmethod
     def run_fields(cfg, stage: int) -> dict[str, Any]:
@@ -45,6 +48,7 @@ class JobSpec(BaseModel):
         return {
             "root": cfg.run.root,
             "storage_options": cfg.run.storage_options,
+            "storage_retry": cfg.run.storage_retry,
             "run_id": cfg.run.id,
             "stage": stage,
             "seed": cfg.run.seed,
@@ -88,11 +92,14 @@ def local_policy_dir(store: Store, rel: str) -> Path:
 
     Raises:
         FileNotFoundError: the policy folder was never committed (no ``_COMPLETE`` marker).
+        mugrpo.storage.ChecksumError: a file of it differs from its marker's sha256 (names the file).
     """
     if not store.is_complete_dir(rel):
         raise FileNotFoundError(f"policy {store.uri(rel)} is not committed (no _COMPLETE marker)")
     local = store.local_path(rel)
-    if local is None:
+    if local is not None:
+        verify_committed_dir(store, rel)
+    else:
         cache_root = Path(os.environ.get("MUGRPO_CACHE", Path(tempfile.gettempdir()) / "mugrpo-cache"))
         key = hashlib.sha256(store.uri(rel).encode()).hexdigest()[:16]
         local = cache_root / key
@@ -102,6 +109,36 @@ def local_policy_dir(store: Store, rel: str) -> Path:
     if not (local / "config.json").exists() and (local / "model" / "config.json").exists():
         return local / "model"  # a training checkpoint: its HF policy dir
     return local
+
+
+def verify_committed_dir(store: Store, rel: str) -> None:
+    """Re-hash (streamed) every file of the committed folder ``rel`` against its ``_COMPLETE`` marker.
+
+    Raises:
+        mugrpo.storage.ChecksumError: names the first file that differs.
+        FileNotFoundError: a listed file is missing.
+    """
+    from mugrpo.storage import COMPLETE_MARKER
+
+    for name, digest in store.read_json(f"{rel}/{COMPLETE_MARKER}")["files"].items():
+        actual, _ = store.hash_file(f"{rel}/{name}")
+        store.check_sha256(f"{rel}/{name}", actual, digest)
+
+
+@contextmanager
+def refuse_untrusted(job: str, stage: int) -> Iterator[None]:
+    """Turn a tampered input (:class:`~mugrpo.storage.ChecksumError`, naming the file) or a lost run lease
+    (:class:`~mugrpo.lease.LeaseFenced`) into one error line and exit code 2: running the job again cannot fix
+    either, so the launcher does not retry it."""
+    from mugrpo.lease import LeaseFenced
+    from mugrpo.storage import ChecksumError
+
+    try:
+        yield
+    except ChecksumError as e:
+        fail(f"{job} stage {stage}: refusing a tampered input: {e}", 2)
+    except LeaseFenced as e:
+        fail(f"{job} stage {stage}: {e}", 2)
 
 
 def since_start() -> float:

@@ -20,7 +20,16 @@ from pydantic import Field, model_validator
 from mugrpo.config import BenchmarkConfig
 from mugrpo.data import load_problems
 from mugrpo.engines.base import SamplingParams
-from mugrpo.jobs.common import PROCESS_START, JobSpec, console, derive_seed, fail, load_spec, local_policy_dir
+from mugrpo.jobs.common import (
+    PROCESS_START,
+    JobSpec,
+    console,
+    derive_seed,
+    fail,
+    load_spec,
+    local_policy_dir,
+    refuse_untrusted,
+)
 from mugrpo.jobs.fanout import owned, worker_job, worker_manifests
 from mugrpo.jobs.verifiers import VerifierPoolOwner
 from mugrpo.layout import RunLayout
@@ -274,7 +283,8 @@ def main(argv: list[str] | None = None) -> None:
         fail("usage: python -m mugrpo.jobs.eval SPEC (an EvalSpec JSON path or URL)", 2)
     spec = load_spec(argv[0], EvalSpec)
     quiet_library_bars()
-    run_eval(spec)
+    with refuse_untrusted("eval", spec.stage):
+        run_eval(spec)
 
 
 if __name__ == "__main__":

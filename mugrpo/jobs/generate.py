@@ -35,10 +35,20 @@ from mugrpo.adaptive.probe import EMA_METRIC, ShardProbe, plan_prompts, probe_pa
 from mugrpo.advantages import AdvantageConfig, compute_advantages
 from mugrpo.data import DatasetConfig, Problem, load_problems
 from mugrpo.engines.base import SamplingParams
-from mugrpo.jobs.common import PROCESS_START, JobSpec, console, derive_seed, fail, load_spec, local_policy_dir
+from mugrpo.jobs.common import (
+    PROCESS_START,
+    JobSpec,
+    console,
+    derive_seed,
+    fail,
+    load_spec,
+    local_policy_dir,
+    refuse_untrusted,
+)
 from mugrpo.jobs.fanout import owned, worker_job, worker_manifests
 from mugrpo.jobs.verifiers import VerifierPoolOwner
 from mugrpo.layout import RunLayout
+from mugrpo.lease import check_fence
 from mugrpo.manifest import read_job_manifest, write_job_manifest
 from mugrpo.progress import job_progress, quiet_library_bars
 from mugrpo.prompts import PromptConfig, encode_prompt, render_prompt
@@ -491,7 +501,9 @@ def _sample_and_commit(
 
     def commit(shard: int, live: list[PreparedPrompt], groups: list[list], probe: ShardProbe | None) -> int:
         rows, n_tok = shard_rows(spec, shard, live, groups, scorer, probe)
-        write_table(store, layout.rollout_shard(spec.stage, shard), table_from_rows(rows, "rollouts"), "rollouts")
+        rel = layout.rollout_shard(spec.stage, shard)
+        check_fence(store, spec.run_id, rel)  # a late job of a superseded run writer writes no shard
+        write_table(store, rel, table_from_rows(rows, "rollouts"), "rollouts")
         return n_tok
 
     tokens, t_gen = 0, 0.0
@@ -683,7 +695,8 @@ def main(argv: list[str] | None = None) -> None:
     spec = load_spec(argv[0], GenerateSpec)
     quiet_library_bars()
     try:
-        run_generate(spec)
+        with refuse_untrusted("generate", spec.stage):
+            run_generate(spec)
     except GenerationError as e:
         fail(str(e))
 

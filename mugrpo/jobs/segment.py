@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from pydantic import Field
 
-from mugrpo.jobs.common import PROCESS_START, JobSpec, console, fail, load_spec, local_policy_dir
+from mugrpo.jobs.common import PROCESS_START, JobSpec, console, fail, load_spec, local_policy_dir, refuse_untrusted
 from schemas import JobManifest, StageManifest, StageTimings
 
 #: Prefix of the one-line JSON progress record a segment prints after each committed stage (the run flow turns
@@ -288,7 +288,6 @@ def main(argv: list[str] | None = None) -> None:
 
     from mugrpo.jobs.generate import GenerationError
     from mugrpo.progress import quiet_library_bars
-    from mugrpo.storage import ChecksumError
     from mugrpo.tables import SchemaError
     from mugrpo.trainer.data import RolloutDataError
     from mugrpo.trainer.step import NonFiniteError
@@ -300,10 +299,11 @@ def main(argv: list[str] | None = None) -> None:
     quiet_library_bars()
     hf_logging.disable_progress_bar()  # in a terminal too: the jobs draw their own progress bars
     try:
-        run_segment(spec)
+        with refuse_untrusted("segment", spec.stage):
+            run_segment(spec)
     except GenerationError as e:
         fail(str(e))
-    except (RolloutDataError, SchemaError, ChecksumError) as e:
+    except (RolloutDataError, SchemaError) as e:
         fail(f"segment from stage {spec.stage}: bad rollouts: {e}", 2)
     except NonFiniteError as e:
         fail(f"segment from stage {spec.stage}: stopped, no checkpoint written for this update: {e}", 3)

@@ -29,7 +29,8 @@ the job reads nothing else from it):
 (``LlamaDecoderLayer`` for Llama/SmolLM2; ``Qwen2DecoderLayer`` for Qwen2.5, etc. An ``s3://`` SPEC needs the
 store's credentials in the environment; ``MUGRPO_STORAGE_OPTIONS`` may carry JSON fsspec options for reading it.)
 
-Exit codes: 0 done (or already committed), 2 bad spec or bad rollouts, 3 NaN/inf loss or gradient (the
+Exit codes: 0 done (or already committed), 2 bad spec, bad rollouts, a tampered input (checksum mismatch, the
+file named) or a lost run lease, 3 NaN/inf loss or gradient (the
 minibatch's prompt ids are in ``jobs/stage=k/train.nonfinite.json``; the last checkpoint is intact).
 """
 
@@ -40,9 +41,8 @@ import sys
 import torch
 from transformers.utils import logging as hf_logging
 
-from mugrpo.jobs.common import fail, load_spec
+from mugrpo.jobs.common import fail, load_spec, refuse_untrusted
 from mugrpo.progress import quiet_library_bars
-from mugrpo.storage import ChecksumError
 from mugrpo.tables import SchemaError
 from mugrpo.trainer.data import RolloutDataError
 from mugrpo.trainer.loop import run_training
@@ -63,8 +63,9 @@ def main(argv: list[str] | None = None) -> None:
     # computed in log space) and no gradient measurably. Deterministic, so resume stays bitwise exact.
     torch.set_flush_denormal(True)
     try:
-        run_training(spec)
-    except (RolloutDataError, SchemaError, ChecksumError) as e:
+        with refuse_untrusted("train", spec.stage):  # tampered checkpoint/optimizer/rollouts: exit 2, file named
+            run_training(spec)
+    except (RolloutDataError, SchemaError) as e:
         fail(f"train stage {spec.stage}: bad rollouts: {e}", 2)
     except NonFiniteError as e:
         fail(f"train stage {spec.stage}: stopped, no checkpoint written for this update: {e}", 3)

@@ -14,7 +14,6 @@ last, so a SIGKILL at any moment leaves either a complete checkpoint or one that
 
 from __future__ import annotations
 
-import io
 import json
 import random
 import shutil
@@ -28,6 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from mugrpo.layout import RunLayout, parse_checkpoint_step
+from mugrpo.lease import check_fence
 from mugrpo.storage import COMPLETE_MARKER, Store
 
 MODEL_DIR = "model"
@@ -108,6 +108,9 @@ def write_checkpoint(
 
     Returns:
         {file name: sha256} of the uploaded files.
+
+    Raises:
+        mugrpo.lease.LeaseFenced: this writer does not hold the run lease.
     """
     if store.exists(rel):  # an uncommitted leftover of a killed run: replace it whole
         store.delete(rel, recursive=True)
@@ -127,6 +130,7 @@ def write_checkpoint(
         (tmp / STATE_FILE).write_text(json.dumps(payload, indent=2, sort_keys=True))
         for name, data in (extra_files or {}).items():
             (tmp / name).write_bytes(data)
+        check_fence(store, rel.split("/", 1)[0], rel)  # a superseded run writer commits no checkpoint
         return store.upload_dir(tmp, rel, meta={"step": trainer_state.get("stage_update")})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -208,5 +212,7 @@ def read_optimizer_state(store: Store, rel: str) -> dict[str, Any]:
     if not store.is_complete_dir(rel):
         raise FileNotFoundError(f"{store.uri(rel)} is not a committed checkpoint")
     marker = store.read_json(f"{rel}/{COMPLETE_MARKER}")
-    data = store.read_bytes(f"{rel}/{OPTIMIZER_FILE}", expected_sha256=marker["files"][OPTIMIZER_FILE])
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    with tempfile.TemporaryDirectory(prefix="mugrpo-optim-") as tmp:  # streamed and hashed on the fly
+        local = Path(tmp) / OPTIMIZER_FILE
+        store.read_to_file(f"{rel}/{OPTIMIZER_FILE}", local, expected_sha256=marker["files"][OPTIMIZER_FILE])
+        return torch.load(local, map_location="cpu", weights_only=True)
