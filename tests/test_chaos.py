@@ -20,7 +20,7 @@ import torch
 from _prefect import prefect_api, prefect_server  # noqa: F401  (fixtures)
 from safetensors.torch import save_file
 
-from mugrpo.chaos import ARM_ROLES, ChaosSettings, check_run, draw_moments, process_tree, run_chaos
+from mugrpo.chaos import ARM_ROLES, ChaosSettings, Moment, check_run, draw_moments, process_tree, run_chaos
 from mugrpo.chaos.procs import JOB_ROLES
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -34,9 +34,15 @@ def test_moments_are_drawn_from_the_seed(tmp_path):
     a, b = draw_moments(_settings(tmp_path, seed=3)), draw_moments(_settings(tmp_path, seed=3))
     assert a == b and a != draw_moments(_settings(tmp_path, seed=4))
     assert [m.arm for m in a] == ["cold", "warm"] * 3
-    assert all(m.role in ARM_ROLES[m.arm] and 0 <= m.delay_s <= 8.0 for m in a)
-    many = draw_moments(_settings(tmp_path, moments=200))
-    assert {m.role for m in many} == set(ARM_ROLES["cold"]) | set(ARM_ROLES["warm"])
+    assert all(0 <= m.delay_s <= 30.0 and 0 <= m.pick < 1 for m in a)
+
+
+def test_a_moment_picks_among_the_roles_alive_then():
+    alive = {"flow", "train", "verifier"}  # choices: flow, train, tree, verifier
+    picks = [Moment(0, "cold", 1.0, pick).role(alive) for pick in (0.0, 0.3, 0.6, 0.99)]
+    assert picks == ["flow", "train", "tree", "verifier"]
+    assert Moment(0, "warm", 1.0, 0.9).role(set()) == "tree"
+    assert set(ARM_ROLES["warm"]) >= {"flow", "segment", "verifier", "tree"}
 
 
 def test_process_tree_names_roles_by_command_line(tmp_path):

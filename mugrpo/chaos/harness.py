@@ -6,11 +6,15 @@ Prefect server), job subprocesses, verifier workers, a tiny random policy with t
 GSM8K rows, Parquet files in a local store. Two arms share the moments: **cold** execution (generate, train and eval
 jobs per stage) and **warm** execution (one segment job for all stages, then the final eval job).
 
-A moment is (arm, victim role, delay): the harness waits until a process of that role is alive in the run's
-process tree, waits ``delay`` seconds more, and SIGKILLs it (role ``tree``: the flow and every process under it).
-Then the run is resumed the way a user does it, by running ``mugrpo run CONFIG`` again, unless the run is still
-going (a killed verifier worker is replaced inside its job). Processes a killed job leaves behind (its verifier
-workers, which a pod would take down with it) are killed before the resume.
+A moment is (arm, delay, pick), drawn from the seed: ``delay`` seconds after the flow process (re)started, or after
+the previous kill when the run is still going, the harness lists the run's process tree by role (the flow, a
+generate/train/eval/segment job, a verifier worker), adds ``tree`` (the flow and everything under it), chooses one
+role uniformly with ``pick`` and SIGKILLs a process of it. Choosing among the roles alive at that instant means every
+moment kills something while the run is going and the run cannot race ahead of the moments; the draws are
+reproducible, what they hit depends on the machine's speed (each kill is printed). Then the run is resumed the way
+a user does it, by running ``mugrpo run CONFIG`` again, unless it is still going (a killed verifier worker is
+replaced inside its job). Processes a killed job leaves behind (its verifier workers, which a pod would take down
+with it) are killed before the resume.
 """
 
 from __future__ import annotations
@@ -37,11 +41,11 @@ from mugrpo.chaos.procs import alive, kill, process_tree
 __all__ = ["ARM_ROLES", "ChaosReport", "ChaosSettings", "Moment", "draw_moments", "run_chaos", "tiny_config"]
 
 RUN_ID = "chaos"
-#: Victim roles each arm can draw. Warm execution has no per-stage generate/train/eval jobs: its segment job does
-#: all three (its final eval job is one short job, reached as a segment-less "eval" only by luck, so not drawn).
+#: Victim roles each arm can meet. Warm execution has no per-stage generate/train/eval jobs: its segment job does
+#: all three (only the final evaluation is an eval job).
 ARM_ROLES = {
     "cold": ("flow", "generate", "train", "eval", "verifier", "tree"),
-    "warm": ("flow", "segment", "verifier", "tree"),
+    "warm": ("flow", "segment", "eval", "verifier", "tree"),
 }
 
 
@@ -59,20 +63,24 @@ class ChaosSettings:
     group_size: int = 2
     max_new_tokens: int = 6
     updates_per_stage: int = 3
-    max_delay_s: float = 8.0
-    """A victim dies U(0, max_delay_s) seconds after a process of its role appears."""
-    moment_timeout_s: float = 600.0
-    """A victim role not seen within this long (the run still going) falls back to killing the flow."""
+    max_delay_s: float = 30.0
+    """A kill comes U(0, max_delay_s) seconds after the flow's (re)start or the previous kill."""
 
 
 @dataclass(frozen=True)
 class Moment:
-    """One kill: in ``arm``, ``delay_s`` seconds after a ``role`` process appears."""
+    """One kill: in ``arm``, ``delay_s`` seconds after the flow's (re)start or the previous kill, of the role at
+    ``pick`` (in [0, 1)) among the roles then alive (sorted, plus ``tree``)."""
 
     index: int
     arm: str
-    role: str
     delay_s: float
+    pick: float
+
+    def role(self, alive_roles: set[str]) -> str:
+        """The victim role among ``alive_roles`` (``tree`` is always a choice)."""
+        choices = sorted(alive_roles | {"tree"})
+        return choices[int(self.pick * len(choices))]
 
 
 @dataclass
@@ -170,13 +178,12 @@ def tiny_config(s: ChaosSettings, root: Path, arm: str) -> dict:
 
 
 def draw_moments(s: ChaosSettings) -> list[Moment]:
-    """``s.moments`` moments from ``s.seed``: arms in turn (equal shares), role uniform over the arm's roles, delay
-    uniform in [0, max_delay_s]. The same seed gives the same moments."""
+    """``s.moments`` moments from ``s.seed``: arms in turn (equal shares), delay uniform in [0, max_delay_s], pick
+    uniform in [0, 1). The same seed gives the same moments."""
     rng = random.Random(s.seed)
     out = []
     for i in range(s.moments):
-        arm = s.arms[i % len(s.arms)]
-        out.append(Moment(i, arm, rng.choice(ARM_ROLES[arm]), round(rng.uniform(0, s.max_delay_s), 2)))
+        out.append(Moment(i, s.arms[i % len(s.arms)], round(rng.uniform(0, s.max_delay_s), 2), rng.random()))
     return out
 
 
@@ -273,25 +280,11 @@ class RunProcess:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
 
 
-def _wait_for_role(run: RunProcess, role: str, timeout_s: float) -> list[int] | None:
-    """Pids to kill once a ``role`` process is alive (``tree``/``flow``: at once); None when the flow exited first;
-    [] on timeout."""
-    deadline = time.monotonic() + timeout_s
-    while run.running():
-        tree = process_tree(run.proc.pid)
-        if role == "tree":
-            return [p.pid for p in tree]
-        victims = [p.pid for p in tree if p.role == role]
-        if victims:
-            return victims[:1]
-        if time.monotonic() > deadline:
-            return []
-        time.sleep(0.02)
-    return None
+def _kill_moment(run: RunProcess, m: Moment, since: float) -> tuple[str | None, float]:
+    """Kill per ``m``, ``m.delay_s`` after ``since`` (monotonic seconds; a restart resets it).
 
-
-def _kill_moment(run: RunProcess, m: Moment, s: ChaosSettings) -> str | None:
-    """Kill per ``m``; returns what was killed, or None when the run completed before the victim appeared.
+    Returns:
+        (what was killed, or None when the run completed first; the kill's monotonic time).
 
     Raises:
         RuntimeError: the run failed three times without being killed (a real failure, not chaos).
@@ -300,27 +293,27 @@ def _kill_moment(run: RunProcess, m: Moment, s: ChaosSettings) -> str | None:
     while True:
         if not run.running():
             run.start()
-        victims = _wait_for_role(run, m.role, s.moment_timeout_s)
-        if victims is None:  # the flow exited before the victim appeared
-            if run.proc.returncode == 0:
-                return None
+            since = time.monotonic()
+        while run.running() and time.monotonic() < since + m.delay_s:
+            time.sleep(0.02)
+        tree = process_tree(run.proc.pid) if run.running() else []
+        if not tree:  # the flow exited before the moment
+            if run.proc.wait() == 0:
+                return None, time.monotonic()
             failures += 1
             if failures >= 3:
                 raise RuntimeError(f"the run failed {failures} times without a kill:\n{run.tail()}")
-            continue  # it failed on its own (reported in the log): resume, as a user would
-        role = m.role
-        if not victims:
-            role, victims = "flow (fallback)", [run.proc.pid]
-        time.sleep(m.delay_s)
-        snapshot = process_tree(run.proc.pid) if run.running() else []
-        role_pids = set(victims) if role != "tree" else {p.pid for p in snapshot} | set(victims)
-        hit = kill([p for p in victims if p in role_pids])
-        if not hit:  # the victim finished on its own during the delay: try the same moment again
+            continue  # it failed on its own (kept in the log): resume, as a user would
+        role = m.role({p.role for p in tree} - {"other"})
+        victims = [p.pid for p in tree] if role == "tree" else [next(p.pid for p in tree if p.role == role)]
+        hit = kill(victims)
+        at = time.monotonic()
+        if not hit:  # it ended between the listing and the kill: try again
             continue
-        if role not in ("verifier",):
+        if role != "verifier":
             run.wait(timeout_s=300)  # a killed job fails its task, and the flow (retries 0) exits
-            kill([p.pid for p in snapshot if p.pid not in hit and alive(p.pid)])  # orphans (a pod takes them down)
-        return f"moment {m.index:2d}: {role} pid {hit[0]} killed {m.delay_s:.2f} s after it appeared"
+            kill([p.pid for p in tree if p.pid not in hit and alive(p.pid)])  # orphans (a pod takes them down)
+        return f"moment {m.index:2d}: {role} (pid {hit[0]}) killed {m.delay_s:5.2f} s in", at
 
 
 def _run_arm(arm: str, moments: list[Moment], s: ChaosSettings, work: Path, env: dict[str, str], say) -> ArmResult:
@@ -339,11 +332,12 @@ def _run_arm(arm: str, moments: list[Moment], s: ChaosSettings, work: Path, env:
 
     t0 = time.monotonic()
     run = RunProcess(work / f"{arm}-chaos.yaml", env, work / f"{arm}-chaos.log")
+    since = time.monotonic()
     for m in moments:
-        event = _kill_moment(run, m, s)
+        event, since = _kill_moment(run, m, since)
         if event is None:
             result.not_reached += 1
-            event = f"moment {m.index:2d}: {m.role} not reached (the run had completed)"
+            event = f"moment {m.index:2d}: not reached (the run had completed)"
         else:
             result.killed += 1
         result.events.append(event)
