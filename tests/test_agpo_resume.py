@@ -45,7 +45,7 @@ def agpo_config(root: Path, model_dir: Path, execution: str = "cold") -> dict:
             "prompts_per_stage": 4,
             "shard_size": 2,
             "engine_kwargs": {"num_threads": 1},
-            "sampling": {"temperature": 1.0, "max_new_tokens": 6, "n": 3},
+            "sampling": {"temperature": 0.3, "max_new_tokens": 2, "n": 4},
         },
         "reward": {"components": {"math_correctness": 1.0, "format": 0.5}, "num_workers": 1},
         "advantage": {"estimator": "agpo"},
@@ -56,8 +56,10 @@ def agpo_config(root: Path, model_dir: Path, execution: str = "cold") -> dict:
             "kl_estimator": "k1",
             "kl_agg_mode": "token-mean",
         },
-        # lambda 0.5 (not 0.15) so that the tiny policy's probes move tau visibly between prompts
-        "agpo": {"probe": True, "tau_lambda": 0.5},
+        # The tiny random policy is near uniform over 49k tokens at T = 1, so at tau_base 1 every probe answer differs,
+        # E = log G for every prompt and tau never moves. At T = 0.3 its top token has p ~ 0.3-0.9: two-token probes
+        # repeat answers, E (hence U, c, tau) differs between prompts and the EMA replay is actually exercised.
+        "agpo": {"probe": True, "tau_base": 0.3, "tau_min": 0.1, "tau_max": 0.6, "tau_lambda": 0.5},
         "train": {
             "updates_per_stage": UPDATES,
             "rollouts_per_update": 4,

@@ -6,9 +6,10 @@ Prefect server), job subprocesses, verifier workers, a tiny random policy with t
 GSM8K rows, Parquet files in a local store. Two arms share the moments: **cold** execution (generate, train and eval
 jobs per stage) and **warm** execution (one segment job for all stages, then the final eval job).
 
-A moment is (arm, delay, pick), drawn from the seed: ``delay`` seconds after the flow process (re)started, or after
-the previous kill when the run is still going, the harness lists the run's process tree by role (the flow, a
-generate/train/eval/segment job, a verifier worker), adds ``tree`` (the flow and everything under it), chooses one
+A moment is (arm, delay, pick), drawn from the seed. ``delay`` x max_delay_s seconds after a job process is first
+seen alive since the flow (re)started or the previous kill (a flow starting under load can take longer than a whole
+job, so the clock starts with work, not with the flow), the harness lists the run's process tree by role (the flow,
+a generate/train/eval/segment job, a verifier worker), adds ``tree`` (the flow and everything under it), chooses one
 role uniformly with ``pick`` and SIGKILLs a process of it. Choosing among the roles alive at that instant means every
 moment kills something while the run is going and the run cannot race ahead of the moments; the draws are
 reproducible, what they hit depends on the machine's speed (each kill is printed). Then the run is resumed the way
@@ -36,7 +37,7 @@ from pathlib import Path
 import yaml
 
 from mugrpo.chaos.invariants import RunCheck, check_run
-from mugrpo.chaos.procs import alive, kill, process_tree
+from mugrpo.chaos.procs import JOB_ROLES, alive, kill, process_tree
 
 __all__ = ["ARM_ROLES", "ChaosReport", "ChaosSettings", "Moment", "draw_moments", "run_chaos", "tiny_config"]
 
@@ -63,18 +64,19 @@ class ChaosSettings:
     group_size: int = 2
     max_new_tokens: int = 6
     updates_per_stage: int = 3
-    max_delay_s: float = 30.0
-    """A kill comes U(0, max_delay_s) seconds after the flow's (re)start or the previous kill."""
+    max_delay_s: float | None = None
+    """A kill comes U(0, max_delay_s) seconds after a job is seen alive; None: the arm's uninterrupted wall time
+    divided by its moments, so that the moments spread over the run on a fast or a loaded machine alike."""
 
 
 @dataclass(frozen=True)
 class Moment:
-    """One kill: in ``arm``, ``delay_s`` seconds after the flow's (re)start or the previous kill, of the role at
-    ``pick`` (in [0, 1)) among the roles then alive (sorted, plus ``tree``)."""
+    """One kill: in ``arm``, ``delay`` x max_delay_s seconds after a job is seen alive (since the flow's (re)start
+    or the previous kill), of the role at ``pick`` (in [0, 1)) among the roles then alive (sorted, plus ``tree``)."""
 
     index: int
     arm: str
-    delay_s: float
+    delay: float
     pick: float
 
     def role(self, alive_roles: set[str]) -> str:
@@ -178,13 +180,10 @@ def tiny_config(s: ChaosSettings, root: Path, arm: str) -> dict:
 
 
 def draw_moments(s: ChaosSettings) -> list[Moment]:
-    """``s.moments`` moments from ``s.seed``: arms in turn (equal shares), delay uniform in [0, max_delay_s], pick
-    uniform in [0, 1). The same seed gives the same moments."""
+    """``s.moments`` moments from ``s.seed``: arms in turn (equal shares), delay fraction and pick uniform in [0, 1).
+    The same seed gives the same moments."""
     rng = random.Random(s.seed)
-    out = []
-    for i in range(s.moments):
-        out.append(Moment(i, s.arms[i % len(s.arms)], round(rng.uniform(0, s.max_delay_s), 2), rng.random()))
-    return out
+    return [Moment(i, s.arms[i % len(s.arms)], rng.random(), rng.random()) for i in range(s.moments)]
 
 
 def _free_port() -> int:
@@ -280,26 +279,33 @@ class RunProcess:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
 
 
-def _kill_moment(run: RunProcess, m: Moment, since: float) -> tuple[str | None, float]:
-    """Kill per ``m``, ``m.delay_s`` after ``since`` (monotonic seconds; a restart resets it).
+def _job_alive(run: RunProcess) -> bool:
+    return any(p.role in JOB_ROLES for p in process_tree(run.proc.pid))
+
+
+def _kill_moment(run: RunProcess, m: Moment, max_delay_s: float) -> str | None:
+    """Kill per ``m``: ``m.delay * max_delay_s`` seconds after a job is seen alive.
 
     Returns:
-        (what was killed, or None when the run completed first; the kill's monotonic time).
+        What was killed, or None when the run completed first.
 
     Raises:
         RuntimeError: the run failed three times without being killed (a real failure, not chaos).
     """
     failures = 0
+    delay_s = m.delay * max_delay_s
     while True:
         if not run.running():
             run.start()
-            since = time.monotonic()
-        while run.running() and time.monotonic() < since + m.delay_s:
+        while run.running() and not _job_alive(run):
+            time.sleep(0.02)
+        deadline = time.monotonic() + delay_s
+        while run.running() and time.monotonic() < deadline:
             time.sleep(0.02)
         tree = process_tree(run.proc.pid) if run.running() else []
         if not tree:  # the flow exited before the moment
             if run.proc.wait() == 0:
-                return None, time.monotonic()
+                return None
             failures += 1
             if failures >= 3:
                 raise RuntimeError(f"the run failed {failures} times without a kill:\n{run.tail()}")
@@ -307,13 +313,12 @@ def _kill_moment(run: RunProcess, m: Moment, since: float) -> tuple[str | None, 
         role = m.role({p.role for p in tree} - {"other"})
         victims = [p.pid for p in tree] if role == "tree" else [next(p.pid for p in tree if p.role == role)]
         hit = kill(victims)
-        at = time.monotonic()
         if not hit:  # it ended between the listing and the kill: try again
             continue
         if role != "verifier":
             run.wait(timeout_s=300)  # a killed job fails its task, and the flow (retries 0) exits
             kill([p.pid for p in tree if p.pid not in hit and alive(p.pid)])  # orphans (a pod takes them down)
-        return f"moment {m.index:2d}: {role} (pid {hit[0]}) killed {m.delay_s:5.2f} s in", at
+        return f"moment {m.index:2d}: {role} (pid {hit[0]}) killed {delay_s:5.1f} s after a job was seen"
 
 
 def _run_arm(arm: str, moments: list[Moment], s: ChaosSettings, work: Path, env: dict[str, str], say) -> ArmResult:
@@ -332,9 +337,10 @@ def _run_arm(arm: str, moments: list[Moment], s: ChaosSettings, work: Path, env:
 
     t0 = time.monotonic()
     run = RunProcess(work / f"{arm}-chaos.yaml", env, work / f"{arm}-chaos.log")
-    since = time.monotonic()
+    max_delay_s = s.max_delay_s or result.reference_s / max(len(moments), 1)
+    say(f"[{arm}] kills come U(0, {max_delay_s:.0f}) s after a job is seen alive")
     for m in moments:
-        event, since = _kill_moment(run, m, since)
+        event = _kill_moment(run, m, max_delay_s)
         if event is None:
             result.not_reached += 1
             event = f"moment {m.index:2d}: not reached (the run had completed)"
