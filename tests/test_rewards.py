@@ -31,7 +31,10 @@ needs_data = pytest.mark.skipif(not DATA_DIR.is_dir(), reason=f"datasets not fou
 @REWARD_FUNCTIONS.register("test_misbehave")
 def _misbehave(item: RewardInput, answer: str | None) -> float:
     """Test-only: hangs on "HANG", sleeps 1 s on "SLOW", raises on "RAISE", kills its process on "DIE", returns
-    its worker's pid on "PID"."""
+    its worker's pid on "PID"; on "KILLME" writes its pid to $MUGRPO_TEST_PIDFILE, then sleeps 2 s."""
+    if "KILLME" in item.response_text:
+        Path(os.environ["MUGRPO_TEST_PIDFILE"]).write_text(str(os.getpid()))
+        time.sleep(2.0)
     if "HANG" in item.response_text:
         time.sleep(600)
     if "SLOW" in item.response_text:
@@ -159,11 +162,42 @@ def test_timeout_error_and_crash_never_stop_the_scorer() -> None:
         assert raised.status == "error: ArithmeticError: deliberate failure" and raised.reward == 0.0
         assert died.status == "error: WorkerDied: exit code 3" and died.reward == 0.0
         assert (unboxed.status, unboxed.reward) == ("ok", 1.0)
-        assert scorer.num_workers_replaced == 2  # the hung worker and the dead one
+        # the hung worker, and the three the "DIE" item killed (first try + 2 retries on fresh workers)
+        assert scorer.num_workers_replaced == 4
 
         # The replacement workers serve the next batch.
         again = scorer.score([RewardInput(rf"\boxed{{{i}}}", str(i)) for i in range(6)])
         assert [r.status for r in again] == ["ok"] * 6 and all(r.reward == 1.5 for r in again)
+
+
+def test_a_worker_killed_from_outside_does_not_change_the_reward(tmp_path, monkeypatch) -> None:
+    """Regression (chaos harness, issue 17): SIGKILL of a verifier worker mid-item used to commit reward 0 with
+    status "error: WorkerDied" for that rollout, so a run whose verifier was killed trained on other rewards than
+    an uninterrupted one. The item is now run again on a fresh worker and gets its real reward."""
+    import signal
+    import threading
+
+    pidfile = tmp_path / "pid"
+    monkeypatch.setenv("MUGRPO_TEST_PIDFILE", str(pidfile))  # spawned workers inherit it
+    killed: list[int] = []
+
+    def kill_first_worker() -> None:
+        deadline = time.monotonic() + 120
+        while not pidfile.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        killed.append(int(pidfile.read_text()))
+        os.kill(killed[0], signal.SIGKILL)
+
+    config = RewardConfig(components={"test_misbehave": 1.0, "format": 0.5}, num_workers=1)
+    with RewardScorer(config) as scorer:
+        scorer.wait_ready()
+        killer = threading.Thread(target=kill_first_worker)
+        killer.start()
+        (result,) = scorer.score([RewardInput(r"KILLME \boxed{1}", "1")])
+        killer.join()
+        assert killed and int(pidfile.read_text()) != killed[0]  # the retry ran on a fresh worker
+        assert (result.status, result.reward) == ("ok", 1.5)
+        assert scorer.num_workers_replaced == 1
 
 
 def test_items_run_in_parallel_across_workers() -> None:

@@ -5,7 +5,10 @@ worker keeps running and Python 3.11 has no public way to kill one worker of the
 ``ProcessPool`` (https://github.com/noxdafox/pebble) does what the verifier needs: a per-task ``timeout`` whose
 clock starts when a worker acknowledges the task (not while it waits in the queue), after which that worker is
 terminated and replaced, and a worker that dies mid-task fails only its own task (``ProcessExpired`` with its exit
-code). It replaced our own 240-line pool (issue 10) after passing the same tests: hang, raise, crash, timeout,
+code). A worker that dies mid-item is an accident of the machine (OOM killer, a SIGKILL), not a property of the
+item, so the item is retried on a fresh worker (``died_retries`` times) before its death becomes its result: a
+reward committed to a rollout never depends on which worker happened to die (bench/chaos.py kills them). It
+replaced our own 240-line pool (issue 10) after passing the same tests: hang, raise, crash, timeout,
 parallelism, clean shutdown (tests/test_rewards.py).
 
 Workers are started with ``spawn`` or ``forkserver`` (never ``fork``: the parent may hold torch thread pools or
@@ -66,6 +69,9 @@ class TimeoutPool:
         start_method: ``"spawn"`` or ``"forkserver"``.
         initializer: optional module-level function each worker runs once at start.
         start_timeout_s: how long :meth:`wait_ready` may wait for the workers before it raises ``RuntimeError``.
+        died_retries: how many times an item whose worker died under it is run again on a fresh worker before
+            ``"error: WorkerDied: ..."`` becomes its outcome (an item that kills every worker it meets is its own
+            result; one killed from outside must not change the reward).
 
     Use as a context manager, or call :meth:`close`.
     """
@@ -78,12 +84,16 @@ class TimeoutPool:
         start_method: Literal["spawn", "forkserver"] = "spawn",
         initializer: Callable[[], None] | None = None,
         start_timeout_s: float = 120.0,
+        died_retries: int = 2,
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         if start_method not in ("spawn", "forkserver"):
             raise ValueError(f"start_method must be 'spawn' or 'forkserver', got {start_method!r}")
+        if died_retries < 0:
+            raise ValueError(f"died_retries must be >= 0, got {died_retries}")
         self._fn = fn
+        self._died_retries = died_retries
         self._num_workers = num_workers
         self._start_timeout_s = start_timeout_s
         self._pool = ProcessPool(
@@ -101,7 +111,8 @@ class TimeoutPool:
 
         Each item's clock starts when a worker takes it. An item still running after ``timeout_s`` seconds gets
         ``Outcome("timeout")`` and its worker is killed and replaced; an item whose ``fn`` raises gets
-        ``Outcome("error: <Type>: <msg>")``; a worker that dies mid-item gives ``"error: WorkerDied: exit code N"``.
+        ``Outcome("error: <Type>: <msg>")``; an item whose worker dies under it is run again on a fresh worker, up to
+        ``died_retries`` times, and only then gives ``"error: WorkerDied: exit code N"``.
         None of these raise.
 
         Raises:
@@ -113,20 +124,34 @@ class TimeoutPool:
             futures = [self._pool.schedule(self._fn, args=(item,), timeout=timeout_s) for item in items]
         except RuntimeError as e:
             raise RuntimeError(f"reward worker pool is not usable: {e}") from e
-        return [self._outcome(index, future, timeout_s) for index, future in enumerate(futures)]
+        return [
+            self._outcome(index, item, future, timeout_s)
+            for index, (item, future) in enumerate(zip(items, futures, strict=True))
+        ]
 
-    def _outcome(self, index: int, future: Any, timeout_s: float) -> Outcome:
-        try:
-            return Outcome("ok", future.result())
-        except FutureTimeout:
-            self.num_replaced += 1
-            logger.warning("reward item %d timed out after %.1f s; its worker was replaced", index, timeout_s)
-            return Outcome("timeout")
-        except ProcessExpired as e:
-            self.num_replaced += 1
-            return Outcome(f"error: WorkerDied: exit code {e.exitcode}")
-        except Exception as e:  # an item's failure is its result (pebble re-raises fn's exception here)
-            return Outcome(f"error: {type(e).__name__}: {e}")
+    def _outcome(self, index: int, item: Any, future: Any, timeout_s: float) -> Outcome:
+        for attempt in range(1, self._died_retries + 2):
+            try:
+                return Outcome("ok", future.result())
+            except FutureTimeout:
+                self.num_replaced += 1
+                logger.warning("reward item %d timed out after %.1f s; its worker was replaced", index, timeout_s)
+                return Outcome("timeout")
+            except ProcessExpired as e:
+                self.num_replaced += 1
+                if attempt > self._died_retries:
+                    return Outcome(f"error: WorkerDied: exit code {e.exitcode}")
+                logger.warning(
+                    "reward item %d: its worker died (exit code %s); running it again on a fresh worker (%d of %d)",
+                    index,
+                    e.exitcode,
+                    attempt,
+                    self._died_retries,
+                )
+                future = self._pool.schedule(self._fn, args=(item,), timeout=timeout_s)
+            except Exception as e:  # an item's failure is its result (pebble re-raises fn's exception here)
+                return Outcome(f"error: {type(e).__name__}: {e}")
+        raise AssertionError("unreachable: the last attempt returns")
 
     def wait_ready(self) -> None:
         """Block until the workers have started (imported their modules, run the initializer).

@@ -1,0 +1,102 @@
+"""The process tree of a local run, by role, and SIGKILL of one role (the chaos harness's victims).
+
+A local ``mugrpo run`` is one flow process (Prefect flows run in it); each job is a child process in its own session
+(``tasks/launchers.py``: ``python -m mugrpo.jobs.{generate,train,eval,segment}``), and each job's verifier pool
+(``mugrpo/rewards/pool.py``) is a set of spawned ``multiprocessing`` workers under the job. Roles are read from
+``/proc`` (Linux): no psutil needed for parent links and command lines.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["JOB_ROLES", "ROLES", "Proc", "alive", "kill", "process_tree"]
+
+#: Job modules a flow launches, by role.
+JOB_ROLES = ("generate", "train", "eval", "segment")
+#: Every role a victim can have: the flow process, a job, a verifier worker, or the whole tree.
+ROLES = ("flow", *JOB_ROLES, "verifier", "tree")
+
+
+@dataclass(frozen=True)
+class Proc:
+    """One live process of the tree: pid, parent pid, role (one of :data:`ROLES` but ``"tree"``, or ``"other"``)."""
+
+    pid: int
+    ppid: int
+    role: str
+
+
+def _stat_ppid(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] == "Z":  # a zombie is dead already
+        return None
+    return int(fields[1])
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def _role(pid: int, root: int, parent_role: str | None) -> str:
+    if pid == root:
+        return "flow"
+    argv = _cmdline(pid)
+    for job in JOB_ROLES:
+        if f"mugrpo.jobs.{job}" in argv:
+            return job
+    joined = " ".join(argv)
+    if parent_role in JOB_ROLES and "multiprocessing" in joined and "resource_tracker" not in joined:
+        return "verifier"
+    return "other"
+
+
+def process_tree(root: int) -> list[Proc]:
+    """``root`` (the flow process) and its live descendants, parents before children.
+
+    Returns [] when ``root`` is gone.
+    """
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            ppid = _stat_ppid(int(entry))
+            if ppid is not None:
+                children.setdefault(ppid, []).append(int(entry))
+    if _stat_ppid(root) is None:
+        return []
+    out = [Proc(root, -1, "flow")]
+    todo = [out[0]]
+    while todo:
+        parent = todo.pop(0)
+        for pid in sorted(children.get(parent.pid, [])):
+            proc = Proc(pid, parent.pid, _role(pid, root, parent.role))
+            out.append(proc)
+            todo.append(proc)
+    return out
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live (not zombie) process."""
+    return _stat_ppid(pid) is not None
+
+
+def kill(pids: list[int]) -> list[int]:
+    """SIGKILL each pid (parents first, as given); returns those that were alive to receive it."""
+    hit = []
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            hit.append(pid)
+        except ProcessLookupError:
+            pass
+    return hit
