@@ -169,12 +169,14 @@ class KubernetesJobSettings(BaseModel):
         return cls.model_validate(data)
 
     def image_for(self, kind: str) -> str:
-        """The image of job kind ``kind``.
+        """The image of job kind ``kind``. The eval job samples with the generation engine, so without
+        ``images['eval']`` it runs in the generation image (e.g. the vLLM image), as ``eval.python`` follows
+        ``generation.python``.
 
         Raises:
             ValueError: neither ``images[kind]`` nor ``image`` is set.
         """
-        image = self.images.get(kind) or self.image
+        image = self.images.get(kind) or (self.images.get("generate") if kind == "eval" else None) or self.image
         if not image:
             raise ValueError(
                 f"no image for the {kind} job: set {K8S_FIELD_ENV['image']} (the work pool's `image` variable) or "

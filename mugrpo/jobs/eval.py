@@ -9,7 +9,6 @@ policy evaluated: policies/stage={k} (stage K is the final policy).
 
 from __future__ import annotations
 
-import sys
 import time
 from datetime import UTC, datetime
 
@@ -18,7 +17,15 @@ from pydantic import Field
 from mugrpo.config import BenchmarkConfig
 from mugrpo.data import load_problems
 from mugrpo.engines.base import SamplingParams
-from mugrpo.jobs.common import PROCESS_START, JobSpec, console, derive_seed, fail, load_spec, local_policy_dir
+from mugrpo.jobs.common import (
+    PROCESS_START,
+    JobSpec,
+    console,
+    derive_seed,
+    load_spec,
+    local_policy_dir,
+    spec_argument,
+)
 from mugrpo.layout import RunLayout
 from mugrpo.manifest import read_job_manifest, write_job_manifest
 from mugrpo.metrics import avg_at_k, mean_pass_at_k
@@ -234,10 +241,7 @@ def run_eval(spec: EvalSpec) -> JobManifest:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        fail("usage: python -m mugrpo.jobs.eval SPEC (an EvalSpec JSON path or URL)", 2)
-    spec = load_spec(argv[0], EvalSpec)
+    spec = load_spec(spec_argument(argv, "mugrpo.jobs.eval", EvalSpec, __doc__), EvalSpec)
     quiet_library_bars()
     run_eval(spec)
 

