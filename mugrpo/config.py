@@ -154,6 +154,12 @@ class TrainSection(_Section):
     )
     python: str | None = Field(None, description="Interpreter of the training job; None = this one.")
 
+    @field_validator("mixed_precision", mode="before")
+    @classmethod
+    def _yaml_no(cls, value: Any) -> Any:
+        """YAML 1.1 reads an unquoted ``no`` (``train.mixed_precision=no``) as false: take it as 'no'."""
+        return "no" if value is False else value
+
     @field_validator("lr_schedule")
     @classmethod
     def _known_lr_schedule(cls, name: str) -> str:
