@@ -160,13 +160,14 @@ def _execute(cfg) -> None:
     _prefect_env()
     from flows.run import run_flow
     from mugrpo.runs import ConfigMismatchError, open_store
-    from mugrpo.storage_errors import check_store
+    from mugrpo.storage_errors import check_store, check_writable
     from tasks.launchers import JobError
 
     store = open_store(cfg)
     uri = store.uri(cfg.run.id)
     with storage_guard(uri, cfg.run.storage_options):  # fail fast, before Prefect's server starts
         check_store(store, uri)
+        check_writable(store, cfg.run.id, uri)  # permission denied, read-only or full: one line, exit 2
     console.print(f"[bold]run {cfg.run.id}[/bold] lives at {uri}")
     console.print(f"  watch it:  mugrpo status {uri}")
     console.print("  (for the Prefect UI, start `prefect server start` and set PREFECT_API_URL before `mugrpo run`)")

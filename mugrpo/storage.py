@@ -8,6 +8,7 @@ never sees part of a file. Folders (model dirs, checkpoints) are committed by wr
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -98,12 +99,17 @@ class Store:
                 folder = os.path.dirname(path)
                 os.makedirs(folder, exist_ok=True)
                 tmp = os.path.join(folder, f".{os.path.basename(path)}{TMP_TAG}{uuid.uuid4().hex}")
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                _fault_pause(rel)
-                os.replace(tmp, path)
+                try:
+                    with open(tmp, "wb") as f:
+                        f.write(data)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    _fault_pause(rel)
+                    os.replace(tmp, path)
+                except OSError:  # disk full (ENOSPC), file too large (EFBIG)...: leave no partial temporary file
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+                    raise
             else:
                 self.fs.pipe_file(path, data)  # one PUT: all-or-nothing on S3
         except OSError as e:
