@@ -277,3 +277,10 @@ def test_permission_denied_on_the_run_root_is_one_line_before_anything_starts(tm
     assert f"cannot write to {root}/denied: Permission denied" in message and "choose another run.root" in message
     assert "Traceback" not in out.stderr and "Prefect" not in out.stdout  # refused before the flow started
     assert list(root.iterdir()) == []
+
+
+def test_yaml_no_is_taken_as_the_mixed_precision_setting_no():
+    # YAML 1.1 reads an unquoted `no` as false: `train.mixed_precision=no` must still mean 'no', not a type error.
+    assert load_config(None, ["train.mixed_precision=no"]).train.mixed_precision == "no"
+    with pytest.raises(ConfigError, match="train.mixed_precision = True"):
+        load_config(None, ["train.mixed_precision=yes"])
