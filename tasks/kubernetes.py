@@ -168,6 +168,13 @@ class KubernetesJobSettings(BaseModel):
                 data[name] = environ[var]
         return cls.model_validate(data)
 
+    def gpus_for(self, kind: str) -> int:
+        """GPUs of a job of kind ``kind``: ``gpus[kind]``; the eval job, which samples with the generation engine,
+        gets the generate job's unless ``gpus['eval']`` is set; else 0."""
+        if kind == "eval" and "eval" not in self.gpus:
+            return self.gpus.get("generate", 0)
+        return self.gpus.get(kind, 0)
+
     def image_for(self, kind: str) -> str:
         """The image of job kind ``kind``. The eval job samples with the generation engine, so without
         ``images['eval']`` it runs in the generation image (e.g. the vLLM image), as ``eval.python`` follows
@@ -231,7 +238,7 @@ def job_command(request: JobRequest, settings: KubernetesJobSettings) -> list[st
     accelerate.commands.launch --multi_gpu --num_processes N --num_machines 1 -m MODULE SPEC``) or ``torchrun``
     (``python -m torch.distributed.run --standalone --nproc_per_node N -m MODULE SPEC``). The interpreter is the
     job's own (``request.python``), so the launcher runs from the same environment as the job."""
-    python, gpus = request.python or "python", settings.gpus.get(request.kind, 0)
+    python, gpus = request.python or "python", settings.gpus_for(request.kind)
     if gpus > 1 and request.kind in settings.multi_gpu_kinds:
         if settings.multi_gpu_launcher == "accelerate":
             launch = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(gpus)]
@@ -247,7 +254,7 @@ def job_command(request: JobRequest, settings: KubernetesJobSettings) -> list[st
 def job_resources(kind: str, settings: KubernetesJobSettings) -> dict[str, dict[str, Any]]:
     """requests and limits of the job container: ``default_resources`` (CPU jobs) or ``resources_per_gpu`` times
     the GPU count, requests = limits (Guaranteed QoS), then ``settings.resources[kind]`` section by section."""
-    gpus = settings.gpus.get(kind, 0)
+    gpus = settings.gpus_for(kind)
     base = (
         {k: scale_quantity(v, gpus) for k, v in settings.resources_per_gpu.items()}
         if gpus
@@ -289,7 +296,7 @@ def build_job_manifest(request: JobRequest, settings: KubernetesJobSettings, nam
 
     kind = request.kind
     name = name or job_name(request)
-    gpus = settings.gpus.get(kind, 0)
+    gpus = settings.gpus_for(kind)
     labels = {
         "app.kubernetes.io/name": "mugrpo",
         "app.kubernetes.io/component": k8s_label_value(kind),

@@ -59,12 +59,16 @@ def test_a_vllm_eval_in_another_interpreter_is_refused_at_load_naming_both_keys(
         load_config(None, ["generation.engine=vllm", "eval.python=.venv-vllm/bin/python"])
 
 
-def test_kubernetes_eval_job_runs_in_the_generation_image_unless_set():
-    settings = KubernetesJobSettings(image="reg/mugrpo:cpu", images={"generate": "reg/mugrpo:vllm"})
-    assert settings.image_for("eval") == "reg/mugrpo:vllm"
-    assert settings.image_for("train") == "reg/mugrpo:cpu"
-    own = KubernetesJobSettings(image="reg/mugrpo:cpu", images={"generate": "reg/a", "eval": "reg/b"})
-    assert own.image_for("eval") == "reg/b"
+def test_kubernetes_eval_job_gets_the_generation_image_and_gpus_unless_set():
+    settings = KubernetesJobSettings(
+        image="reg/mugrpo:cpu", images={"generate": "reg/mugrpo:vllm"}, gpus={"generate": 2, "train": 1}
+    )
+    assert (settings.image_for("eval"), settings.gpus_for("eval")) == ("reg/mugrpo:vllm", 2)
+    assert (settings.image_for("train"), settings.gpus_for("train")) == ("reg/mugrpo:cpu", 1)
+    own = KubernetesJobSettings(
+        image="reg/mugrpo:cpu", images={"generate": "reg/a", "eval": "reg/b"}, gpus={"generate": 2, "eval": 0}
+    )
+    assert (own.image_for("eval"), own.gpus_for("eval")) == ("reg/b", 0)
 
 
 def recording_interpreter(path: Path, real: str, log: Path) -> Path:
