@@ -55,3 +55,12 @@ def test_python_dash_m_mugrpo_is_the_cli(args: list[str]):
 def test_python_dash_m_mugrpo_without_a_command_shows_the_usage():
     out = run_module("mugrpo")
     assert out.returncode == 2 and "Usage:" in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (REPO_ROOT / "bench").glob("*.py")))
+def test_each_bench_script_answers_help(script: str):
+    out = subprocess.run(
+        [sys.executable, f"bench/{script}", "--help"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"usage: {script} [-h]")
