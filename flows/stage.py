@@ -27,13 +27,20 @@ WORK_TIMING = {"generate": "gen", "train": "train", "eval": "eval"}
 
 
 def job_python(cfg: Config, job: str) -> str | None:
-    """The interpreter configured for a job kind (e.g. a separate vLLM virtualenv for generation). A warm segment
+    """The interpreter of a job kind (e.g. a separate vLLM virtualenv for generation).
+
+    A job runs in the interpreter of the engine it uses: the eval job samples with ``generation.engine``, so unless
+    ``eval.python`` is set it runs in ``generation.python`` (with ``generation.engine: vllm`` the main interpreter
+    has no vLLM; :class:`mugrpo.config.Config` refuses an ``eval.python`` that differs from it). A warm segment
     generates and trains in one process: with the vLLM engine it runs in the generation interpreter (which then
     needs the trainer's packages: accelerate), else in the training one."""
     segment = cfg.generation.python if cfg.generation.engine == "vllm" else cfg.train.python
-    return {"generate": cfg.generation.python, "train": cfg.train.python, "eval": cfg.eval.python, "segment": segment}[
-        job
-    ]
+    return {
+        "generate": cfg.generation.python,
+        "train": cfg.train.python,
+        "eval": cfg.eval.python or cfg.generation.python,
+        "segment": segment,
+    }[job]
 
 
 def launch(cfg: Config, job: str, spec_url: str, stage: int, *, stages: int = 1) -> float:

@@ -161,7 +161,7 @@ def _execute(cfg) -> None:
     from flows.run import run_flow
     from mugrpo.lease import LeaseFenced, RunLeaseHeld, live_holder
     from mugrpo.runs import ConfigMismatchError, open_store
-    from mugrpo.storage_errors import check_store
+    from mugrpo.storage_errors import check_store, check_writable
     from mugrpo.verify import CorruptedRunError
     from tasks.launchers import JobError
 
@@ -169,6 +169,7 @@ def _execute(cfg) -> None:
     uri = store.uri(cfg.run.id)
     with storage_guard(uri, cfg.run.storage_options):  # fail fast, before Prefect's server starts
         check_store(store, uri)
+        check_writable(store, cfg.run.id, uri)  # permission denied, read-only or full: one line, exit 2
         holder = live_holder(store, cfg.run.id)
     if holder is not None and cfg.orchestration.lease_wait_s == 0:  # the flow takes the lease; refuse early here
         err.print(

@@ -169,6 +169,12 @@ class TrainSection(_Section):
     )
     python: str | None = Field(None, description="Interpreter of the training job; None = this one.")
 
+    @field_validator("mixed_precision", mode="before")
+    @classmethod
+    def _yaml_no(cls, value: Any) -> Any:
+        """YAML 1.1 reads an unquoted ``no`` (``train.mixed_precision=no``) as false: take it as 'no'."""
+        return "no" if value is False else value
+
     @field_validator("lr_schedule")
     @classmethod
     def _known_lr_schedule(cls, name: str) -> str:
@@ -207,7 +213,12 @@ class EvalSection(_Section):
         description="Evaluation workers: the benchmarks are split round-robin over this many eval jobs run at once "
         "(at most one worker per benchmark; mugrpo.jobs.fanout).",
     )
-    python: str | None = Field(None, description="Interpreter of the eval job; None = this one.")
+    python: str | None = Field(
+        None,
+        description="Interpreter of the eval job, which samples with generation.engine; None = generation.python "
+        "(the engine's interpreter, e.g. the vLLM virtualenv), else this one. With generation.engine: vllm a "
+        "different value is refused at load: the eval job would start vLLM in an interpreter that may lack it.",
+    )
 
 
 class OrchestrationSection(_Section):
@@ -354,6 +365,7 @@ class Config(_Section):
                 f"({self.train.rollouts_per_update})"
             )
         check_replay(self.replay, self.train, self.loss)
+        _check_eval_interpreter(self.generation, self.eval)
         stage_sizes(self)  # raises ValueError naming the run.stage_schedule field that cannot size a stage
         _check_loss_inputs(self)
         if self.generation.workers > 1 and self.agpo is not None and self.agpo.probe:
@@ -393,6 +405,21 @@ def check_replay(replay: ReplayConfig, train: TrainSection, loss: PolicyLossConf
         raise ValueError("replay.enabled needs loss.tis_cap: null (no trainer behavior log-probs for replayed rows)")
     if train.group_minibatches:
         raise ValueError("replay.enabled needs train.group_minibatches: false (the replay unit is one rollout)")
+
+
+def _check_eval_interpreter(generation: GenerationSection, evaluation: EvalSection) -> None:
+    """The eval job samples with ``generation.engine``; an engine that lives in its own interpreter (vLLM) must
+    never be launched in another one, so ``eval.python`` may only repeat ``generation.python`` (None derives it).
+
+    Raises:
+        ValueError: naming both keys.
+    """
+    if generation.engine == "vllm" and evaluation.python not in (None, generation.python):
+        raise ValueError(
+            f"eval.python ({evaluation.python!r}) differs from generation.python ({generation.python!r}), but the "
+            "eval job samples with generation.engine 'vllm', which runs in generation.python's interpreter: remove "
+            "eval.python (it then follows generation.python) or set both to the same vLLM virtualenv"
+        )
 
 
 def _check_loss_inputs(cfg: Config) -> None:

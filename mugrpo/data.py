@@ -92,10 +92,15 @@ def _iter_rows(cfg: DatasetConfig):
         for i, row in enumerate(pq.read_table(io.BytesIO(data)).to_pylist()):
             yield f"{cfg.path}:row {i}", row, None
         return
-    for lineno, line in enumerate(data.decode("utf-8").splitlines(), start=1):
+    for lineno, raw in enumerate(data.splitlines(), start=1):
+        where = f"{cfg.path}:{lineno}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:  # one bad line is one bad row, named, not a crash of the whole file
+            yield where, None, f"not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
+            continue
         if not line.strip():
             continue
-        where = f"{cfg.path}:{lineno}"
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
@@ -122,8 +127,8 @@ def load_problems(cfg: DatasetConfig) -> tuple[list[Problem], LoadReport]:
     """Load a dataset into problems (file order, exact duplicates dropped).
 
     Raises:
-        DatasetError: a malformed row (invalid JSON, a missing/empty field, no extractable gold answer) when
-            ``cfg.on_bad_row == 'error'``; the message names the file and line.
+        DatasetError: a malformed row (bytes that are not UTF-8, invalid JSON, a missing/empty field, no
+            extractable gold answer) when ``cfg.on_bad_row == 'error'``; the message names the file and line.
     """
     report = LoadReport(path=cfg.path)
     seen: set[str] = set()

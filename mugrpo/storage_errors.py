@@ -129,3 +129,39 @@ def check_store(store: Store, url: str | None = None) -> None:
         if message is None:
             raise
         raise StorageUnavailable(message) from e
+
+
+def check_writable(store: Store, rel: str, url: str | None = None) -> None:
+    """Write and delete one empty probe object under ``rel`` (the run folder), so a run root the process may not
+    write to fails with one line before any work starts, not in the first job after Prefect's server started.
+
+    The probe is a real write (``os.access`` answers yes to root whatever the mode, and says nothing about S3
+    policies or read-only mounts); it is named ``.mugrpo-write-probe-*`` and removed at once.
+
+    Raises:
+        StorageUnavailable: permission denied, a read-only filesystem, a full disk...: names ``url`` and the cause.
+    """
+    import errno
+    import uuid
+
+    url = url or store.uri(rel)
+    probe = f"{rel}/.mugrpo-write-probe-{uuid.uuid4().hex}"
+    try:
+        store.write_bytes(probe, b"")
+        store.delete(probe)
+    except Exception as e:  # noqa: BLE001 - re-raised as is unless we can explain it
+        os_error = next((c for c in _chain(e) if isinstance(c, OSError) and c.errno is not None), None)
+        if store.is_local and os_error is not None:
+            hint = {
+                errno.EACCES: "give this user write access to the folder (owner or mode), or choose another run.root",
+                errno.EPERM: "give this user write access to the folder (owner or mode), or choose another run.root",
+                errno.EROFS: "the filesystem is mounted read-only: choose another run.root",
+                errno.ENOSPC: "the disk is full: free space, or choose another run.root",
+            }.get(os_error.errno, "fix the folder, or choose another run.root")
+            raise StorageUnavailable(
+                f"cannot write to {url}: {os_error.strerror} ({os_error.filename or url}); {hint}"
+            ) from e
+        message = explain_storage_error(e, url, store.storage_options)
+        if message is None:
+            raise
+        raise StorageUnavailable(message) from e

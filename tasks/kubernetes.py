@@ -183,13 +183,22 @@ class KubernetesJobSettings(BaseModel):
                 data[name] = environ[var]
         return cls.model_validate(data)
 
+    def gpus_for(self, kind: str) -> int:
+        """GPUs of a job of kind ``kind``: ``gpus[kind]``; the eval job, which samples with the generation engine,
+        gets the generate job's unless ``gpus['eval']`` is set; else 0."""
+        if kind == "eval" and "eval" not in self.gpus:
+            return self.gpus.get("generate", 0)
+        return self.gpus.get(kind, 0)
+
     def image_for(self, kind: str) -> str:
-        """The image of job kind ``kind``.
+        """The image of job kind ``kind``. The eval job samples with the generation engine, so without
+        ``images['eval']`` it runs in the generation image (e.g. the vLLM image), as ``eval.python`` follows
+        ``generation.python``.
 
         Raises:
             ValueError: neither ``images[kind]`` nor ``image`` is set.
         """
-        image = self.images.get(kind) or self.image
+        image = self.images.get(kind) or (self.images.get("generate") if kind == "eval" else None) or self.image
         if not image:
             raise ValueError(
                 f"no image for the {kind} job: set {K8S_FIELD_ENV['image']} (the work pool's `image` variable) or "
@@ -311,7 +320,7 @@ def job_command(request: JobRequest, settings: KubernetesJobSettings, name: str 
     job's own (``request.python``), so the launcher runs from the same environment as the job. A kind run on
     N > 1 pods (``settings.nodes``) runs :func:`multinode_command` (one torchrun per pod, GPUS processes each) with
     pod 0 of Job ``name`` as the rendezvous."""
-    python, gpus = request.python or "python", settings.gpus.get(request.kind, 0)
+    python, gpus = request.python or "python", settings.gpus_for(request.kind)
     extra = list(settings.launcher_args.get(request.kind, []))
     nodes = job_nodes(request.kind, settings)
     if nodes > 1:
@@ -342,7 +351,7 @@ def job_command(request: JobRequest, settings: KubernetesJobSettings, name: str 
 def job_resources(kind: str, settings: KubernetesJobSettings) -> dict[str, dict[str, Any]]:
     """requests and limits of the job container: ``default_resources`` (CPU jobs) or ``resources_per_gpu`` times
     the GPU count, requests = limits (Guaranteed QoS), then ``settings.resources[kind]`` section by section."""
-    gpus = settings.gpus.get(kind, 0)
+    gpus = settings.gpus_for(kind)
     base = (
         {k: scale_quantity(v, gpus) for k, v in settings.resources_per_gpu.items()}
         if gpus
@@ -384,7 +393,7 @@ def build_job_manifest(request: JobRequest, settings: KubernetesJobSettings, nam
 
     kind = request.kind
     name = name or job_name(request)
-    gpus = settings.gpus.get(kind, 0)
+    gpus = settings.gpus_for(kind)
     labels = {
         "app.kubernetes.io/name": "mugrpo",
         "app.kubernetes.io/component": k8s_label_value(kind),

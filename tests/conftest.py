@@ -28,6 +28,30 @@ def skip_or_fail(reason: str) -> None:
     pytest.skip(reason)
 
 
+def import_or_fail(module: str):
+    """``pytest.importorskip`` that fails under CI instead of skipping silently (CI installs every extra)."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        skip_or_fail(f"{module} is not installed ({err})")
+
+
+#: The shared datasets (GSM8K, MATH-500, AIME24, AMC23), beside the checkout: /work/shared/data, or ../shared/data.
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data_dir() -> Path:
+    """The shared datasets' folder; skipped when absent on a developer machine, a failure under CI.
+
+    Use it as ``needs_data = pytest.mark.usefixtures("shared_data_dir")`` on tests that read the datasets."""
+    if not SHARED_DATA.is_dir():
+        skip_or_fail(f"datasets not found at {SHARED_DATA}")
+    return SHARED_DATA
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """HF dir of a tiny random Llama policy with the SmolLM2 tokenizer (vocab 49,152, EOS = pad = 2)."""

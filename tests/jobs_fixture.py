@@ -7,6 +7,8 @@ Like a real job it imports neither mugrpo nor Prefect and reads one JSON spec; t
     before: [str]       lines printed to stdout first
     stderr: [str]       lines printed to stderr next
     print_env: [str]    names of environment variables printed as NAME=value
+    gate_file: str      then wait (up to 120 s) until this file exists; if it never does, print "gate never opened"
+                        and exit 4 (lets a test prove a line was streamed: it opens the gate on seeing the line)
     sleep_s: float      then sleep this long
     after: [str]        lines printed after the sleep
     exit_code: int      exit code (default 0)
@@ -50,6 +52,13 @@ def main(spec_path: str) -> int:
     for name in spec.get("print_env", []):
         print(f"{name}={os.environ.get(name)}")
     print(f"attempt {attempt}")
+    if spec.get("gate_file"):
+        gate, deadline = Path(spec["gate_file"]), time.monotonic() + 120
+        while not gate.exists():
+            if time.monotonic() > deadline:
+                print("gate never opened")
+                return 4
+            time.sleep(0.02)
     time.sleep(float(spec.get("sleep_s", 0)))
     for line in spec.get("after", []):
         print(line)

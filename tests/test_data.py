@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import pytest
 
 from mugrpo.data import DatasetConfig, DatasetError, load_problems, prompt_id_for
+
+#: prompt_id_for("What is 2+2?", "4"), pinned when the id was defined (issue 2): it must never change.
+PINNED_PROMPT_ID = "0aac1a47b77bf866"
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 if not DATA.exists():  # CI clones into another folder with shared/ beside it
@@ -59,7 +63,9 @@ def test_gold_extraction_per_kind():
 
 
 def test_prompt_ids_are_stable_content_hashes():
-    assert prompt_id_for("What is 2+2?", "4") == prompt_id_for("What is 2+2?", "4")
+    # Pinned: sha256("What is 2+2?\x00" + "4")[:16]. A changed id orphans every committed rollout of old runs.
+    assert prompt_id_for("What is 2+2?", "4") == PINNED_PROMPT_ID
+    assert hashlib.sha256(b"What is 2+2?\x004").hexdigest()[:16] == PINNED_PROMPT_ID  # the documented formula
     assert prompt_id_for("What is 2+2?", "4") != prompt_id_for("What is 2+3?", "4")
     assert len(prompt_id_for("q", "a")) == 16
 

@@ -3,12 +3,18 @@
 during the final evaluation) and re-run each time completes with exact rollout counts, no duplicated
 (stage, prompt_id, sample_idx), and final weights bitwise equal to an uninterrupted run's.
 
+Each kill asserts its phase (issue 17), so every point tests what it claims: which job processes were running
+when it fired (read from /proc: ``python -m mugrpo.jobs.KIND .../jobs/stage=K/KIND.spec.json``) and what was
+committed after it (job and stage manifests). The two commit-time points pause the flow's own write
+(``MUGRPO_FAULT_PAUSE``) so that no job runs then.
+
 Runs the real CLI (`mugrpo run`), real Prefect flows on a real local Prefect server, real job subprocesses.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -124,6 +130,32 @@ def final_weights(root: Path) -> dict:
     return load_file(str(root / RUN / "policies" / "stage=2" / "model.safetensors"))
 
 
+JOB_RE = re.compile(r"mugrpo\.jobs\.(\w+)\x00.*stage=(\d+)/(\w+)\.spec\.json")
+
+
+def running_jobs(proc: subprocess.Popen) -> set[tuple[str, int]]:
+    """(kind, stage) of each job process under the flow process, read from its command line."""
+    jobs = set()
+    for pid in descendants(proc.pid):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        match = JOB_RE.search(cmdline)
+        if match:
+            jobs.add((match.group(1), int(match.group(2))))
+    return jobs
+
+
+def committed(run: Path) -> set[str]:
+    """What the store has committed: ``stage=K`` for stage manifests, ``KIND@K`` for job manifests."""
+    stages = {p.stem for p in (run / "stages").glob("stage=*.json")}
+    jobs = {
+        f"{p.name.split('.')[0]}@{p.parent.name.split('=')[1]}" for p in (run / "jobs").glob("stage=*/*.manifest.json")
+    }
+    return stages | jobs
+
+
 def rollout_keys(root: Path) -> Counter:
     keys: Counter = Counter()
     for f in sorted((root / RUN / "rollouts").rglob("shard=*.parquet")):
@@ -150,23 +182,67 @@ def test_sigkill_at_six_points_then_resume_matches_uninterrupted(tmp_path, tiny_
     cfg = tmp_path / "killed.yaml"
     cfg.write_text(yaml.safe_dump(tiny_config(root, tiny_model_dir)))
     run = root / RUN
+    paused = lambda folder, name: any(p.name.startswith(f".{name}.tmp-") for p in (run / folder).glob(".*"))  # noqa: E731
+    # (what, file condition, extra env, the jobs that must be running when it fires, what must be committed after)
     kill_points = [
-        ("during generation", lambda: (run / "rollouts/stage=0/shard=00000.parquet").exists(), {}),
-        ("during training", lambda: (run / "checkpoints/stage=0/step=000001/_COMPLETE").exists(), {}),
-        ("between stages", lambda: (run / "stages/stage=0.json").exists(), {}),
-        ("during stage-1 generation", lambda: (run / "rollouts/stage=1/shard=00000.parquet").exists(), {}),
+        (
+            "during generation",
+            lambda: (run / "rollouts/stage=0/shard=00000.parquet").exists(),
+            {},
+            {("generate", 0)},
+            set(),
+        ),
+        (
+            "during training",
+            lambda: (run / "checkpoints/stage=0/step=000001/_COMPLETE").exists(),
+            {},
+            {("train", 0)},
+            {"generate@0"},
+        ),
+        (
+            "between stages",  # stage 0 committed, the flow paused writing stage 1's first job spec
+            lambda: (run / "stages/stage=0.json").exists() and paused("jobs/stage=1", "generate.spec.json"),
+            {"MUGRPO_FAULT_PAUSE": "jobs/stage=1/generate.spec.json:60"},
+            set(),
+            {"generate@0", "train@0", "stage=0"},
+        ),
+        (
+            "during stage-1 generation",
+            lambda: (run / "rollouts/stage=1/shard=00000.parquet").exists(),
+            {},
+            {("generate", 1)},
+            {"generate@0", "train@0", "stage=0"},
+        ),
         (
             "during the stage manifest write",
-            lambda: any(p.name.startswith(".stage=1.json.tmp-") for p in (run / "stages").glob(".*")),
+            lambda: paused("stages", "stage=1.json"),
             {"MUGRPO_FAULT_PAUSE": "stages/stage=1.json:60"},
+            set(),
+            {"generate@0", "train@0", "stage=0", "generate@1", "train@1"},
         ),
-        ("during the final evaluation", lambda: (run / "jobs/stage=2/eval.spec.json").exists(), {}),
+        (
+            "during the final evaluation",  # the eval job process is running, not just its spec written
+            lambda: (run / "jobs/stage=2/eval.spec.json").exists(),
+            {},
+            {("eval", 2)},
+            {"generate@0", "train@0", "stage=0", "generate@1", "train@1", "stage=1"},
+        ),
     ]
     log = tmp_path / "killed.log"
-    for what, cond, extra in kill_points:
+    for what, cond, extra, jobs, done in kill_points:
         proc = start_run(cfg, {**env, **extra}, log)
-        wait_for(proc, cond, what, log)
+        seen: dict[str, set] = {}
+
+        def fired(cond=cond, jobs=jobs, proc=proc, seen=seen) -> bool:
+            if not cond():
+                return False
+            seen["jobs"] = running_jobs(proc)  # the snapshot the kill acts on
+            return seen["jobs"] == jobs
+
+        wait_for(proc, fired, what, log)
         kill_tree(proc)
+        assert seen["jobs"] == jobs, f"kill {what}: jobs running {seen['jobs']}, expected {jobs}"
+        assert committed(run) == done, f"kill {what}: committed {sorted(committed(run))}, expected {sorted(done)}"
         keys = rollout_keys(root)
         assert set(keys.values()) <= {1}, f"duplicated rollouts after a kill {what}"
     proc = start_run(cfg, env, log)

@@ -16,12 +16,14 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from transformers import AutoTokenizer
 
-from mugrpo.data import DatasetConfig
+from mugrpo.data import DatasetConfig, load_problems
 from mugrpo.engines.base import ROLLOUT_ENGINES
-from mugrpo.jobs.generate import GenerateSpec, GenerationError, run_generate
+from mugrpo.jobs.generate import GenerateSpec, GenerationError, run_generate, select_problems
 from mugrpo.layout import RunLayout
 from mugrpo.manifest import read_job_manifest, verify_manifest
+from mugrpo.prompts import encode_prompt, render_prompt
 from mugrpo.rewards import RewardConfig
 from mugrpo.storage import Store
 from mugrpo.tables import read_table
@@ -145,10 +147,18 @@ def test_too_long_prompts_are_skipped_and_counted_or_fail(tmp_path, tiny_model_d
     root = with_policy(tmp_path, tiny_model_dir)
     # GSM8K prompts with the chat template are ~80-200 tokens: a 150-token window skips the long ones.
     spec = make_spec(root, num_prompts=4, max_context=150)
+    # Which prompts overflow, computed independently: rendered prompt tokens > context - max_new_tokens.
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    selected = select_problems(load_problems(spec.dataset)[0], spec.seed, spec.prompt_start, spec.num_prompts)
+    lengths = {
+        p.prompt_id: len(encode_prompt(tokenizer, render_prompt(tokenizer, p.question, spec.prompt))) for p in selected
+    }
+    too_long = {pid for pid, n in lengths.items() if n > 150 - spec.sampling.max_new_tokens}
+    assert 0 < len(too_long) < 4, lengths  # the window must split the 4 prompts for this test to mean anything
     manifest = run_generate(spec)
-    skipped = manifest.counts.get("skipped_too_long", 0)
-    assert skipped >= 1
-    assert manifest.counts["rows"] == (4 - skipped) * 3
+    assert manifest.counts["skipped_too_long"] == len(too_long)
+    assert manifest.counts["rows"] == (4 - len(too_long)) * 3
+    assert set(all_rollouts(root)["prompt_id"].to_pylist()) == set(lengths) - too_long
     with pytest.raises(GenerationError, match=r"prompt [0-9a-f]{16} \(.*train.jsonl:\d+\) is too_long"):
         run_generate(
             make_spec(

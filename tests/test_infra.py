@@ -382,7 +382,8 @@ def test_job_settings_from_the_flow_pod_environment():
         {"generate": 2},
         "mugrpo-s3",
     )
-    assert settings.image_for("generate") == "r/m:gpu" and settings.image_for("eval") == "r/m:cpu"
+    assert settings.image_for("generate") == "r/m:gpu" and settings.image_for("train") == "r/m:cpu"
+    assert settings.image_for("eval") == "r/m:gpu"  # the eval job samples with the generation engine
     with pytest.raises(ValueError, match="MUGRPO_K8S_JOB_SETTINGS is not valid JSON"):
         KubernetesJobSettings.from_env({"MUGRPO_K8S_JOB_SETTINGS": "{gpus: 1"})
     with pytest.raises(ValueError, match="gpuz"):

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from conftest import import_or_fail, skip_or_fail
 from safetensors import safe_open
 
 from mugrpo.models import (
@@ -27,12 +28,12 @@ def test_smollm2_gguf_path_points_at_the_shipped_file():
     try:
         path = smollm2_gguf_path()
     except FileNotFoundError as err:  # the package's own __init__ imports llm + llama_cpp: find it, don't import it
-        pytest.skip(str(err))
+        skip_or_fail(str(err))
     assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.stat().st_size > 50_000_000
 
 
 def test_gguf_conversion_keeps_dequantized_weights_tokenizer_and_chat_template(smollm2_dir):
-    gguf = pytest.importorskip("gguf")
+    gguf = import_or_fail("gguf")
     config = json.loads((smollm2_dir / "config.json").read_text())
     assert "quantization_config" not in config  # saved as a plain float model
     assert (config["model_type"], config["num_hidden_layers"], config["vocab_size"]) == ("llama", 30, 49152)

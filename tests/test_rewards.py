@@ -25,7 +25,7 @@ from mugrpo.rewards import (
 )
 
 DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-needs_data = pytest.mark.skipif(not DATA_DIR.is_dir(), reason=f"datasets not found at {DATA_DIR}")
+needs_data = pytest.mark.usefixtures("shared_data_dir")  # skipped without the data; a failure under CI
 
 
 @REWARD_FUNCTIONS.register("test_misbehave")

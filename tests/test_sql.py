@@ -311,6 +311,16 @@ WRITE_ATTEMPTS = {
     "LOAD": "INSTALL httpfs",
     "SET": "SET enable_external_access = true",
     "DROP": "DROP VIEW rollouts",
+    # EXPLAIN ANALYZE executes what it wraps: every wrapper form is judged by the wrapped statement
+    "DROP explain-analyze": "EXPLAIN ANALYZE DROP VIEW rollouts",
+    "DROP explain-analyse": "explain analyse DROP VIEW rollouts",
+    "DROP explain": "EXPLAIN DROP VIEW rollouts",
+    "DROP explain-options": "EXPLAIN (ANALYZE, FORMAT json) DROP VIEW rollouts",
+    "DROP explain-comments": "/* a */ EXPLAIN /* b ( */ ANALYZE /* c */ DROP VIEW rollouts",
+    "COPY explain-analyze": "EXPLAIN ANALYZE COPY (SELECT * FROM rollouts) TO '{tmp}/out.csv'",
+    "COPY explain-options": "EXPLAIN (ANALYZE, FORMAT json) COPY rollouts TO '{tmp}/out.csv'",
+    "CREATE explain-analyze": "EXPLAIN ANALYZE CREATE TABLE stolen AS SELECT 1",
+    "INSERT explain-analyze": "EXPLAIN ANALYZE INSERT INTO stages SELECT * FROM stages",
 }
 
 
@@ -565,3 +575,17 @@ def test_positional_reader_keeps_a_position_per_thread(tmp_path: Path):
     f.close()
     with pytest.raises(PermissionError, match="read-only"):
         fs.open("f.bin", "wb")
+
+
+def test_explain_of_a_read_still_runs_and_leaves_the_views(root: Path):
+    with connect(str(root)) as cat:
+        for query in (
+            "EXPLAIN SELECT count(*) FROM rollouts",
+            "EXPLAIN ANALYZE SELECT count(*) FROM rollouts",
+            "/* plan */ EXPLAIN (ANALYZE, FORMAT json) SELECT count(*) FROM rollouts",
+            "EXPLAIN ANALYZE SUMMARIZE rollouts",
+        ):
+            assert cat.arrow(query).num_rows >= 1, query
+        with pytest.raises(ReadOnlyQueryError, match="DROP statement wrapped in EXPLAIN"):
+            cat.arrow("EXPLAIN ANALYZE DROP VIEW rollouts")
+        assert cat.arrow("SELECT count(*) FROM rollouts").column(0).to_pylist() == [48]  # the view is intact

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -53,6 +54,25 @@ class JobSpec(BaseModel):
             "stage": stage,
             "seed": cfg.run.seed,
         }
+
+
+def spec_argument(argv: list[str] | None, module: str, spec_cls: type[JobSpec], doc: str | None) -> str:
+    """The one argument of a job's command line, ``python -m {module} SPEC``, parsed with argparse.
+
+    ``-h``/``--help`` prints the usage and the job module's docstring (``doc``) and exits 0; a missing or extra
+    argument prints the usage and exits 2 (a usage error: the launcher does not retry it).
+
+    Returns:
+        SPEC: the path or fsspec URL of the job's JSON spec (a ``spec_cls``).
+    """
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {module}",
+        description=doc,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="The run flow writes each job's spec under {root}/{run_id}/jobs/stage={k}/ and launches the job on it.",
+    )
+    parser.add_argument("spec", metavar="SPEC", help=f"path or fsspec URL of a {spec_cls.__name__} JSON file")
+    return parser.parse_args(sys.argv[1:] if argv is None else argv).spec
 
 
 def load_spec(url: str, cls: type[S]) -> S:

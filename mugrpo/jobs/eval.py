@@ -11,7 +11,6 @@ policy evaluated: policies/stage={k} (stage K is the final policy).
 
 from __future__ import annotations
 
-import sys
 import time
 from datetime import UTC, datetime
 
@@ -25,10 +24,10 @@ from mugrpo.jobs.common import (
     JobSpec,
     console,
     derive_seed,
-    fail,
     load_spec,
     local_policy_dir,
     refuse_untrusted,
+    spec_argument,
 )
 from mugrpo.jobs.fanout import owned, worker_job, worker_manifests
 from mugrpo.jobs.verifiers import VerifierPoolOwner
@@ -278,10 +277,7 @@ def run_eval(spec: EvalSpec) -> JobManifest:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        fail("usage: python -m mugrpo.jobs.eval SPEC (an EvalSpec JSON path or URL)", 2)
-    spec = load_spec(argv[0], EvalSpec)
+    spec = load_spec(spec_argument(argv, "mugrpo.jobs.eval", EvalSpec, __doc__), EvalSpec)
     quiet_library_bars()
     with refuse_untrusted("eval", spec.stage):
         run_eval(spec)

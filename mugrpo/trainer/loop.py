@@ -63,7 +63,14 @@ from mugrpo.trainer.checkpoint import (
     restore_rng_state,
     write_checkpoint,
 )
-from mugrpo.trainer.data import RolloutSet, load_rollouts, make_minibatch_order, split_minibatch, valid_groups_in
+from mugrpo.trainer.data import (
+    RolloutDataError,
+    RolloutSet,
+    load_rollouts,
+    make_minibatch_order,
+    split_minibatch,
+    valid_groups_in,
+)
 from mugrpo.trainer.forward import PolicyTokenLogprobs
 from mugrpo.trainer.optim import build_lr_schedule, build_optimizer
 from mugrpo.trainer.precision import check_fp32_master, recompute_context_fn
@@ -279,7 +286,8 @@ class Trainer:
                 :func:`nonfinite_report_path` and no checkpoint is written for the failed update.
             mugrpo.trainer.data.RolloutDataError, mugrpo.tables.SchemaError, mugrpo.storage.ChecksumError: bad
                 rollouts.
-            ValueError: a checkpoint made for other data or another LR schedule.
+            RolloutDataError: the stage's checkpoint was made for other rollouts (data fingerprint differs).
+            ValueError: a checkpoint made for another LR schedule.
         """
         origin = time.monotonic() if origin is None else origin
         store, layout = spec.store(), RunLayout(spec.run_id)
@@ -351,7 +359,7 @@ class Trainer:
             return 0, None
         ckpt = read_checkpoint(store, layout.checkpoint_dir(spec.stage, start_step), workdir / "resume")
         if ckpt.trainer_state["data_fingerprint"] != data.fingerprint:
-            raise ValueError(
+            raise RolloutDataError(
                 f"checkpoint {store.uri(layout.checkpoint_dir(spec.stage, start_step))} was made for other "
                 "rollouts (data fingerprint differs); delete the stage's checkpoints to start over"
             )
