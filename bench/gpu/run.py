@@ -165,7 +165,15 @@ def main() -> None:
     result["bare_train"] = bare
     print("bare train:", bare, flush=True)
     b = (
-        Budget(updates=8, rollouts_per_update=4, group_size=2, max_new_tokens=8, model=str(model_dir), eval_prompts=0)
+        Budget(
+            updates=8,
+            rollouts_per_update=4,
+            group_size=2,
+            max_new_tokens=8,
+            model=str(model_dir),
+            eval_prompts=0,
+            mu_stages=2,
+        )
         if args.tiny
         else Budget(
             updates=32,
