@@ -106,7 +106,13 @@ def report(arm: str, res: dict, updates: int) -> dict:
     if arm in ("trl", "bare"):
         curve = [(m["update"], m["t"], m["reward"]) for m in res["marks"]]
         total = res["t_train"] + res["t_load"]  # process start to U updates, as a mugrpo arm's T_total
-        return {"s_per_update": res["t_train"] / updates, "total": total, "load": res["t_load"], "curve": curve}
+        return {
+            "s_per_update": total / updates,  # as the mugrpo arms' (their T_total includes their jobs' starts)
+            "s_per_update_train_only": res["t_train"] / updates,  # trainer.train() alone
+            "total": total,
+            "load": res["t_load"],
+            "curve": curve,
+        }
     curve = [(u, None, r) for u, r in res["reward_per_update"]]  # per-update seconds: see reward_vs_time
     return {
         "s_per_update": res["t_total"] / updates,
