@@ -68,7 +68,12 @@ def build_model(dest: Path, tiny: bool) -> tuple[Path, int]:
 
     from mugrpo.models import load_tokenizer, save_policy, smollm2_gguf_path
 
-    tok = load_tokenizer(tokenizer_source() or smollm2_gguf_path())
+    if tokenizer_source():  # the carried tokenizer files alone (load_tokenizer wants a whole model dir)
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tokenizer_source())
+    else:
+        tok = load_tokenizer(smollm2_gguf_path())
     cfg = Qwen2Config(vocab_size=len(tok), tie_word_embeddings=True, max_position_embeddings=4096,
                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
                       **(TINY if tiny else QWEN25_05B))  # fmt: skip
