@@ -59,7 +59,7 @@ def test_amdahl_bound():
         amdahl_bound(1.5, 2.0)
 
 
-def _bench(args: list[str], tmp_path: Path, timeout: int = 900) -> subprocess.CompletedProcess:
+def _bench(args: list[str], tmp_path: Path, timeout: int = 2400) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path)}
     proc = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
