@@ -115,7 +115,8 @@ def plot(curves: dict[str, dict], path: Path, title: str) -> Path:
             ys = [float("nan") if y is None else y for y in c[col]]
             ax.plot(c["update"], ys, label=arm, lw=1.2)
         ax.set_title(label, fontsize=9)
-        if col == "ratio_mean_neg_adv":
+        values = [y for c in curves.values() for y in c[col] if y is not None]
+        if col == "ratio_mean_neg_adv" and values and min(values) > 0:  # log only where it can show every point
             ax.set_yscale("log")
     for ax in axes[1]:
         ax.set_xlabel("update")
@@ -181,7 +182,11 @@ def main() -> None:
         (args.out / "ablation.json").write_text(
             json.dumps({"updates": updates, "lr": args.lr, "curves": curves, "evals": evals})
         )
-        plot(curves, args.out / "ablation.png", f"ablation.py: one SmolLM2 stage, mu={updates}, lr={args.lr}")
+        plot(
+            curves,
+            args.out / "ablation.png",
+            f"ablation.py: one {'tiny random' if args.quick else 'SmolLM2'} stage, mu={updates}, lr={args.lr}",
+        )
         print(f"wrote {args.out}")
 
 
