@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 CONFIG ?= configs/gsm8k-smollm2.yaml
 ARGS ?=
 
-.PHONY: install test test-fast demo demo-quick lint docs clean-venv
+.PHONY: install test test-fast demo demo-quick lint docs clean-venv trl-venv
 
 install: $(STAMP)
 
@@ -43,3 +43,11 @@ clean-venv:
 
 docs: $(STAMP)
 	{ echo "# Configuration reference"; echo; echo 'Generated from the pydantic models by `mugrpo config reference` (a test keeps this page current).'; echo; $(VENV)/bin/mugrpo config reference; } > docs/config.md
+
+# TRL's GRPOTrainer for bench/vs_trl.py, in its own virtualenv (never a dependency of the project). The project's
+# reward code runs inside it, hence pydantic, pebble and math-verify.
+TRL_VENV ?= .venv-trl
+trl-venv:
+	test -x $(TRL_VENV)/bin/python || python3 -m venv $(TRL_VENV)
+	$(TRL_VENV)/bin/pip install -q $(TORCH_SPEC)
+	$(TRL_VENV)/bin/pip install -q "trl==1.16.0" pydantic pyyaml pebble math-verify

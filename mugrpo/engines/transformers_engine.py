@@ -167,6 +167,7 @@ class TransformersEngine(ClosingEngine):
         seed: int | None = None,
         num_threads: int | None = None,
         fp32_logits: bool = False,
+        device: str | None = None,
     ) -> TransformersEngine:
         """Load the policy in ``model_dir`` (HF dir or .gguf) with ``dtype`` and wrap it.
 
@@ -174,11 +175,14 @@ class TransformersEngine(ClosingEngine):
         ``generate`` call from ``SamplingParams.seed``, which is what makes resumed shards reproducible.
         ``num_threads``, if set, calls ``torch.set_num_threads`` (process-wide). On a CPU shared with other busy
         processes, 1 thread was 3.5x faster than 2 on a 2-core machine (OpenMP threads spin-wait on each other).
-        ``fp32_logits``: see the constructor.
+        ``fp32_logits``: see the constructor. ``device``: where the model runs (e.g. ``"cuda"``; None keeps it on
+        the CPU, the default); inputs follow the model's device.
         """
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         model, tokenizer = load_policy(model_dir, dtype=_as_dtype(dtype))
+        if device is not None:
+            model = model.to(device)
         return cls(model, tokenizer, batch_size=batch_size, fp32_logits=fp32_logits)
 
     @property

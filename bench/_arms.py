@@ -1,0 +1,194 @@
+"""Shared by bench/speedup.py and bench/vs_trl.py: build the equal-budget arms (Mu-GRPO cold, GRPO warm, GRPO
+cold), run them through the job processes exactly as bench/warm_vs_cold.py does (its `run_cold` / `run_warm`), and
+read back per-phase seconds and rewards from the committed manifests and Parquet files.
+
+Per-phase seconds of an arm (summed over its stages), the columns of the Mu-GRPO paper's Table 1 (arXiv 2605.17570):
+- T_roll: generation work (the generate job's / worker's own ``gen`` seconds, in its job manifest);
+- T_train: training work (the train job's ``train`` seconds);
+- T_switch: T_total - T_roll - T_train - T_eval (process start, imports, weight load, engine start, weight sync,
+  Parquet commits and bookkeeping), computed the same way for cold and warm arms;
+- T_total: the stage manifests' ``t_total`` summed (wall clock of the stages; the run's init is excluded for all).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.warm_vs_cold import job, run_cold, run_warm  # noqa: E402  (reuse, not duplicate, the arm runners)
+
+MU_CONFIG = REPO / "configs" / "gsm8k-smollm2.yaml"
+GRPO_CONFIG = REPO / "configs" / "gsm8k-smollm2-grpo.yaml"
+GRPO_MU = 4  # the paper's GRPO baseline staleness
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What every arm shares: total updates U, rollouts per update, G, new tokens, model and seed."""
+
+    updates: int = 32
+    rollouts_per_update: int = 4
+    group_size: int = 4
+    max_new_tokens: int = 32
+    model: str = "smollm2"
+    eval_prompts: int = 8
+    mu_stages: int = 4  # Mu-GRPO: K cold stages, mu = U / K
+    num_threads: int = 1
+    extra: tuple[str, ...] = field(default_factory=tuple)
+
+    def check(self) -> None:
+        """Raises ValueError when the arms cannot share the budget exactly."""
+        if self.updates % (self.mu_stages * 1) or self.updates % GRPO_MU:
+            raise ValueError(f"updates U={self.updates} must be a multiple of K={self.mu_stages} and of mu={GRPO_MU}")
+        if self.rollouts_per_update % self.group_size:
+            raise ValueError("rollouts_per_update must be a multiple of G (whole groups per update)")
+
+    @property
+    def total_prompts(self) -> int:
+        return self.updates * self.rollouts_per_update // self.group_size
+
+
+def arm_config(arm: str, root: Path, run_id: str, b: Budget):
+    """The resolved Config of arm ``mu`` (Mu-GRPO, cold), ``grpo-warm`` or ``grpo-cold`` under budget ``b``.
+
+    Every arm consumes the same ``b.total_prompts`` prompts in the same seed-fixed order (stage k starts where
+    k-1 ended). ``generation.shard_size`` is one Mu-GRPO stage for every arm, so each arm generates a stage in
+    as few engine batches as its stage allows (the GRPO arms' stages are smaller: that is the method's
+    difference, not a handicap we add). Zero-variance groups are kept so every arm runs exactly U updates of
+    equal size. Evaluation runs once, on the final policy, after the timed stages.
+    """
+    from mugrpo.config import config_from_dict, load_config
+
+    b.check()
+    mu = arm == "mu"
+    stages = b.mu_stages if mu else b.updates // GRPO_MU
+    per_stage = b.updates // stages
+    prompts = b.total_prompts // stages
+    mu_prompts = b.total_prompts // b.mu_stages
+    overrides = [
+        f"run.root={root}",
+        f"run.id={run_id}",
+        f"run.num_stages={stages}",
+        f"model.source={b.model}",
+        f"generation.prompts_per_stage={prompts}",
+        f"generation.shard_size={mu_prompts}",
+        f"generation.sampling.n={b.group_size}",
+        f"generation.sampling.max_new_tokens={b.max_new_tokens}",
+        f"generation.engine_kwargs={{num_threads: {b.num_threads}}}",
+        f"train.updates_per_stage={per_stage}",
+        f"train.rollouts_per_update={b.rollouts_per_update}",
+        f"train.micro_batch_size={b.rollouts_per_update}",
+        f"train.checkpoint_every={per_stage}",
+        "train.skip_zero_variance_groups=false",
+        "eval.every_stage=false",
+        "tracking.sinks=[]",
+        f"orchestration.execution={'warm' if arm == 'grpo-warm' else 'cold'}",
+        f"orchestration.segment_stages={stages}",
+        *b.extra,
+    ]
+    cfg = load_config(MU_CONFIG if mu else GRPO_CONFIG, overrides)
+    data = cfg.to_json_dict()
+    gsm8k = [bench for bench in data["eval"]["benchmarks"] if bench["dataset"]["name"] == "gsm8k"]
+    for bench in gsm8k:
+        bench.update(num_prompts=b.eval_prompts, max_new_tokens=b.max_new_tokens)
+    data["eval"]["benchmarks"] = gsm8k if b.eval_prompts > 0 else []
+    return config_from_dict(data, source=f"bench arm {arm}")
+
+
+def run_arm(arm: str, cfg, log: Path, tmp: Path) -> dict:
+    """Run the arm's stages (timed), then evaluate its final policy (untimed); returns :func:`arm_report`."""
+    from mugrpo.runs import write_final_eval_spec
+
+    if arm == "grpo-warm":
+        run_warm(cfg, log, tmp)
+    else:
+        run_cold(cfg, log)
+    spec = write_final_eval_spec(cfg)
+    if spec is not None:
+        job("eval", spec, log)
+    return arm_report(cfg)
+
+
+def arm_report(cfg) -> dict:
+    """Per-phase seconds (module docstring), rewards per stage and per update, and the final eval of a run."""
+    import pyarrow.dataset as ds
+
+    from mugrpo.manifest import read_job_manifest, read_manifest
+    from mugrpo.runs import open_store
+
+    store, run = open_store(cfg), cfg.run.id
+    stages = []
+    for k in range(cfg.run.num_stages):
+        m = read_manifest(store, run, k)
+        gen = read_job_manifest(store, run, k, "generate").timings.get("gen", 0.0)
+        train = read_job_manifest(store, run, k, "train").timings.get("train", 0.0)
+        stages.append({"t_roll": gen, "t_train": train, "t_eval": 0.0, "t_total": m.timings.t_total})
+    t = {key: sum(s[key] for s in stages) for key in ("t_roll", "t_train", "t_total")}
+    t["t_switch"] = max(t["t_total"] - t["t_roll"] - t["t_train"], 0.0)
+    base = Path(cfg.run.root) / run
+    rollouts = ds.dataset(base / "rollouts", format="parquet", partitioning="hive").to_table(
+        columns=["stage", "reward"]
+    )
+    steps = ds.dataset(base / "train_steps", format="parquet", partitioning="hive").to_table(
+        columns=["update", "mean_reward", "seconds"]
+    )
+    steps = sorted(zip(*(steps.column(c).to_pylist() for c in ("update", "mean_reward", "seconds")), strict=True))
+    stage_col, reward_col = rollouts.column("stage").to_pylist(), rollouts.column("reward").to_pylist()
+    elapsed, curve = 0.0, []
+    for k, s in enumerate(stages):  # reward of stage k's rollouts, plotted when its generation ended
+        rewards = [r for st, r in zip(stage_col, reward_col, strict=True) if int(st) == k]
+        curve.append((elapsed + s["t_roll"], sum(rewards) / max(len(rewards), 1)))
+        elapsed += s["t_total"]
+    final = read_job_manifest(store, run, cfg.run.num_stages, "eval")
+    last = [r for _, r, _ in steps[-max(len(steps) // 4, 1) :] if r is not None]
+    return {
+        "stages": len(stages),
+        "updates": len(steps),
+        **t,
+        "reward_vs_time": curve,
+        "reward_per_update": [(u, r) for u, r, _ in steps],
+        "final_train_reward": sum(last) / max(len(last), 1),
+        "final_eval": final.metrics if final is not None else {},
+    }
+
+
+def amdahl_bound(f_train: float, rollout_speedup: float) -> float:
+    """Best end-to-end speed-up when only rollout time shrinks (Amdahl's law): 1 / (f + (1 - f) / s).
+
+    Args:
+        f_train: share of T_train in the baseline's T_total (0..1); the rest is taken as what the rollout
+            ratio speeds up (generation and switching), as in the issue's definition.
+        rollout_speedup: s, the measured T_roll(baseline) / T_roll(Mu-GRPO).
+    Raises:
+        ValueError: f outside [0, 1] or s <= 0.
+    """
+    if not 0.0 <= f_train <= 1.0 or rollout_speedup <= 0:
+        raise ValueError(f"need 0 <= f <= 1 and s > 0, got f={f_train}, s={rollout_speedup}")
+    return 1.0 / (f_train + (1.0 - f_train) / rollout_speedup)
+
+
+def plot_reward_vs_time(series: dict[str, list[tuple[float, float]]], path: Path, title: str) -> Path:
+    """One PNG: reward (y) against wall-clock seconds (x), one line per arm (matplotlib, Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=90)
+    for name, points in series.items():
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+    ax.set_xlabel("wall-clock seconds")
+    ax.set_ylabel("mean training reward")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

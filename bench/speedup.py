@@ -1,0 +1,137 @@
+"""Mu-GRPO against fair GRPO at equal updates: the Mu-GRPO paper's Table 1 (arXiv 2605.17570) in miniature.
+
+    python bench/speedup.py                      # SmolLM2-135M, U=32 updates, ~15-20 min on 2 shared cores
+    python bench/speedup.py --quick              # tiny random model (CI: the plumbing, not the figures)
+
+Arms, run one after the other in one invocation, their order rotated each repeat:
+- mu:        Mu-GRPO (configs/gsm8k-smollm2.yaml), K = 4 cold stages, mu = U/4 updates per rollout refresh;
+- grpo-warm: GRPO (configs/gsm8k-smollm2-grpo.yaml), mu = 4, one warm segment job for all U/4 stages;
+- grpo-cold: the same GRPO, cold (three job processes per stage, as the stage flow launches them).
+Equal across arms: U, rollouts per update, total rollouts, model, data order, G, new tokens, seed (bench/_arms.py).
+Per arm it prints T_roll, T_train, T_switch, T_total, the final training reward and the final eval, then the
+ratios GRPO-warm / Mu-GRPO next to the paper's 1.82x (rollout) and 1.53x (end to end), and the Amdahl bound
+1 / (f + (1 - f)/s). Nothing is asserted; the targets are printed as met or missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._arms import Budget, amdahl_bound, arm_config, plot_reward_vs_time, run_arm  # noqa: E402
+
+ARMS = ("mu", "grpo-warm", "grpo-cold")
+PAPER = {"rollout": 1.82, "end_to_end": 1.53}
+
+
+def budget(args, model: str) -> Budget:
+    """The shared budget: --quick's tiny one (U=8: Mu-GRPO 4 stages x 2 updates, GRPO 2 x 4), else the flags."""
+    if args.quick:
+        return Budget(updates=8, rollouts_per_update=2, group_size=2, max_new_tokens=4, model=model, eval_prompts=0)
+    return Budget(
+        updates=args.updates,
+        rollouts_per_update=args.rollouts_per_update,
+        group_size=args.group_size,
+        max_new_tokens=args.max_new_tokens,
+        mu_stages=args.mu_stages,
+        eval_prompts=args.eval_prompts,
+        model=model,
+    )
+
+
+def add_budget_flags(parser: argparse.ArgumentParser) -> None:
+    d = Budget()
+    parser.add_argument("--updates", type=int, default=d.updates, help="U, total optimizer updates of every arm")
+    parser.add_argument("--mu-stages", type=int, default=d.mu_stages, help="K, Mu-GRPO's stages (mu = U/K)")
+    parser.add_argument("--group-size", type=int, default=d.group_size, help="G")
+    parser.add_argument("--rollouts-per-update", type=int, default=d.rollouts_per_update)
+    parser.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    parser.add_argument("--eval-prompts", type=int, default=d.eval_prompts, help="GSM8K test prompts, final eval")
+
+
+def summarize(results: dict[str, list[dict]]) -> dict:
+    """Medians over repeats per arm and the ratios and targets of the issue."""
+    med = {
+        arm: {k: statistics.median(r[k] for r in runs) for k in ("t_roll", "t_train", "t_switch", "t_total")}
+        for arm, runs in results.items()
+    }
+    mu, warm = med["mu"], med["grpo-warm"]
+    s = warm["t_roll"] / mu["t_roll"]
+    e2e = warm["t_total"] / mu["t_total"]
+    f = warm["t_train"] / warm["t_total"]
+    bound = amdahl_bound(f, s)
+    switch_share = mu["t_switch"] / mu["t_total"]
+    return {
+        "medians": med,
+        "ratios_grpo_warm_over_mu": {
+            "rollout": s,
+            "train": warm["t_train"] / mu["t_train"],
+            "end_to_end": e2e,
+            "paper_rollout": PAPER["rollout"],
+            "paper_end_to_end": PAPER["end_to_end"],
+        },
+        "ratios_grpo_cold_over_mu": {
+            k: med["grpo-cold"][f"t_{k}"] / mu[f"t_{k}"] for k in ("roll", "train", "switch", "total")
+        },
+        "amdahl": {"f_train_grpo_warm": f, "bound": bound, "measured_over_bound": e2e / bound},
+        "targets": {
+            "mu faster end to end than grpo-warm (ratio > 1)": e2e > 1.0,
+            "end-to-end ratio >= 0.9 x Amdahl bound": e2e >= 0.9 * bound,
+            "mu T_switch < 5% of its T_total": switch_share < 0.05,
+        },
+        "mu_switch_share": switch_share,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny random model, U=8 (CI)")
+    add_budget_flags(parser)
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of all arms, order rotated each round")
+    parser.add_argument("--out", type=Path, default=None, help="write results JSON and the plot here")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="mugrpo-speedup-"))
+    model = "smollm2"
+    if args.quick:
+        from mugrpo.models import make_tiny_random_model
+
+        model = str(make_tiny_random_model(tmp / "tiny", seed=0))
+    b = budget(args, model)
+    print(f"budget: {b}; scratch {tmp}", flush=True)
+    results: dict[str, list[dict]] = {arm: [] for arm in ARMS}
+    for r in range(args.repeats):
+        order = ARMS[r % 3 :] + ARMS[: r % 3]
+        for arm in order:
+            cfg = arm_config(arm, tmp / arm, f"{arm}-{r}", b)
+            t0 = time.monotonic()
+            rep = run_arm(arm, cfg, tmp / f"{arm}-{r}.log", tmp)
+            print(f"{arm} repeat {r}: {time.monotonic() - t0:.1f} s wall incl. final eval, log {tmp}/{arm}-{r}.log")
+            results[arm].append(rep)
+    print(
+        f"\n{'arm':>10} {'stages':>6} {'T_roll':>8} {'T_train':>8} {'T_switch':>8} {'T_total':>8} {'reward':>7}  eval"
+    )
+    for arm in ARMS:
+        for rep in results[arm]:
+            print(
+                f"{arm:>10} {rep['stages']:>6} {rep['t_roll']:>8.1f} {rep['t_train']:>8.1f} {rep['t_switch']:>8.1f} "
+                f"{rep['t_total']:>8.1f} {rep['final_train_reward']:>7.3f}  {json.dumps(rep['final_eval'])}"
+            )
+    summary = summarize(results)
+    print(json.dumps({k: v for k, v in summary.items() if k != "medians"}, indent=1))
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "speedup.json").write_text(json.dumps({"budget": str(b), "results": results, **summary}))
+        series = {arm: results[arm][0]["reward_vs_time"] for arm in ARMS}
+        plot_reward_vs_time(series, args.out / "speedup_reward_vs_time.png", f"speedup.py: U={b.updates}")
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
