@@ -154,9 +154,15 @@ def run_bare(spec: dict) -> dict:
 
 
 def main() -> None:
-    spec = json.loads(Path(sys.argv[1]).read_text())
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("spec", type=Path, help="the arm's SPEC JSON, written by bench/vs_trl.py")
+    parser.add_argument("out", type=Path, help="where to write the arm's result JSON")
+    args = parser.parse_args()
+    spec = json.loads(args.spec.read_text())
     result = run_trl(spec) if spec["arm"] == "trl" else run_bare(spec)
-    Path(sys.argv[2]).write_text(json.dumps(result))
+    args.out.write_text(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import pyarrow as pa
 from mugrpo.config import BenchmarkConfig
 from mugrpo.data import DatasetConfig
 from mugrpo.jobs.eval import EvalSpec, run_eval
+from mugrpo.jobs.fanout import worker_job
 from mugrpo.layout import RunLayout
 from mugrpo.manifest import read_job_manifest
 from mugrpo.storage import Store, sha256_bytes
@@ -56,9 +57,11 @@ def test_eval_job_k_samples_metrics_per_benchmark_resume_and_noop_rerun(tmp_path
     assert sorted(r["sample_idx"] for r in rows_a) == sorted(list(range(K)) * PROMPTS)
     assert set(first.metrics) == {f"{A.dataset.name}/avg@{K}", f"{A.dataset.name}/pass@{K}"}
 
-    # 2. A job killed after A's file, before B's: no manifest. A's committed verdicts are set by hand to a known
-    #    mix (prompt 1: 1 of 4 correct, prompt 2: 0 of 4, prompt 3: 4 of 4) so the metrics are not all zero.
+    # 2. A job killed after A's file, before B's: no job or worker manifest. A's committed verdicts are set by hand
+    #    to a known mix (prompt 1: 1 of 4 correct, prompt 2: 0 of 4, prompt 3: 4 of 4) so the metrics are not all
+    #    zero.
     store.delete(layout.job_manifest(0, "eval"))
+    store.delete(layout.job_manifest(0, worker_job("eval", 0, 1)))  # the (only) worker's own commit (fan-out)
     correct = {pid: n for pid, n in zip(sorted(per_prompt), (1, 0, 4), strict=True)}
     for r in rows_a:
         r["correct"] = r["sample_idx"] < correct[r["prompt_id"]]
