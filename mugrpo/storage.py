@@ -32,10 +32,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 COMPLETE_MARKER = "_COMPLETE"
 TMP_TAG = ".tmp-"
-#: Bytes per chunk of a streamed read or write, and the S3 multipart part size (the AWS CLI's default
-#: ``multipart_chunksize``, 8 MiB): memory per transfer is a small multiple of this. Files over 10,000 parts
-#: (S3's limit, ~78 GiB here) get larger parts (:meth:`Store.write_file`).
-CHUNK_BYTES = 8 * 2**20
+#: The S3 multipart part size (the AWS CLI's default ``multipart_chunksize``, 8 MiB), also the read-ahead block of
+#: a streamed S3 read. Files over 9,000 parts (~70 GiB here) get larger parts (:meth:`Store.write_file`).
+PART_BYTES = 8 * 2**20
+#: Bytes per chunk of a streamed read or write held by our own code: a writer's buffer peaks at one part plus one
+#: chunk, so memory per transfer is a small multiple of :data:`PART_BYTES`, whatever the file's size.
+CHUNK_BYTES = 2**20
 #: S3's maximum number of parts of a multipart upload (kept below with a margin).
 MAX_PARTS = 9_000
 _S3_PROTOCOLS = ("s3://", "s3a://")
@@ -187,7 +189,7 @@ class Store:
         """
         return self.write_chunks(rel, [data])
 
-    def write_chunks(self, rel: str, chunks: Iterable[bytes], *, part_bytes: int = CHUNK_BYTES) -> str:
+    def write_chunks(self, rel: str, chunks: Iterable[bytes], *, part_bytes: int = PART_BYTES) -> str:
         """Write the concatenation of ``chunks`` atomically at ``rel``; returns its sha256 (computed on the fly).
 
         Local: a temporary file in the same folder, fsynced, then renamed. S3: s3fs's buffered writer with
@@ -247,7 +249,7 @@ class Store:
             StorageError: the write failed; names the object and the cause.
         """
         size = os.path.getsize(src)
-        return self.write_chunks(rel, _file_chunks(src), part_bytes=max(CHUNK_BYTES, -(-size // MAX_PARTS)))
+        return self.write_chunks(rel, _file_chunks(src), part_bytes=max(PART_BYTES, -(-size // MAX_PARTS)))
 
     def iter_chunks(self, rel: str) -> Iterator[bytes]:
         """The bytes of ``rel`` in chunks of at most :data:`CHUNK_BYTES`.
@@ -257,7 +259,7 @@ class Store:
             StorageError: the read failed (past the retry budget on S3); names the object and the cause.
         """
         try:
-            with self.fs.open(self.full(rel), "rb", block_size=CHUNK_BYTES) as f:
+            with self.fs.open(self.full(rel), "rb", block_size=PART_BYTES) as f:
                 while chunk := f.read(CHUNK_BYTES):
                     yield chunk
         except FileNotFoundError as e:

@@ -12,7 +12,7 @@ import pytest
 from _faults import Fault, FaultProxy
 from _s3 import moto_server  # noqa: F401  (fixture)
 
-from mugrpo.storage import CHUNK_BYTES, RetryBudget, StorageError, Store
+from mugrpo.storage import PART_BYTES, RetryBudget, StorageError, Store
 
 
 @pytest.fixture
@@ -72,7 +72,7 @@ def test_server_stopped_mid_multipart_upload_leaves_no_object_then_the_retry_com
     """A 2.5-part file: the server goes down after the first part; no object is visible; once it is back the
     same write completes whole."""
     src = tmp_path / "optimizer.pt"
-    src.write_bytes(bytes(range(256)) * (CHUNK_BYTES * 5 // 2 // 256))
+    src.write_bytes(bytes(range(256)) * (PART_BYTES * 5 // 2 // 256))
     store = store_via(proxy, max_attempts=2)
     rel = "r/checkpoints/stage=0/step=000001/optimizer.pt"
     proxy.add(Fault("down", method="PUT", path="optimizer.pt", query="partNumber=2"))
