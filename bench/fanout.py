@@ -38,16 +38,6 @@ DATA = REPO.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
 RUN = "fanout-bench"
 
 
-def model_dir(name: str, tmp: Path) -> Path:
-    from mugrpo.models import convert_to_hf_dir, make_tiny_random_model, smollm2_gguf_path
-
-    if name == "tiny":
-        return make_tiny_random_model(tmp / "tiny", seed=0)
-    if name == "smollm2":
-        return convert_to_hf_dir(smollm2_gguf_path(), tmp / "smollm2")
-    return Path(name)
-
-
 def make_spec(root: Path, args: argparse.Namespace, workers: int):
     from mugrpo.data import DatasetConfig
     from mugrpo.jobs.generate import GenerateSpec
@@ -147,7 +137,9 @@ def main(argv: list[str] | None = None) -> dict:
     cores = os.cpu_count() or 1
     with tempfile.TemporaryDirectory(prefix="mugrpo-fanout-") as tmp:
         work = Path(tmp)
-        policy = model_dir(args.model, work)
+        from mugrpo.models import bench_model_dir
+
+        policy = bench_model_dir(args.model, work)
         rounds = []
         for r in range(args.rounds):
             order = args.workers if r % 2 == 0 else list(reversed(args.workers))

@@ -33,22 +33,13 @@ from mugrpo.engines import make_engine
 from mugrpo.jobs.common import derive_seed
 from mugrpo.jobs.generate import GenerateSpec, run_generate, select_problems
 from mugrpo.layout import RunLayout
+from mugrpo.models import bench_model_dir
 from mugrpo.prompts import PromptConfig, encode_prompt, render_prompt
 from mugrpo.rewards import RewardConfig
 from mugrpo.storage import Store
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
-
-
-def model_dir(name: str, tmp: Path) -> Path:
-    from mugrpo.models import convert_to_hf_dir, make_tiny_random_model, smollm2_gguf_path
-
-    if name == "tiny":
-        return make_tiny_random_model(tmp / "tiny", seed=0)
-    if name == "smollm2":
-        return convert_to_hf_dir(smollm2_gguf_path(), tmp / "smollm2")
-    return Path(name)
 
 
 def bare(spec: GenerateSpec, policy: Path) -> tuple[float, int]:
@@ -151,7 +142,7 @@ def main() -> None:
         return json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout)
 
     try:
-        policy = model_dir(args.model, tmp)
+        policy = bench_model_dir(args.model, tmp)
         ceilings = [ceiling()]
         results: dict[str, list[dict]] = {dtype: [] for dtype in args.dtype}
         for r in range(args.repeats):

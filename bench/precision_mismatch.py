@@ -29,22 +29,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mugrpo.models import bench_model_dir
+
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "train.jsonl"
 SAMPLERS = {
     "fp32": {"dtype": "float32"},
     "bf16": {"dtype": "bfloat16"},
     "bf16+fp32-logits": {"dtype": "bfloat16", "fp32_logits": True},
 }
-
-
-def model_dir(name: str, tmp: Path) -> Path:
-    from mugrpo.models import convert_to_hf_dir, make_tiny_random_model, smollm2_gguf_path
-
-    if name == "tiny":
-        return make_tiny_random_model(tmp / "tiny", seed=0)
-    if name == "smollm2":
-        return convert_to_hf_dir(smollm2_gguf_path(), tmp / "smollm2")
-    return Path(name)
 
 
 def prompts(policy: Path, count: int) -> list[list[int]]:
@@ -132,7 +124,7 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="mugrpo-mismatch-"))
     try:
-        policy = model_dir(args.model, tmp)
+        policy = bench_model_dir(args.model, tmp)
         prompt_ids = prompts(policy, args.prompts)
         model = PolicyTokenLogprobs(load_policy(policy)[0].eval())
         results: dict = {"model": args.model, "threads": torch.get_num_threads(), "arms": []}

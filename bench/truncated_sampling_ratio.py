@@ -23,7 +23,7 @@ import torch
 
 from mugrpo.engines.base import SamplingParams
 from mugrpo.engines.transformers_engine import TransformersEngine
-from mugrpo.models import load_policy
+from mugrpo.models import bench_model_dir, load_policy
 from mugrpo.prompts import PromptConfig, encode_prompt, render_prompt
 from mugrpo.trainer.batch import collate
 from mugrpo.trainer.data import Rollout
@@ -42,16 +42,6 @@ SETTINGS = [
 ]
 
 
-def model_dir(name: str, tmp: Path) -> Path:
-    from mugrpo.models import convert_to_hf_dir, make_tiny_random_model, smollm2_gguf_path
-
-    if name == "tiny":
-        return make_tiny_random_model(tmp / "tiny", seed=0)
-    if name == "smollm2":
-        return convert_to_hf_dir(smollm2_gguf_path(), tmp / "smollm2")
-    return Path(name)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2", help="smollm2, tiny, or an HF model dir")
@@ -65,7 +55,7 @@ def main() -> None:
         prompts_n, tokens, settings = 2, 8, SETTINGS[:3]
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
-        model, tokenizer = load_policy(model_dir(args.model, Path(tmp)))
+        model, tokenizer = load_policy(bench_model_dir(args.model, Path(tmp)))
     questions = [json.loads(line)["question"] for line in DATA.read_text().splitlines()[:prompts_n]]
     prompts = [encode_prompt(tokenizer, render_prompt(tokenizer, q, PromptConfig())) for q in questions]
     engine = TransformersEngine(model, tokenizer, batch_size=32)

