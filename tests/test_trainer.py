@@ -135,7 +135,7 @@ def test_lr_schedule_warmup_then_cosine():
 def test_full_job_run(stage_root, tmp_path):
     """Subprocess run: 4 train_steps rows with sane metrics, a checkpoint, policies/stage=1, a manifest; the
     re-run is a no-op."""
-    spec_path = _write_spec(_spec(stage_root), tmp_path / "train.spec.json")
+    spec_path = _write_spec(_spec(stage_root, recompute_behavior_logprobs=True), tmp_path / "train.spec.json")
     proc = subprocess.run(
         [sys.executable, "-m", "mugrpo.jobs.train", str(spec_path)],
         env=_env(),
@@ -166,15 +166,20 @@ def test_full_job_run(stage_root, tmp_path):
     assert tokenizer.eos_token_id == 2 and trained.generation_config.eos_token_id is not None
 
     manifest = read_job_manifest(store, RUN, 0, "train")
-    assert manifest.counts["updates"] == 4 and set(manifest.timings) == {"switch", "train", "total"}
-    assert 0 < manifest.timings["switch"] < manifest.timings["total"]
+    timings = manifest.timings
+    assert manifest.counts["updates"] == 4 and set(timings) == {"switch", "train", "recompute", "total"}
+    assert 0 < timings["switch"] < timings["total"]
+    # The behavior log-prob recompute pass ran (recompute_behavior_logprobs) and is training time, not switch:
+    # switch and train (which holds it) are disjoint parts of the total.
+    assert 0 < timings["recompute"] < timings["train"]
+    assert timings["switch"] + timings["train"] <= timings["total"]
     paths = {f.path for f in manifest.files}
     assert {"train_steps/stage=0/part-00002.parquet", "train_steps/stage=0/part-00004.parquet"} <= paths
     assert "policies/stage=1/model.safetensors" in paths
     for record in manifest.files:  # every listed file verifies
         store.read_bytes(layout.abs(record.path), expected_sha256=record.sha256)
 
-    again = run_training(_spec(stage_root))
+    again = run_training(_spec(stage_root, recompute_behavior_logprobs=True))
     assert again == manifest  # already committed: nothing rerun, nothing rewritten
 
 

@@ -226,6 +226,8 @@ class Trainer:
         self._replay_rows: dict[int, dict] = {}
         #: AGPO's clip-range controller of the stage being trained (loss.name=agpo), else None.
         self._agpo: AGPOUpdates | None = None
+        #: Seconds of the current stage's behavior log-prob recompute pass (counted as training time).
+        self._recompute_s = 0.0
 
     @property
     def pad_id(self) -> int:
@@ -335,12 +337,14 @@ class Trainer:
                 ref_policy, _ = load_policy(local_policy_dir(store, spec.reference_policy_dir))
                 reference = PolicyTokenLogprobs(ref_policy.requires_grad_(False), train.logprob_chunk_size)
                 reference = reference.to(accelerator.device).eval()
-            t_switch = time.monotonic() - origin
+            # The behavior log-prob recompute pass is a forward over this stage's rollouts: training work, so it
+            # counts as T_train, not as switch (the Mu-GRPO paper's Table 1 splits T_roll/T_train/T_switch).
+            t_switch = time.monotonic() - origin - self._recompute_s
 
             if accelerator.is_main_process:
                 delete_parts_after(store, layout, spec.stage, start_step)
                 delete_replay_parts_after(store, layout, spec.stage, start_step)
-            t_train = self._train_updates(
+            t_train = self._recompute_s + self._train_updates(
                 spec, store, layout, data, order, schedule, start_step, reference, trainer_behavior, replay
             )
             self._publish(spec, store, workdir)
@@ -402,7 +406,8 @@ class Trainer:
     ) -> list[torch.Tensor] | None:
         """Setup and resume of the weights: the behavior policy first (the trainer's behavior log-probs come
         from it, also on resume), then the checkpoint's weights when resuming. Returns the trainer's behavior
-        log-probs for truncated IS (``loss.tis_cap``), or None."""
+        log-probs for truncated IS (``loss.tis_cap``), or None; the recompute pass's seconds go to
+        ``self._recompute_s`` (training time in the job manifest's timings, not switch)."""
         train, device = spec.train, self.accelerator.device
         cold = self.model is None
         if cold:
@@ -413,7 +418,9 @@ class Trainer:
             self.ensure_weights(spec)
             behavior = self.policy
         trainer_behavior: list[torch.Tensor] | None = None
+        self._recompute_s = 0.0
         if train.recompute_behavior_logprobs or spec.loss.tis_cap is not None:
+            t0 = time.monotonic()
             probe = PolicyTokenLogprobs(behavior.to(device).eval(), train.logprob_chunk_size)
             # Only the rollouts this stage's updates draw; the others keep the engine's (never read). Under the
             # training forward's autocast, so the update-1 ratio is exactly 1 (mugrpo.trainer.precision).
@@ -430,6 +437,7 @@ class Trainer:
                     for r, lp in zip(data.rollouts, trainer_behavior, strict=True)
                 ]
                 trainer_behavior = None
+            self._recompute_s = time.monotonic() - t0
         if cold:
             policy = behavior if ckpt is None else load_policy(ckpt.model_dir)[0]
             self._build(policy, train)
@@ -696,7 +704,8 @@ class Trainer:
                     "mean_tokens_per_second": float(sum(cols["num_tokens"]) / max(sum(cols["seconds"]), 1e-9)),
                     **(state_metrics(self._agpo.controller) if self._agpo is not None else {}),
                 },
-                timings={"switch": t_switch, "train": t_train, "total": t_total},
+                # "recompute": the behavior log-prob pass, a part of "train" (listed for the audit).
+                timings={"switch": t_switch, "train": t_train, "recompute": self._recompute_s, "total": t_total},
             )
             write_job_manifest(store, manifest)
             _print_summary(spec, steps, t_switch, t_train, t_total)
