@@ -29,7 +29,7 @@ from mugrpo.jobs.common import (
     refuse_untrusted,
     spec_argument,
 )
-from mugrpo.jobs.fanout import owned, worker_job, worker_manifests
+from mugrpo.jobs.fanout import commit_when_all_committed, owned, slowest_timings, worker_job
 from mugrpo.jobs.verifiers import VerifierPoolOwner
 from mugrpo.layout import RunLayout
 from mugrpo.manifest import read_job_manifest, write_job_manifest
@@ -234,13 +234,15 @@ def commit_eval(spec: EvalSpec) -> JobManifest | None:
         mugrpo.storage.ChecksumError: a benchmark file changed after its worker committed it.
     """
     store = spec.store()
+    return commit_when_all_committed(
+        store, spec.run_id, spec.stage, "eval", spec.workers, lambda parts: _eval_manifest(spec, parts)
+    )
+
+
+def _eval_manifest(spec: EvalSpec, parts: list[JobManifest]) -> JobManifest:
+    """The eval manifest from the committed worker manifests (see :func:`commit_eval`)."""
+    store = spec.store()
     layout = RunLayout(spec.run_id)
-    done = read_job_manifest(store, spec.run_id, spec.stage, "eval")
-    if done is not None:
-        return done
-    parts = worker_manifests(store, spec.run_id, spec.stage, "eval", spec.workers)
-    if any(p is None for p in parts):
-        return None
     digests = {f.path: f.sha256 for p in parts for f in p.files}
     files, metrics, counts = [], {}, {}
     for bench in spec.benchmarks:
@@ -256,7 +258,7 @@ def commit_eval(spec: EvalSpec) -> JobManifest | None:
             f"eval policy {spec.stage}: {name:<10} n={len(rows) // bench.k:<4} k={bench.k} "
             + "  ".join(f"{k}={v:.3f}" for k, v in bench_metrics(rows, bench.k).items())
         )
-    manifest = JobManifest(
+    return JobManifest(
         run_id=spec.run_id,
         stage=spec.stage,
         job="eval",
@@ -264,10 +266,8 @@ def commit_eval(spec: EvalSpec) -> JobManifest | None:
         files=files,
         counts=counts,
         metrics=metrics,
-        timings={k: max(p.timings.get(k, 0.0) for p in parts) for k in ("switch", "eval", "total")},
+        timings=slowest_timings(parts, ("switch", "eval", "total")),
     )
-    write_job_manifest(store, manifest)
-    return manifest
 
 
 def run_eval(spec: EvalSpec) -> JobManifest:

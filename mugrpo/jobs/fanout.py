@@ -17,15 +17,20 @@ spec itself is worker 0's.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+from collections.abc import Callable, Iterable
 
 from mugrpo.layout import RunLayout
-from mugrpo.manifest import read_job_manifest
+from mugrpo.manifest import read_job_manifest, write_job_manifest
 from mugrpo.storage import Store
 from schemas import JobManifest
 
-#: Job kinds that fan out over workers.
-FANOUT_JOBS = ("generate", "eval")
+#: Job kinds that fan out over workers -> (module, function) writing the job manifest from the worker manifests.
+_FINALIZERS = {
+    "generate": ("mugrpo.jobs.generate", "commit_generation"),
+    "eval": ("mugrpo.jobs.eval", "commit_eval"),
+}
+FANOUT_JOBS = tuple(_FINALIZERS)
 
 
 def owned(count: int, worker: int, workers: int) -> list[int]:
@@ -69,6 +74,33 @@ def worker_spec_paths(store: Store, run_id: str, stage: int, job: str, spec, wor
     return paths
 
 
+def commit_when_all_committed(
+    store: Store, run_id: str, stage: int, job: str, workers: int, build: Callable[[list[JobManifest]], JobManifest]
+) -> JobManifest | None:
+    """The job commit of a fanned-out ``job``: its existing manifest if it is committed (idempotent); else None
+    while a worker manifest is missing; else ``build(worker_manifests)`` written as the job manifest.
+
+    Raises:
+        Whatever ``build`` raises (e.g. :class:`mugrpo.storage.ChecksumError` for a file changed after its worker
+        committed it); nothing is written then.
+    """
+    done = read_job_manifest(store, run_id, stage, job)
+    if done is not None:
+        return done
+    parts = worker_manifests(store, run_id, stage, job, workers)
+    if any(p is None for p in parts):
+        return None
+    manifest = build(parts)
+    write_job_manifest(store, manifest)
+    return manifest
+
+
+def slowest_timings(parts: Iterable[JobManifest], keys: Iterable[str]) -> dict[str, float]:
+    """Per timing key, the slowest worker's seconds: the workers ran in parallel, so the job took that long."""
+    parts = list(parts)
+    return {k: max(p.timings.get(k, 0.0) for p in parts) for k in keys}
+
+
 def finalizer(job: str) -> Callable[[object], JobManifest | None]:
     """The function that writes ``job``'s manifest from its worker manifests (None while a worker is missing):
     :func:`mugrpo.jobs.generate.commit_generation` or :func:`mugrpo.jobs.eval.commit_eval`.
@@ -76,12 +108,7 @@ def finalizer(job: str) -> Callable[[object], JobManifest | None]:
     Raises:
         KeyError: ``job`` does not fan out.
     """
-    if job == "generate":
-        from mugrpo.jobs.generate import commit_generation
-
-        return commit_generation
-    if job == "eval":
-        from mugrpo.jobs.eval import commit_eval
-
-        return commit_eval
-    raise KeyError(f"job {job!r} does not fan out over workers (only {', '.join(FANOUT_JOBS)})")
+    if job not in _FINALIZERS:
+        raise KeyError(f"job {job!r} does not fan out over workers (only {', '.join(FANOUT_JOBS)})")
+    module, name = _FINALIZERS[job]
+    return getattr(importlib.import_module(module), name)

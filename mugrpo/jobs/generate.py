@@ -45,7 +45,7 @@ from mugrpo.jobs.common import (
     refuse_untrusted,
     spec_argument,
 )
-from mugrpo.jobs.fanout import owned, worker_job, worker_manifests
+from mugrpo.jobs.fanout import commit_when_all_committed, owned, slowest_timings, worker_job
 from mugrpo.jobs.verifiers import VerifierPoolOwner
 from mugrpo.layout import RunLayout
 from mugrpo.lease import check_fence
@@ -595,16 +595,18 @@ def commit_generation(spec: GenerateSpec) -> JobManifest | None:
     Raises:
         mugrpo.storage.ChecksumError: a shard changed after its worker committed it.
     """
+    store = spec.store()
+    return commit_when_all_committed(
+        store, spec.run_id, spec.stage, "generate", spec.workers, lambda parts: _generation_manifest(spec, parts)
+    )
+
+
+def _generation_manifest(spec: GenerateSpec, parts: list[JobManifest]) -> JobManifest:
+    """The stage's generate manifest from its committed worker manifests (see :func:`commit_generation`)."""
     from mugrpo.tables import read_table
 
     store = spec.store()
     layout = RunLayout(spec.run_id)
-    done = read_job_manifest(store, spec.run_id, spec.stage, "generate")
-    if done is not None:
-        return done
-    parts = worker_manifests(store, spec.run_id, spec.stage, "generate", spec.workers)
-    if any(p is None for p in parts):
-        return None
     files = sorted((f for p in parts for f in p.files), key=lambda f: f.path)
     all_rows = []
     for rec in files:
@@ -665,9 +667,8 @@ def commit_generation(spec: GenerateSpec) -> JobManifest | None:
         files=files,
         counts=counts,
         metrics=metrics,
-        timings={k: max(p.timings.get(k, 0.0) for p in parts) for k in ("switch", "gen", "total")},
+        timings=slowest_timings(parts, ("switch", "gen", "total")),
     )
-    write_job_manifest(store, manifest)
     tps = f"{metrics['tokens_per_second']:.0f} tok/s" if "tokens_per_second" in metrics else "no new tokens"
     console.print(
         f"generate stage {spec.stage}: {counts['rows']} rows from {spec.workers} worker(s), mean reward "
