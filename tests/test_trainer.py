@@ -167,11 +167,12 @@ def test_full_job_run(stage_root, tmp_path):
 
     manifest = read_job_manifest(store, RUN, 0, "train")
     timings = manifest.timings
-    assert manifest.counts["updates"] == 4 and set(timings) == {"switch", "train", "recompute", "total"}
+    assert manifest.counts["updates"] == 4 and set(timings) == {"switch", "train", "recompute", "checkpoint", "total"}
     assert 0 < timings["switch"] < timings["total"]
     # The behavior log-prob recompute pass ran (recompute_behavior_logprobs) and is training time, not switch:
     # switch and train (which holds it) are disjoint parts of the total.
     assert 0 < timings["recompute"] < timings["train"]
+    assert 0 < timings["checkpoint"] < timings["train"] - timings["recompute"]  # two checkpoints (2 and 4)
     assert timings["switch"] + timings["train"] <= timings["total"]
     paths = {f.path for f in manifest.files}
     assert {"train_steps/stage=0/part-00002.parquet", "train_steps/stage=0/part-00004.parquet"} <= paths

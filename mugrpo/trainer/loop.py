@@ -226,8 +226,10 @@ class Trainer:
         self._replay_rows: dict[int, dict] = {}
         #: AGPO's clip-range controller of the stage being trained (loss.name=agpo), else None.
         self._agpo: AGPOUpdates | None = None
-        #: Seconds of the current stage's behavior log-prob recompute pass (counted as training time).
+        #: Seconds of the current stage's behavior log-prob recompute pass and of its checkpoint writes: both are
+        #: parts of the job's "train" timing, listed apart in its manifest ("recompute", "checkpoint").
         self._recompute_s = 0.0
+        self._checkpoint_s = 0.0
 
     @property
     def pad_id(self) -> int:
@@ -498,6 +500,7 @@ class Trainer:
         accelerator, model, optimizer = self.accelerator, self.model, self.optimizer
         train, main, pad_id = spec.train, accelerator.is_main_process, self.pad_id
         total = train.updates_per_stage
+        self._checkpoint_s = 0.0
         group_of = {i: g for g, members in enumerate(data.groups) for i in members}
         num_rows, num_groups = len(data.rollouts), len(data.groups)
         pending: list[dict] = []
@@ -606,7 +609,9 @@ class Trainer:
                     task, completed=u, loss=result.metrics.get("loss", 0.0), tps=pending[-1]["tokens_per_second"]
                 )
                 if u % train.checkpoint_every == 0 or u == total:
+                    c0 = time.monotonic()
                     self._checkpoint(spec, store, layout, schedule, data, u, pending, replay, pending_audit)
+                    self._checkpoint_s += time.monotonic() - c0
                     pending, pending_audit = [], []
         return time.monotonic() - t0
 
@@ -704,8 +709,15 @@ class Trainer:
                     "mean_tokens_per_second": float(sum(cols["num_tokens"]) / max(sum(cols["seconds"]), 1e-9)),
                     **(state_metrics(self._agpo.controller) if self._agpo is not None else {}),
                 },
-                # "recompute": the behavior log-prob pass, a part of "train" (listed for the audit).
-                timings={"switch": t_switch, "train": t_train, "recompute": self._recompute_s, "total": t_total},
+                # "recompute" (the behavior log-prob pass) and "checkpoint" (train_steps parts and checkpoint
+                # writes) are parts of "train", listed apart for the audit and for bench/speedup.py's T_ckpt.
+                timings={
+                    "switch": t_switch,
+                    "train": t_train,
+                    "recompute": self._recompute_s,
+                    "checkpoint": self._checkpoint_s,
+                    "total": t_total,
+                },
             )
             write_job_manifest(store, manifest)
             _print_summary(spec, steps, t_switch, t_train, t_total)
