@@ -4,9 +4,13 @@ read back per-phase seconds and rewards from the committed manifests and Parquet
 
 Per-phase seconds of an arm (summed over its stages), the columns of the Mu-GRPO paper's Table 1 (arXiv 2605.17570):
 - T_roll: generation work (the generate job's / worker's own ``gen`` seconds, in its job manifest);
-- T_train: training work (the train job's ``train`` seconds);
-- T_switch: T_total - T_roll - T_train - T_eval (process start, imports, weight load, engine start, weight sync,
-  Parquet commits and bookkeeping), computed the same way for cold and warm arms;
+- T_train: training work: the train job's ``train`` seconds (its updates and the behavior log-prob recompute
+  pass) less its ``checkpoint`` seconds;
+- T_ckpt: the train job's ``checkpoint`` seconds (train_steps parts, model + AdamW checkpoint writes), apart
+  because the arms checkpoint a different number of times (every stage's end) and it is neither training nor
+  switching;
+- T_switch: T_total - T_roll - T_train - T_ckpt (process start, imports, weight and optimizer-state load, engine
+  start, weight sync, policy publish, Parquet commits and bookkeeping), the same formula for cold and warm arms;
 - T_total: the stage manifests' ``t_total`` summed (wall clock of the stages; the run's init is excluded for all).
 """
 
@@ -25,6 +29,9 @@ from bench.warm_vs_cold import job, run_cold, run_warm  # noqa: E402  (reuse, no
 MU_CONFIG = REPO / "configs" / "gsm8k-smollm2.yaml"
 GRPO_CONFIG = REPO / "configs" / "gsm8k-smollm2-grpo.yaml"
 GRPO_MU = 4  # the paper's GRPO baseline staleness
+#: The arms: Mu-GRPO with K cold stages (the issue's), GRPO mu = 4 warm (the fair baseline) and cold, and
+#: Mu-GRPO's K stages in one warm segment job (isolates the method from the execution mode).
+ARMS = ("mu", "grpo-warm", "grpo-cold", "mu-warm")
 
 
 @dataclass(frozen=True)
@@ -54,7 +61,8 @@ class Budget:
 
 
 def arm_config(arm: str, root: Path, run_id: str, b: Budget):
-    """The resolved Config of arm ``mu`` (Mu-GRPO, cold), ``grpo-warm`` or ``grpo-cold`` under budget ``b``.
+    """The resolved Config of arm ``mu`` (Mu-GRPO, cold), ``mu-warm``, ``grpo-warm`` or ``grpo-cold`` (:data:`ARMS`)
+    under budget ``b``.
 
     Every arm consumes the same ``b.total_prompts`` prompts in the same seed-fixed order (stage k starts where
     k-1 ended). ``generation.shard_size`` is one Mu-GRPO stage for every arm, so each arm generates a stage in
@@ -65,7 +73,9 @@ def arm_config(arm: str, root: Path, run_id: str, b: Budget):
     from mugrpo.config import config_from_dict, load_config
 
     b.check()
-    mu = arm == "mu"
+    if arm not in ARMS:
+        raise ValueError(f"unknown arm {arm!r}: one of {', '.join(ARMS)}")
+    mu = arm.startswith("mu")
     stages = b.mu_stages if mu else b.updates // GRPO_MU
     per_stage = b.updates // stages
     prompts = b.total_prompts // stages
@@ -87,7 +97,7 @@ def arm_config(arm: str, root: Path, run_id: str, b: Budget):
         "train.skip_zero_variance_groups=false",
         "eval.every_stage=false",
         "tracking.sinks=[]",
-        f"orchestration.execution={'warm' if arm == 'grpo-warm' else 'cold'}",
+        f"orchestration.execution={'warm' if arm.endswith('-warm') else 'cold'}",
         f"orchestration.segment_stages={stages}",
         *b.extra,
     ]
@@ -104,7 +114,7 @@ def run_arm(arm: str, cfg, log: Path, tmp: Path) -> dict:
     """Run the arm's stages (timed), then evaluate its final policy (untimed); returns :func:`arm_report`."""
     from mugrpo.runs import write_final_eval_spec
 
-    if arm == "grpo-warm":
+    if arm.endswith("-warm"):
         run_warm(cfg, log, tmp)
     else:
         run_cold(cfg, log)
@@ -126,10 +136,13 @@ def arm_report(cfg) -> dict:
     for k in range(cfg.run.num_stages):
         m = read_manifest(store, run, k)
         gen = read_job_manifest(store, run, k, "generate").timings.get("gen", 0.0)
-        train = read_job_manifest(store, run, k, "train").timings.get("train", 0.0)
-        stages.append({"t_roll": gen, "t_train": train, "t_eval": 0.0, "t_total": m.timings.t_total})
-    t = {key: sum(s[key] for s in stages) for key in ("t_roll", "t_train", "t_total")}
-    t["t_switch"] = max(t["t_total"] - t["t_roll"] - t["t_train"], 0.0)
+        train = read_job_manifest(store, run, k, "train").timings
+        ckpt = train.get("checkpoint", 0.0)
+        stages.append(
+            {"t_roll": gen, "t_train": train.get("train", 0.0) - ckpt, "t_ckpt": ckpt, "t_total": m.timings.t_total}
+        )
+    t = {key: sum(s[key] for s in stages) for key in ("t_roll", "t_train", "t_ckpt", "t_total")}
+    t["t_switch"] = max(t["t_total"] - t["t_roll"] - t["t_train"] - t["t_ckpt"], 0.0)
     base = Path(cfg.run.root) / run
     rollouts = ds.dataset(base / "rollouts", format="parquet", partitioning="hive").to_table(
         columns=["stage", "reward"]

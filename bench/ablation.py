@@ -47,7 +47,11 @@ PANELS = {
 }
 
 
-def config(root: Path, quick: bool, model: str, updates: int, lr: float, extra: list[str]):
+def config(
+    root: Path, quick: bool, model: str, updates: int, lr: float, extra: list[str], prompts: int = 16, group: int = 8
+):
+    """The arm's one-stage Mu-GRPO config: ``prompts`` x G = ``group`` rollouts of 64 new tokens, one group per
+    update (``rollouts_per_update`` = G), ``updates`` updates at ``lr``; ``extra`` overrides pick the loss."""
     from mugrpo.config import config_from_dict, load_config
 
     o = [
@@ -61,7 +65,7 @@ def config(root: Path, quick: bool, model: str, updates: int, lr: float, extra: 
         "eval.every_stage=false",
         "tracking.sinks=[]",
     ]
-    prompts, g, tokens, per_update = (2, 2, 4, 2) if quick else (16, 8, 64, 8)
+    prompts, g, tokens, per_update = (2, 2, 4, 2) if quick else (prompts, group, 64, group)
     o += [
         f"generation.prompts_per_stage={prompts}",
         f"generation.shard_size={prompts}",
@@ -134,6 +138,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--updates", type=int, default=None, help="mu: updates on the one stage (default 64)")
     parser.add_argument("--lr", type=float, default=1e-4, help="raised from the configs' 2e-5 to move the policy")
+    parser.add_argument("--prompts", type=int, default=16, help="prompts of the one stage")
+    parser.add_argument("--group-size", type=int, default=8, help="G; one group per update")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     updates = args.updates or (4 if args.quick else 64)
@@ -146,14 +152,15 @@ def main() -> None:
     from mugrpo.manifest import read_job_manifest
     from mugrpo.runs import init_run, open_store, write_final_eval_spec, write_job_specs
 
-    gen_cfg = config(tmp / "gen", args.quick, model, updates, args.lr, ARMS["veto-suffix"])
+    sizes = {"prompts": args.prompts, "group": args.group_size}
+    gen_cfg = config(tmp / "gen", args.quick, model, updates, args.lr, ARMS["veto-suffix"], **sizes)
     init_run(gen_cfg)
     t0 = time.monotonic()
     job("generate", write_job_specs(gen_cfg, 0)["generate"], tmp / "gen.log")
     print(f"stage 0 generated in {time.monotonic() - t0:.1f} s; scratch {tmp}", flush=True)
     curves, evals = {}, {}
     for arm, extra in ARMS.items():
-        cfg = config(tmp / arm, args.quick, model, updates, args.lr, extra)
+        cfg = config(tmp / arm, args.quick, model, updates, args.lr, extra, **sizes)
         shutil.copytree(tmp / "gen" / RUN_ID / "policies", tmp / arm / RUN_ID / "policies", copy_function=os.link)
         init_run(cfg)
         link_stage(tmp / "gen" / RUN_ID, tmp / arm / RUN_ID)
@@ -180,7 +187,7 @@ def main() -> None:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "ablation.json").write_text(
-            json.dumps({"updates": updates, "lr": args.lr, "curves": curves, "evals": evals})
+            json.dumps({"updates": updates, "lr": args.lr, **sizes, "curves": curves, "evals": evals})
         )
         plot(
             curves,

@@ -6,7 +6,9 @@
 Arms, run one after the other in one invocation, their order rotated each repeat:
 - mu:        Mu-GRPO (configs/gsm8k-smollm2.yaml), K = 4 cold stages, mu = U/4 updates per rollout refresh;
 - grpo-warm: GRPO (configs/gsm8k-smollm2-grpo.yaml), mu = 4, one warm segment job for all U/4 stages;
-- grpo-cold: the same GRPO, cold (three job processes per stage, as the stage flow launches them).
+- grpo-cold: the same GRPO, cold (three job processes per stage, as the stage flow launches them);
+- mu-warm:   Mu-GRPO's K stages in one warm segment job: the like-for-like pair of grpo-warm, which separates
+             what the method saves (larger generation batches, fewer weight syncs) from what cold stages cost.
 Equal across arms: U, rollouts per update, total rollouts, model, data order, G, new tokens, seed (bench/_arms.py).
 Per arm it prints T_roll, T_train, T_switch, T_total, the final training reward and the final eval, then the
 ratios GRPO-warm / Mu-GRPO next to the paper's 1.82x (rollout) and 1.53x (end to end), and the Amdahl bound
@@ -25,9 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._arms import Budget, amdahl_bound, arm_config, plot_reward_vs_time, run_arm  # noqa: E402
+from bench._arms import ARMS, Budget, amdahl_bound, arm_config, plot_reward_vs_time, run_arm  # noqa: E402
 
-ARMS = ("mu", "grpo-warm", "grpo-cold")
 PAPER = {"rollout": 1.82, "end_to_end": 1.53}
 
 
@@ -42,6 +43,7 @@ def budget(args, model: str) -> Budget:
         max_new_tokens=args.max_new_tokens,
         mu_stages=args.mu_stages,
         eval_prompts=args.eval_prompts,
+        num_threads=args.engine_threads,
         model=model,
     )
 
@@ -54,12 +56,19 @@ def add_budget_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rollouts-per-update", type=int, default=d.rollouts_per_update)
     parser.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
     parser.add_argument("--eval-prompts", type=int, default=d.eval_prompts, help="GSM8K test prompts, final eval")
+    parser.add_argument(
+        "--engine-threads",
+        type=int,
+        default=d.num_threads,
+        help="torch threads of the mugrpo arms' generation engine (generation.engine_kwargs.num_threads; the "
+        "configs' 1 by default; training always uses torch's default)",
+    )
 
 
 def summarize(results: dict[str, list[dict]]) -> dict:
     """Medians over repeats per arm and the ratios and targets of the issue."""
     med = {
-        arm: {k: statistics.median(r[k] for r in runs) for k in ("t_roll", "t_train", "t_switch", "t_total")}
+        arm: {k: statistics.median(r[k] for r in runs) for k in ("t_roll", "t_train", "t_ckpt", "t_switch", "t_total")}
         for arm, runs in results.items()
     }
     mu, warm = med["mu"], med["grpo-warm"]
@@ -68,7 +77,7 @@ def summarize(results: dict[str, list[dict]]) -> dict:
     f = warm["t_train"] / warm["t_total"]
     bound = amdahl_bound(f, s)
     switch_share = mu["t_switch"] / mu["t_total"]
-    return {
+    out = {
         "medians": med,
         "ratios_grpo_warm_over_mu": {
             "rollout": s,
@@ -77,9 +86,6 @@ def summarize(results: dict[str, list[dict]]) -> dict:
             "paper_rollout": PAPER["rollout"],
             "paper_end_to_end": PAPER["end_to_end"],
         },
-        "ratios_grpo_cold_over_mu": {
-            k: med["grpo-cold"][f"t_{k}"] / mu[f"t_{k}"] for k in ("roll", "train", "switch", "total")
-        },
         "amdahl": {"f_train_grpo_warm": f, "bound": bound, "measured_over_bound": e2e / bound},
         "targets": {
             "mu faster end to end than grpo-warm (ratio > 1)": e2e > 1.0,
@@ -87,7 +93,18 @@ def summarize(results: dict[str, list[dict]]) -> dict:
             "mu T_switch < 5% of its T_total": switch_share < 0.05,
         },
         "mu_switch_share": switch_share,
+        "mu_switch_and_checkpoint_share": (mu["t_switch"] + mu["t_ckpt"]) / mu["t_total"],
     }
+    if "grpo-cold" in med:
+        out["ratios_grpo_cold_over_mu"] = {
+            k: med["grpo-cold"][f"t_{k}"] / mu[f"t_{k}"] for k in ("roll", "train", "ckpt", "switch", "total")
+        }
+    if "mu-warm" in med:
+        mw = med["mu-warm"]
+        out["ratios_grpo_warm_over_mu_warm"] = {
+            k: warm[f"t_{k}"] / mw[f"t_{k}"] for k in ("roll", "train", "ckpt", "switch", "total")
+        }
+    return out
 
 
 def main() -> None:
@@ -95,6 +112,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny random model, U=8 (CI)")
     add_budget_flags(parser)
     parser.add_argument("--repeats", type=int, default=1, help="rounds of all arms, order rotated each round")
+    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset (mu and grpo-warm needed)")
     parser.add_argument("--out", type=Path, default=None, help="write results JSON and the plot here")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="mugrpo-speedup-"))
@@ -105,9 +123,12 @@ def main() -> None:
         model = str(make_tiny_random_model(tmp / "tiny", seed=0))
     b = budget(args, model)
     print(f"budget: {b}; scratch {tmp}", flush=True)
-    results: dict[str, list[dict]] = {arm: [] for arm in ARMS}
+    arms = tuple(a for a in ARMS if a in args.arms.split(","))
+    if not {"mu", "grpo-warm"} <= set(arms):
+        parser.error("--arms must include mu and grpo-warm (the ratios are theirs)")
+    results: dict[str, list[dict]] = {arm: [] for arm in arms}
     for r in range(args.repeats):
-        order = ARMS[r % 3 :] + ARMS[: r % 3]
+        order = arms[r % len(arms) :] + arms[: r % len(arms)]
         for arm in order:
             cfg = arm_config(arm, tmp / arm, f"{arm}-{r}", b)
             t0 = time.monotonic()
@@ -115,12 +136,14 @@ def main() -> None:
             print(f"{arm} repeat {r}: {time.monotonic() - t0:.1f} s wall incl. final eval, log {tmp}/{arm}-{r}.log")
             results[arm].append(rep)
     print(
-        f"\n{'arm':>10} {'stages':>6} {'T_roll':>8} {'T_train':>8} {'T_switch':>8} {'T_total':>8} {'reward':>7}  eval"
+        f"\n{'arm':>10} {'stages':>6} {'T_roll':>8} {'T_train':>8} {'T_ckpt':>8} {'T_switch':>8} {'T_total':>8} "
+        f"{'reward':>7}  eval"
     )
-    for arm in ARMS:
+    for arm in arms:
         for rep in results[arm]:
             print(
-                f"{arm:>10} {rep['stages']:>6} {rep['t_roll']:>8.1f} {rep['t_train']:>8.1f} {rep['t_switch']:>8.1f} "
+                f"{arm:>10} {rep['stages']:>6} {rep['t_roll']:>8.1f} {rep['t_train']:>8.1f} {rep['t_ckpt']:>8.1f} "
+                f"{rep['t_switch']:>8.1f} "
                 f"{rep['t_total']:>8.1f} {rep['final_train_reward']:>7.3f}  {json.dumps(rep['final_eval'])}"
             )
     summary = summarize(results)
@@ -128,7 +151,7 @@ def main() -> None:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "speedup.json").write_text(json.dumps({"budget": str(b), "results": results, **summary}))
-        series = {arm: results[arm][0]["reward_vs_time"] for arm in ARMS}
+        series = {arm: results[arm][0]["reward_vs_time"] for arm in arms}
         plot_reward_vs_time(series, args.out / "speedup_reward_vs_time.png", f"speedup.py: U={b.updates}")
         print(f"wrote {args.out}")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench._arms import GRPO_MU, Budget, amdahl_bound, arm_config
+from bench._arms import ARMS, GRPO_MU, Budget, amdahl_bound, arm_config
 from mugrpo.schedules import stage_plan, total_updates
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,14 +34,18 @@ def _shape(cfg) -> dict:
 
 def test_arms_share_the_budget_and_differ_in_staleness_and_execution(tmp_path):
     b = Budget()
-    cfgs = {arm: arm_config(arm, tmp_path / arm, arm, b) for arm in ("mu", "grpo-warm", "grpo-cold")}
+    cfgs = {arm: arm_config(arm, tmp_path / arm, arm, b) for arm in ARMS}
     shapes = {arm: _shape(cfg) for arm, cfg in cfgs.items()}
-    assert shapes["mu"] == shapes["grpo-warm"] == shapes["grpo-cold"]
+    assert shapes["mu"] == shapes["grpo-warm"] == shapes["grpo-cold"] == shapes["mu-warm"]
     assert shapes["mu"]["updates"] == b.updates == 32
     assert cfgs["mu"].run.num_stages == 4 and cfgs["mu"].train.updates_per_stage == b.updates // 4
     assert cfgs["grpo-warm"].train.updates_per_stage == GRPO_MU == cfgs["grpo-cold"].train.updates_per_stage
     assert cfgs["mu"].loss.name == "mu_grpo" and cfgs["grpo-warm"].loss.name == "grpo"
-    assert [cfgs[a].orchestration.execution for a in ("mu", "grpo-warm", "grpo-cold")] == ["cold", "warm", "cold"]
+    assert [cfgs[a].orchestration.execution for a in ARMS] == ["cold", "warm", "cold", "warm"]
+    # mu-warm is Mu-GRPO's run exactly, only executed in one warm segment job
+    assert cfgs["mu-warm"].loss == cfgs["mu"].loss and cfgs["mu-warm"].run.num_stages == cfgs["mu"].run.num_stages
+    with pytest.raises(ValueError, match="unknown arm"):
+        arm_config("grpo", tmp_path / "x", "x", b)
 
 
 def test_budget_rejects_updates_the_arms_cannot_share():
@@ -70,9 +74,14 @@ def _bench(args: list[str], tmp_path: Path, timeout: int = 2400) -> subprocess.C
 def test_speedup_quick_runs_all_arms_to_equal_updates(tmp_path):
     _bench(["bench/speedup.py", "--quick", "--out", str(tmp_path / "out")], tmp_path)
     res = json.loads((tmp_path / "out" / "speedup.json").read_text())
-    assert set(res["results"]) == {"mu", "grpo-warm", "grpo-cold"}
+    assert set(res["results"]) == set(ARMS)
     assert {arm: runs[0]["updates"] for arm, runs in res["results"].items()} == dict.fromkeys(res["results"], 8)
-    assert [runs[0]["stages"] for runs in res["results"].values()] == [4, 2, 2]
+    assert {arm: runs[0]["stages"] for arm, runs in res["results"].items()} == {
+        "mu": 4,
+        "grpo-warm": 2,
+        "grpo-cold": 2,
+        "mu-warm": 4,
+    }
     for runs in res["results"].values():
         r = runs[0]
         assert r["t_total"] >= r["t_roll"] + r["t_train"] > 0
