@@ -90,6 +90,21 @@ def load_policy(
     return model, tokenizer
 
 
+def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """Cast ``model``'s floating-point parameters to ``dtype`` in place and leave its buffers as they are; returns
+    ``model``.
+
+    This is what ``from_pretrained(dtype=...)`` gives, and not what ``model.to(dtype)`` gives: ``.to`` also casts
+    buffers such as the rotary embedding's ``inv_freq``, which transformers keeps in fp32. A bf16 ``inv_freq``
+    changes every rotary angle (and so every log-prob), so an engine built with ``.to(torch.bfloat16)`` samples
+    differently from one loaded from disk in bf16. Tied weights stay tied (each Parameter object is kept).
+    """
+    for param in model.parameters():
+        if param.is_floating_point():
+            param.data = param.data.to(dtype)
+    return model
+
+
 def _drop_gguf_quantizer(model: PreTrainedModel) -> None:
     """Forget that the weights came from GGUF: they are already dequantized floats.
 

@@ -107,3 +107,37 @@ def test_segment_progress_lines_feed_the_artifact(tmp_path):
     assert calls == [("create", 25.0, "my-run-segment-8"), ("update", 100.0, "id-1")]
     spec = SegmentSpec.from_config(_cfg(tmp_path, execution="warm", segment_stages=8), 8, 8)
     assert spec.stage == 8 and spec.num_stages == 8 and spec.config["orchestration"]["execution"] == "warm"
+
+
+def test_warm_bf16_engine_samples_as_the_cold_engine(tiny_model_dir):
+    """With ``model.dtype: bfloat16`` (the SmolLM2 configs) the warm engine keeps a bf16 copy of the trainer's fp32
+    policy. It must sample exactly as the cold job's engine, which loads the policy from disk in bf16: the same
+    tokens and behavior log-probs. ``model.to(bf16)`` would also cast the rotary ``inv_freq`` buffer, which
+    transformers keeps in fp32, and every log-prob would differ."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from mugrpo.config import load_config
+    from mugrpo.engines.base import SamplingParams
+    from mugrpo.engines.transformers_engine import TransformersEngine
+    from mugrpo.jobs.segment import WarmEngine
+    from mugrpo.models import load_policy
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "gsm8k-smollm2.yaml", [])
+    assert cfg.model.dtype == "bfloat16" and cfg.generation.engine == "transformers"
+    policy, tokenizer = load_policy(tiny_model_dir)  # the trainer's live fp32 policy (a Trainer holds these two)
+    warm = WarmEngine(cfg, SimpleNamespace(policy=policy, tokenizer=tokenizer, weights_stage=0), str(tiny_model_dir))
+    cold = TransformersEngine.from_dir(tiny_model_dir, dtype=cfg.model.dtype)
+    buffers = dict(warm.engine.model.named_buffers())
+    assert buffers["model.rotary_emb.inv_freq"].dtype == torch.float32
+    assert next(warm.engine.model.parameters()).dtype == torch.bfloat16
+    assert policy.lm_head.weight.dtype == torch.float32  # the trainer's master weights are untouched
+
+    prompts = [tokenizer("Natalia sold clips to 48 of her friends.").input_ids, tokenizer("What is 7 x 8?").input_ids]
+    params = SamplingParams(n=2, max_new_tokens=24, temperature=1.0, seed=11)
+    got, want = warm.generate(prompts, params), cold.generate(prompts, params)
+    for got_group, want_group in zip(got, want, strict=True):
+        for a, b in zip(got_group, want_group, strict=True):
+            assert a.response_token_ids == b.response_token_ids
+            assert a.behavior_logprobs == b.behavior_logprobs

@@ -105,10 +105,12 @@ class WarmEngine:
         if self.name == "transformers":
             dtype = _as_dtype(cfg.model.dtype)
             model = trainer.policy
-            if dtype != next(model.parameters()).dtype:
+            if dtype != next(model.parameters()).dtype:  # buffers (RoPE inv_freq) stay fp32, as the cold engine's
                 import copy
 
-                model = self._copy = copy.deepcopy(model).to(dtype).requires_grad_(False).eval()
+                from mugrpo.models import cast_parameters
+
+                model = self._copy = cast_parameters(copy.deepcopy(model), dtype).requires_grad_(False).eval()
             self.engine = TransformersEngine(model, trainer.tokenizer, batch_size=kwargs.get("batch_size", 64))
             self.synced_stage = None if self._copy is not None else -1  # -1: shares the module, always in sync
         elif self.name == "vllm":
