@@ -179,3 +179,24 @@ def test_init_run_then_resume_check_on_a_config_run(tmp_path, tiny_model_dir):
     flip_byte(tmp_path / RUN / "policies/stage=0/model.safetensors")
     with pytest.raises(CorruptedRunError, match="policies/stage=0/model.safetensors"):
         refuse_corrupted(store, RUN, 1)
+
+
+def test_carried_optimizer_state_is_checked_where_it_lies(run_copy):
+    """The next stage's AdamW moments (``read_optimizer_state``) are hashed and loaded in place on a local store:
+    the loaded state is the file's, and a flipped byte is a ChecksumError naming the file, not a bad load."""
+    import torch
+
+    from mugrpo.storage import ChecksumError
+    from mugrpo.trainer.checkpoint import read_optimizer_state
+
+    store, run = run_copy
+    rel = RunLayout(RUN).checkpoint_dir(0, 2)
+    path = run / "checkpoints/stage=0/step=000002/optimizer.pt"
+    state = read_optimizer_state(store, rel)
+    on_disk = torch.load(path, map_location="cpu", weights_only=True)
+    assert state["state"] and state["state"].keys() == on_disk["state"].keys()
+    for key, moments in on_disk["state"].items():
+        assert all(torch.equal(state["state"][key][m], moments[m]) for m in ("exp_avg", "exp_avg_sq"))
+    flip_byte(path)
+    with pytest.raises(ChecksumError, match="step=000002/optimizer.pt"):
+        read_optimizer_state(store, rel)

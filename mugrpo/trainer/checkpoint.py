@@ -212,7 +212,12 @@ def read_optimizer_state(store: Store, rel: str) -> dict[str, Any]:
     if not store.is_complete_dir(rel):
         raise FileNotFoundError(f"{store.uri(rel)} is not a committed checkpoint")
     marker = store.read_json(f"{rel}/{COMPLETE_MARKER}")
-    with tempfile.TemporaryDirectory(prefix="mugrpo-optim-") as tmp:  # streamed and hashed on the fly
-        local = Path(tmp) / OPTIMIZER_FILE
-        store.read_to_file(f"{rel}/{OPTIMIZER_FILE}", local, expected_sha256=marker["files"][OPTIMIZER_FILE])
+    path, expected = f"{rel}/{OPTIMIZER_FILE}", marker["files"][OPTIMIZER_FILE]
+    local = store.local_path(path)
+    if local is not None:  # a local store: hash and load the committed file in place, no 1 GB-scale copy
+        store.check_sha256(path, store.hash_file(path)[0], expected)
         return torch.load(local, map_location="cpu", weights_only=True)
+    with tempfile.TemporaryDirectory(prefix="mugrpo-optim-") as tmp:  # streamed and hashed on the fly
+        copy = Path(tmp) / OPTIMIZER_FILE
+        store.read_to_file(path, copy, expected_sha256=expected)
+        return torch.load(copy, map_location="cpu", weights_only=True)
