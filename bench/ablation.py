@@ -175,6 +175,7 @@ def main() -> None:
             job("eval", spec, tmp / f"{arm}.log")
             evals[arm] = read_job_manifest(open_store(cfg), RUN_ID, 1, "eval").metrics
         curves[arm] = steps_table(tmp / arm)
+        shutil.rmtree(tmp / arm / RUN_ID / "checkpoints", ignore_errors=True)  # GBs at SmolLM2 size; read already
         c = curves[arm]
         neg = [x for x in c["ratio_mean_neg_adv"] if x is not None]
         last = neg[-8:]

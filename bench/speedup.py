@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -114,6 +115,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="rounds of all arms, order rotated each round")
     parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset (mu and grpo-warm needed)")
     parser.add_argument("--out", type=Path, default=None, help="write results JSON and the plot here")
+    parser.add_argument("--keep-runs", action="store_true", help="keep each arm's run folder (checkpoints: GBs)")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="mugrpo-speedup-"))
     model = "smollm2"
@@ -133,6 +135,8 @@ def main() -> None:
             cfg = arm_config(arm, tmp / arm, f"{arm}-{r}", b)
             t0 = time.monotonic()
             rep = run_arm(arm, cfg, tmp / f"{arm}-{r}.log", tmp)
+            if not args.keep_runs:  # a SmolLM2 arm keeps ~2 GB of checkpoints per stage: free them once read
+                shutil.rmtree(tmp / arm, ignore_errors=True)
             print(f"{arm} repeat {r}: {time.monotonic() - t0:.1f} s wall incl. final eval, log {tmp}/{arm}-{r}.log")
             results[arm].append(rep)
     print(

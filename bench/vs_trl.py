@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -119,6 +120,7 @@ def report(arm: str, res: dict, updates: int) -> dict:
         "total": res["t_total"],
         "t_roll": res["t_roll"],
         "t_train": res["t_train"],
+        "t_ckpt": res["t_ckpt"],
         "t_switch": res["t_switch"],
         "curve": curve,
         "reward_vs_time": res["reward_vs_time"],
@@ -162,6 +164,8 @@ def main() -> None:
                 cfg = arm_config(arm, tmp / arm, f"{arm}-{r}", b)
                 res = run_arm(arm, cfg, tmp / f"{arm}-{r}.log", tmp)
             rep = report(arm, res, b.updates)
+            shutil.rmtree(tmp / arm, ignore_errors=True)  # its checkpoints (GBs at SmolLM2 size), read already
+            shutil.rmtree(tmp / f"{arm}-scratch", ignore_errors=True)
             results[arm].append(rep)
             print(
                 f"{arm} repeat {r}: {time.monotonic() - t0:.1f} s wall, {rep['s_per_update']:.2f} s/update", flush=True
