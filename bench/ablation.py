@@ -1,6 +1,7 @@
 """The Mu-GRPO paper's stability result in miniature (arXiv 2605.17570): many updates on one static rollout set.
 
-    python bench/ablation.py --out docs/figures      # SmolLM2-135M, one stage, mu = 64 updates per arm (~15 min)
+    python bench/ablation.py --prompts 32 --group-size 4 --out DIR   # SmolLM2-135M, mu = 64 per arm: ~25 min
+                                                     # on 2 quiet cores (the default G = 8: ~2x that)
     python bench/ablation.py --quick                 # tiny random model, mu = 4 (CI: the plumbing)
 
 One stage of real rollouts is generated and committed once (the generate job of configs/gsm8k-smollm2.yaml, one

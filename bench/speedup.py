@@ -1,6 +1,6 @@
 """Mu-GRPO against fair GRPO at equal updates: the Mu-GRPO paper's Table 1 (arXiv 2605.17570) in miniature.
 
-    python bench/speedup.py                      # SmolLM2-135M, U=32 updates, ~15-20 min on 2 shared cores
+    python bench/speedup.py                      # SmolLM2-135M, U=32 updates: ~17 min on 2 quiet cores
     python bench/speedup.py --quick              # tiny random model (CI: the plumbing, not the figures)
 
 Arms, run one after the other in one invocation, their order rotated each repeat:

@@ -1,7 +1,7 @@
 """mugrpo against the trainer people already use: TRL's GRPOTrainer (PyPI trl), mugrpo's warm GRPO and Mu-GRPO.
 
     make trl-venv                                # once: .venv-trl with torch (CPU), trl, and mugrpo's reward deps
-    python bench/vs_trl.py                       # SmolLM2-135M, U=32 updates, ~20 min on 2 shared cores
+    python bench/vs_trl.py --threads 2 --engine-threads 2   # SmolLM2-135M, U=32: ~14 min on 2 quiet cores
     python bench/vs_trl.py --quick               # tiny random model (CI: the plumbing, not the figures)
 
 Arms, one after the other in one invocation (order rotated each repeat): ``trl`` (GRPOTrainer, in .venv-trl as a
