@@ -283,6 +283,15 @@ class Store:
             size += len(chunk)
         return digest.hexdigest(), size
 
+    def verify_file(self, rel: str, expected_sha256: str) -> None:
+        """Re-hash ``rel`` where it lies (streamed) and check it against ``expected_sha256``.
+
+        Raises:
+            ChecksumError: the bytes differ (names ``rel``).
+            FileNotFoundError: ``rel`` does not exist.
+        """
+        self.check_sha256(rel, self.hash_file(rel)[0], expected_sha256)
+
     def read_to_file(self, rel: str, dest: str | os.PathLike, *, expected_sha256: str | None = None) -> str:
         """Stream ``rel`` into the local file ``dest`` (temporary name, then rename); returns the sha256.
 

@@ -141,8 +141,7 @@ def verify_committed_dir(store: Store, rel: str) -> None:
     from mugrpo.storage import COMPLETE_MARKER
 
     for name, digest in store.read_json(f"{rel}/{COMPLETE_MARKER}")["files"].items():
-        actual, _ = store.hash_file(f"{rel}/{name}")
-        store.check_sha256(f"{rel}/{name}", actual, digest)
+        store.verify_file(f"{rel}/{name}", digest)
 
 
 @contextmanager

@@ -37,7 +37,7 @@ from mugrpo.metrics import avg_at_k, mean_pass_at_k
 from mugrpo.progress import quiet_library_bars
 from mugrpo.prompts import PromptConfig, encode_prompt, render_prompt
 from mugrpo.rewards import RewardConfig, RewardInput
-from mugrpo.storage import sha256_bytes
+from mugrpo.storage import Store, sha256_bytes
 from mugrpo.tables import read_table, table_from_rows, write_table
 from schemas import FileRecord, JobManifest
 
@@ -235,13 +235,12 @@ def commit_eval(spec: EvalSpec) -> JobManifest | None:
     """
     store = spec.store()
     return commit_when_all_committed(
-        store, spec.run_id, spec.stage, "eval", spec.workers, lambda parts: _eval_manifest(spec, parts)
+        store, spec.run_id, spec.stage, "eval", spec.workers, lambda parts: _eval_manifest(spec, store, parts)
     )
 
 
-def _eval_manifest(spec: EvalSpec, parts: list[JobManifest]) -> JobManifest:
+def _eval_manifest(spec: EvalSpec, store: Store, parts: list[JobManifest]) -> JobManifest:
     """The eval manifest from the committed worker manifests (see :func:`commit_eval`)."""
-    store = spec.store()
     layout = RunLayout(spec.run_id)
     digests = {f.path: f.sha256 for p in parts for f in p.files}
     files, metrics, counts = [], {}, {}

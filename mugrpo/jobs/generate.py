@@ -597,15 +597,14 @@ def commit_generation(spec: GenerateSpec) -> JobManifest | None:
     """
     store = spec.store()
     return commit_when_all_committed(
-        store, spec.run_id, spec.stage, "generate", spec.workers, lambda parts: _generation_manifest(spec, parts)
+        store, spec.run_id, spec.stage, "generate", spec.workers, lambda parts: _generation_manifest(spec, store, parts)
     )
 
 
-def _generation_manifest(spec: GenerateSpec, parts: list[JobManifest]) -> JobManifest:
+def _generation_manifest(spec: GenerateSpec, store: Store, parts: list[JobManifest]) -> JobManifest:
     """The stage's generate manifest from its committed worker manifests (see :func:`commit_generation`)."""
     from mugrpo.tables import read_table
 
-    store = spec.store()
     layout = RunLayout(spec.run_id)
     files = sorted((f for p in parts for f in p.files), key=lambda f: f.path)
     all_rows = []

@@ -215,7 +215,7 @@ def read_optimizer_state(store: Store, rel: str) -> dict[str, Any]:
     path, expected = f"{rel}/{OPTIMIZER_FILE}", marker["files"][OPTIMIZER_FILE]
     local = store.local_path(path)
     if local is not None:  # a local store: hash and load the committed file in place, no 1 GB-scale copy
-        store.check_sha256(path, store.hash_file(path)[0], expected)
+        store.verify_file(path, expected)
         return torch.load(local, map_location="cpu", weights_only=True)
     with tempfile.TemporaryDirectory(prefix="mugrpo-optim-") as tmp:  # streamed and hashed on the fly
         copy = Path(tmp) / OPTIMIZER_FILE
