@@ -7,15 +7,23 @@ from datetime import UTC, datetime
 from mugrpo.layout import RunLayout
 from mugrpo.lease import check_fence
 from mugrpo.storage import ChecksumError, Store
+from mugrpo.version import code_version
 from schemas import FileRecord, JobManifest, StageManifest
 
 
+def _stamped(manifest):
+    """``manifest`` with this process's code version when it carries none (an audit tells which code wrote it)."""
+    return manifest if manifest.code_version else manifest.model_copy(update={"code_version": code_version()})
+
+
 def write_manifest(store: Store, manifest: StageManifest) -> str:
-    """Write the manifest of ``manifest.stage`` atomically. Call it after every file of the stage is written.
+    """Write the manifest of ``manifest.stage`` atomically, stamped with the code version. Call it after every
+    file of the stage is written.
 
     Raises:
         mugrpo.lease.LeaseFenced: this writer does not hold the run lease (a late job of a superseded owner).
     """
+    manifest = _stamped(manifest)
     rel = RunLayout(manifest.run_id).stage_manifest(manifest.stage)
     check_fence(store, manifest.run_id, rel)
     return store.write_bytes(rel, manifest.model_dump_json(indent=2).encode())
@@ -30,11 +38,13 @@ def read_manifest(store: Store, run_id: str, stage: int) -> StageManifest | None
 
 
 def write_job_manifest(store: Store, manifest: JobManifest) -> str:
-    """Write a job's manifest atomically; call it after every file of the job is written (its commit point).
+    """Write a job's manifest atomically, stamped with the code version; call it after every file of the job is
+    written (its commit point).
 
     Raises:
         mugrpo.lease.LeaseFenced: this writer does not hold the run lease.
     """
+    manifest = _stamped(manifest)
     rel = RunLayout(manifest.run_id).job_manifest(manifest.stage, manifest.job)
     check_fence(store, manifest.run_id, rel)
     return store.write_bytes(rel, manifest.model_dump_json(indent=2).encode())

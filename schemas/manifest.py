@@ -50,6 +50,9 @@ class JobManifest(BaseModel):
     counts: dict[str, int] = Field(default_factory=dict)
     metrics: dict[str, float] = Field(default_factory=dict)
     timings: dict[str, float] = Field(default_factory=dict, description="Seconds: switch (start + load), work, total.")
+    code_version: str | None = Field(
+        None, description="Version of the code that wrote it (mugrpo.version); None in manifests of older versions."
+    )
 
 
 class StageManifest(BaseModel):
@@ -64,6 +67,15 @@ class StageManifest(BaseModel):
     counts: dict[str, int] = Field(default_factory=dict)
     metrics: dict[str, float] = Field(default_factory=dict)
     timings: StageTimings = Field(default_factory=StageTimings)
+    code_version: str | None = Field(
+        None,
+        description="Version of the code that committed the stage (mugrpo.version); None in older manifests.",
+    )
+    job_code_versions: dict[str, str] = Field(
+        default_factory=dict,
+        description="Version of the code that committed each job of the stage, by job (generate, train, eval): a "
+        "stage resumed by a newer version after its generation committed shows both.",
+    )
 
 
 #: Flattened form of a manifest used by the SQL ``stages`` view.
@@ -82,5 +94,7 @@ STAGE_VIEW_SCHEMA = pa.schema(
         pa.field("t_switch", pa.float64()),
         pa.field("t_total", pa.float64()),
         pa.field("t_sync", pa.float64()),
+        pa.field("code_version", pa.string()),  # the code that committed the stage; NULL in older manifests
+        pa.field("job_code_versions", pa.map_(pa.string(), pa.string())),  # job -> the code that committed it
     ]
 )
