@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from mugrpo.adaptive.config import AGPOConfig
 from mugrpo.advantages import AdvantageConfig
+from mugrpo.config_keys import OPERATIONAL, SEMANTIC
 from mugrpo.data import DatasetConfig
 from mugrpo.engines.base import SamplingParams
 from mugrpo.layout import validate_run_id
@@ -41,14 +42,20 @@ class RunSection(_Section):
     """Identity and storage of a run."""
 
     id: str = Field("mugrpo-run", description="Run id: a folder under `root`. Re-running an id resumes it.")
-    root: str = Field("runs", description="Object storage root: a local folder or fsspec URL (s3://bucket/prefix).")
+    root: str = Field(
+        "runs",
+        json_schema_extra=OPERATIONAL,
+        description="Object storage root: a local folder or fsspec URL (s3://bucket/prefix).",
+    )
     storage_options: dict[str, Any] = Field(
         default_factory=dict,
+        json_schema_extra=OPERATIONAL,
         description="fsspec options for `root`, e.g. {endpoint_url: http://127.0.0.1:9000} for MinIO. Leave "
         "credentials to the environment (AWS_ACCESS_KEY_ID...): they are never written to run.json.",
     )
     storage_retry: RetryBudget = Field(
         default_factory=RetryBudget,
+        json_schema_extra=OPERATIONAL,
         description="Retry budget of S3 requests (500/503, SlowDown, connection resets, timeouts) before a job "
         "fails naming the object; see docs/reliability.md.",
     )
@@ -110,6 +117,7 @@ class GenerationSection(_Section):
     workers: int = Field(
         1,
         ge=1,
+        json_schema_extra=OPERATIONAL,
         description="Generation workers per stage: the stage flow launches this many generate jobs at once (N "
         "processes locally, N Kubernetes Jobs, each with its own GPU request); worker w samples shards w, w + N, ... "
         "(mugrpo.jobs.fanout). Per-shard seeds make the rollouts independent of N with the transformers engine. "
@@ -117,7 +125,9 @@ class GenerationSection(_Section):
         "so N is bounded by the shards of a stage and the GPUs of the pool; AGPO's probes need N = 1.",
     )
     python: str | None = Field(
-        None, description="Interpreter of the generation job (e.g. a separate vLLM virtualenv); None = this one."
+        None,
+        json_schema_extra=OPERATIONAL,
+        description="Interpreter of the generation job (e.g. a separate vLLM virtualenv); None = this one.",
     )
 
 
@@ -167,7 +177,9 @@ class TrainSection(_Section):
         "accelerate's bf16 is torch.autocast('cpu', bfloat16). fp16 is refused (loss scaling skips inf steps, "
         "which the job's NaN/inf guard stops on).",
     )
-    python: str | None = Field(None, description="Interpreter of the training job; None = this one.")
+    python: str | None = Field(
+        None, json_schema_extra=OPERATIONAL, description="Interpreter of the training job; None = this one."
+    )
 
     @field_validator("mixed_precision", mode="before")
     @classmethod
@@ -210,11 +222,13 @@ class EvalSection(_Section):
     workers: int = Field(
         1,
         ge=1,
+        json_schema_extra=OPERATIONAL,
         description="Evaluation workers: the benchmarks are split round-robin over this many eval jobs run at once "
         "(at most one worker per benchmark; mugrpo.jobs.fanout).",
     )
     python: str | None = Field(
         None,
+        json_schema_extra=OPERATIONAL,
         description="Interpreter of the eval job, which samples with generation.engine; None = generation.python "
         "(the engine's interpreter, e.g. the vLLM virtualenv), else this one. With generation.engine: vllm a "
         "different value is refused at load: the eval job would start vLLM in an interpreter that may lack it.",
@@ -249,6 +263,7 @@ class OrchestrationSection(_Section):
     launcher: Literal["subprocess", "kubernetes"] = Field("subprocess")
     execution: Literal["cold", "warm"] = Field(
         "cold",
+        json_schema_extra=SEMANTIC,
         description="'cold': each stage runs generate, train and eval as separate jobs (processes), each loading the "
         "policy and starting its engine: right for Mu-GRPO's few large stages (arXiv 2605.17570). 'warm': one job "
         "per segment of `segment_stages` consecutive stages keeps the policy, the optimizer, the rollout engine and "
@@ -259,12 +274,14 @@ class OrchestrationSection(_Section):
     segment_stages: int = Field(
         16,
         ge=1,
+        json_schema_extra=SEMANTIC,
         description="Warm execution: stages per segment job. A segment is one process start; a failed or killed "
         "segment resumes from its last committed stage and checkpoint.",
     )
     publish_policy_every: int = Field(
         1,
         ge=1,
+        json_schema_extra=SEMANTIC,
         description="Publish policies/stage=k (a full HF copy of the weights) only when k is a multiple of this, and "
         "always the final policy. An unpublished stage's behavior policy is the previous stage's final checkpoint "
         "(mugrpo.runs.behavior_policy_dir); with a value > 1, final checkpoints of older stages are deleted once a "
@@ -328,8 +345,8 @@ class Config(_Section):
     loss: PolicyLossConfig = Field(default_factory=PolicyLossConfig)
     train: TrainSection = Field(default_factory=TrainSection)
     eval: EvalSection = Field(default_factory=EvalSection)
-    orchestration: OrchestrationSection = Field(default_factory=OrchestrationSection)
-    tracking: TrackingSection = Field(default_factory=TrackingSection)
+    orchestration: OrchestrationSection = Field(default_factory=OrchestrationSection, json_schema_extra=OPERATIONAL)
+    tracking: TrackingSection = Field(default_factory=TrackingSection, json_schema_extra=OPERATIONAL)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     agpo: AGPOConfig | None = Field(
         None,

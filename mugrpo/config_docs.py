@@ -9,6 +9,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from mugrpo.config import Config
+from mugrpo.config_keys import SEMANTIC_CLASS, declared_class, section_model
 
 
 def _type_name(annotation) -> str:
@@ -32,32 +33,43 @@ def _default(field) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _model_of(annotation) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    return None
-
-
-def config_reference(model: type[BaseModel] = Config, prefix: str = "") -> str:
-    """Markdown tables, one per section, listing ``key | type | default | description``."""
+def config_reference(model: type[BaseModel] = Config, prefix: str = "", inherited: str = SEMANTIC_CLASS) -> str:
+    """Markdown tables, one per section, listing ``key | class | type | default | description``; the whole
+    reference (``model`` = Config) starts with what the classes mean (:mod:`mugrpo.config_keys`)."""
     sections: list[str] = []
     rows: list[str] = []
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
-        sub = _model_of(field.annotation)
-        if sub is not None:
-            sections.append(config_reference(sub, key + "."))
+        cls = declared_class(field) or inherited
+        sub = section_model(field.annotation)
+        if sub is not None and not _optional(field.annotation):
+            sections.append(config_reference(sub, key + ".", cls))
             continue
         desc = (field.description or "").replace("|", "\\|").replace("\n", " ")
         typ = _type_name(field.annotation).replace("|", "\\|")
-        rows.append(f"| `{key}` | `{typ}` | `{_default(field)}` | {desc} |")
-    out = []
+        rows.append(f"| `{key}` | {cls} | `{typ}` | `{_default(field)}` | {desc} |")
+    out = [CLASS_LEGEND] if model is Config and not prefix else []
     if rows:
         title = prefix.rstrip(".") or "(top level)"
         doc = (model.__doc__ or "").strip().splitlines()[0] if model.__doc__ else ""
         out.append(
-            f"### `{title}`\n\n{doc}\n\n| key | type | default | description |\n|---|---|---|---|\n"
+            f"### `{title}`\n\n{doc}\n\n| key | class | type | default | description |\n|---|---|---|---|---|\n"
             + "\n".join(rows)
             + "\n"
         )
     return "\n".join(out + sections)
+
+
+def _optional(annotation) -> bool:
+    """``Section | None``: documented as one key (None = off), not section by section."""
+    return not (isinstance(annotation, type) and issubclass(annotation, BaseModel))
+
+
+CLASS_LEGEND = (
+    "Each key is **semantic** or **operational** (`mugrpo.config_keys`). Semantic keys change what a run computes "
+    "(model, data, seeds, algorithm, sizes): they are fixed for the life of a run, and a resume that changes one is "
+    "refused. Operational keys change where and how it runs, never its results (worker counts whose equivalence is "
+    "tested, interpreters, timeouts, retries, the launcher, storage options, the run lease, tracking): "
+    "`mugrpo resume RUN key=value ...` accepts them and records each change in run.json's `history` with the stage "
+    "it took effect. A key inherits the class of its section unless it declares its own.\n"
+)

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from mugrpo.config_keys import OPERATIONAL
 from mugrpo.rewards.registry import REWARD_FUNCTIONS
 
 __all__ = ["RewardConfig"]
@@ -40,10 +41,14 @@ class RewardConfig(BaseModel):
         "default per comparison.",
     )
     num_workers: int = Field(
-        2, ge=1, description="Worker processes that score responses in parallel (one item per worker at a time)."
+        2,
+        ge=1,
+        json_schema_extra=OPERATIONAL,
+        description="Worker processes that score responses in parallel (one item per worker at a time).",
     )
     start_method: Literal["spawn", "forkserver"] = Field(
         "spawn",
+        json_schema_extra=OPERATIONAL,
         description="multiprocessing start method of the workers. Never 'fork': the parent holds torch (thread "
         "pools, possibly CUDA) state that a forked child inherits in a broken state. 'spawn' works everywhere; "
         "'forkserver' starts replacements faster on Linux.",
@@ -51,6 +56,7 @@ class RewardConfig(BaseModel):
     worker_start_timeout_s: float = Field(
         120.0,
         gt=0.0,
+        json_schema_extra=OPERATIONAL,
         description="How long a new worker may take to import its modules and report ready before the scorer "
         "raises (a broken environment, not a slow item).",
     )
