@@ -152,6 +152,23 @@ def _stored_config(run: str, root: str | None, storage_options: dict | None = No
         raise typer.Exit(2) from None
 
 
+def _refuse(e: Exception) -> None:
+    """Print a refusal (:class:`mugrpo.resume.RunRefused`, a config error) once, as one block, and exit 2."""
+    err.print(f"Error: {e}", style="red", markup=False, highlight=False)
+    raise typer.Exit(2) from None
+
+
+def _check_resume(store, cfg) -> None:
+    """Refuse (exit 2) a run that cannot start or continue with ``cfg`` (:func:`mugrpo.resume.check_resume`)."""
+    from mugrpo.config import ConfigError
+    from mugrpo.resume import RunRefused, check_resume
+
+    try:
+        check_resume(store, cfg)
+    except (RunRefused, ConfigError) as e:
+        _refuse(e)
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
@@ -160,7 +177,8 @@ def _execute(cfg) -> None:
     _prefect_env()
     from flows.run import run_flow
     from mugrpo.lease import LeaseFenced, RunLeaseHeld, live_holder
-    from mugrpo.runs import ConfigMismatchError, open_store
+    from mugrpo.resume import RunRefused
+    from mugrpo.runs import open_store
     from mugrpo.storage_errors import check_store, check_writable
     from mugrpo.verify import CorruptedRunError
     from tasks.launchers import JobError
@@ -171,6 +189,7 @@ def _execute(cfg) -> None:
         check_store(store, uri)
         check_writable(store, cfg.run.id, uri)  # permission denied, read-only or full: one line, exit 2
         holder = live_holder(store, cfg.run.id)
+        _check_resume(store, cfg)  # a changed config or input is refused here, once, before Prefect starts
     if holder is not None and cfg.orchestration.lease_wait_s == 0:  # the flow takes the lease; refuse early here
         err.print(
             f"Error: run {cfg.run.id} at {uri} is being written by {holder}; two writers would commit over each "
@@ -190,9 +209,8 @@ def _execute(cfg) -> None:
     signal.signal(signal.SIGTERM, _interrupt)  # preemption: stop like Ctrl-C, so Prefect's temporary server stops too
     try:
         result = run_flow(config=cfg.to_json_dict())
-    except ConfigMismatchError as e:
-        err.print(f"[red]{e}[/red]")
-        raise typer.Exit(2) from None
+    except RunRefused as e:
+        _refuse(e)
     except (RunLeaseHeld, LeaseFenced, CorruptedRunError) as e:
         err.print(f"Error: {e}", style="red", markup=False, highlight=False)
         raise typer.Exit(3) from None
@@ -226,11 +244,29 @@ def run_cmd(
 @app.command("resume")
 def resume_cmd(
     run: str = typer.Argument(..., help="Run id (with --root) or run folder/URL ROOT/RUN_ID."),
+    overrides: list[str] | None = typer.Argument(
+        None, help="Operational key=value overrides, e.g. generation.workers=2 (semantic keys are refused)."
+    ),
     root: str | None = typer.Option(None, help="Storage root holding the run (default: runs)."),
     storage_option: list[str] | None = StorageOptionsOpt,
 ):
-    """Continue a run with the config stored in its run.json."""
-    _execute(_stored_config(run, root, _storage_options(storage_option)))
+    """Continue a run with the config stored in its run.json.
+
+    Operational settings (where and how it runs: workers, interpreters, timeouts, retries, storage, lease,
+    tracking) may be changed with key=value overrides; each change is recorded in run.json's history with the
+    stage it took effect. Semantic settings (model, data, seeds, algorithm, sizes) are fixed for the life of a run:
+    an override of one is refused (exit 2). `mugrpo config reference` shows each key's class.
+    """
+    from mugrpo.config import ConfigError
+    from mugrpo.resume import RunRefused, resume_config
+    from mugrpo.runs import open_store
+
+    stored = _stored_config(run, root, _storage_options(storage_option))
+    try:
+        cfg = resume_config(stored, overrides or [], open_store(stored).uri(stored.run.id))
+    except (RunRefused, ConfigError) as e:
+        _refuse(e)
+    _execute(cfg)
 
 
 @app.command("status")
@@ -317,7 +353,7 @@ def verify_cmd(
     for s in report.stages:
         table.add_row(
             s.label,
-            "yes" if s.committed else "no",
+            (", ".join(s.holds) or "not yet") if s.label == "final" else ("yes" if s.committed else "no"),
             str(s.files),
             str(len(s.intact)),
             str(len(s.corrupted)),

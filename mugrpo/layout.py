@@ -129,6 +129,10 @@ class RunLayout:
         """Written last by a job: the files it committed with their sha256. The next job verifies through it."""
         return self._p("jobs", f"stage={stage}", f"{job}.manifest.json")
 
+    def prompt_plan(self, stage: int) -> str:
+        """The prompts stage ``stage`` samples (:mod:`mugrpo.prompt_plan`), written once, before its first shard."""
+        return self._p("jobs", f"stage={stage}", "generate.plan.json")
+
 
 def parse_checkpoint_step(name: str) -> int | None:
     """``'step=000012'`` -> 12; None for other names (e.g. temporary folders)."""

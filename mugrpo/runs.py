@@ -4,96 +4,42 @@ specs, stage commits and status. Object storage is the only source of truth.
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
-from mugrpo import __version__
 from mugrpo.config import Config
 from mugrpo.layout import RunLayout
 from mugrpo.lease import TOKEN_ENV
 from mugrpo.manifest import new_manifest, read_job_manifest, read_manifest, write_manifest
+from mugrpo.resume import ConfigMismatchError as ConfigMismatchError  # re-exported: callers catch it from here
+from mugrpo.resume import InputChangedError as InputChangedError
+from mugrpo.resume import check_resume, record_resume
 from mugrpo.schedules import stage_plan
-from mugrpo.storage import Store
-from schemas import StageManifest, StageTimings
+from mugrpo.storage import Store, sha256_bytes
+from mugrpo.version import code_version as code_version
+from schemas import FileRecord, StageManifest, StageTimings
 
 JOBS = ("generate", "train", "eval")
-#: Config sections that may change when a run is resumed (they do not change what the run computes).
-RESUMABLE_SECTIONS = ("orchestration", "tracking")
-
-
-class ConfigMismatchError(RuntimeError):
-    """A run id already exists with a different config; the message holds a unified diff."""
-
-
-def code_version() -> str:
-    """The package version plus the git commit of the source tree when available."""
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=Path(__file__).parent,
-            capture_output=True,
-            text=True,
-            timeout=5,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        sha = ""
-    return f"{__version__}+g{sha}" if sha else __version__
 
 
 def open_store(cfg: Config) -> Store:
     return Store(cfg.run.root, cfg.run.storage_options, cfg.run.storage_retry)
 
 
-def _comparable(config: dict) -> dict:
-    return {k: v for k, v in config.items() if k not in RESUMABLE_SECTIONS}
-
-
-def _upgraded(config: dict, source: str) -> dict:
-    """A stored config as this version of the code reads it: keys added since it was written get their defaults.
-
-    Raises:
-        ConfigError: the stored config no longer validates (a key was removed or renamed); names the key.
-    """
-    from mugrpo.config import config_from_dict
-
-    return config_from_dict(config, source=source).to_json_dict()
-
-
 def init_run(cfg: Config) -> Store:
-    """Create the run (run.json, policies/stage=0) or check that an existing one has the same config.
+    """Create the run (run.json with its input fingerprints, policies/stage=0), or check that an existing one may
+    continue with ``cfg`` and record the resume in its history (:mod:`mugrpo.resume`).
 
     Raises:
-        ConfigMismatchError: run.json exists with a different config (outside the orchestration section).
+        ConfigMismatchError: run.json exists with a config that differs in a semantic key.
+        InputChangedError: an input (training set, eval set, initial weights, tokenizer) changed or is missing.
+        ConfigError: the stored config no longer validates (names the key and the file).
     """
     store = open_store(cfg)
-    layout = RunLayout(cfg.run.id)
-    new = cfg.to_json_dict()
-    if store.exists(layout.run_json):
-        old = _upgraded(store.read_json(layout.run_json)["config"], store.uri(layout.run_json))
-        if _comparable(old) != _comparable(new):
-            a = json.dumps(_comparable(old), indent=2, sort_keys=True).splitlines()
-            b = json.dumps(_comparable(new), indent=2, sort_keys=True).splitlines()
-            diff = "\n".join(difflib.unified_diff(a, b, "run.json (stored)", "this config", lineterm="", n=1))
-            raise ConfigMismatchError(
-                f"run {cfg.run.id!r} at {store.uri(layout.run_dir)} was started with a different config; "
-                f"use a new run.id or the stored config (`mugrpo resume {cfg.run.id}`).\n{diff}"
-            )
-    else:
-        store.write_json(
-            layout.run_json,
-            {
-                "run_id": cfg.run.id,
-                "created_at": datetime.now(UTC).isoformat(),
-                "code_version": code_version(),
-                "config": new,
-            },
-        )
+    record_resume(store, cfg, check_resume(store, cfg))
     ensure_initial_policy(cfg, store)
     return store
 
@@ -112,7 +58,8 @@ def ensure_initial_policy(cfg: Config, store: Store) -> None:
 
 
 def load_run_config(root: str, run_id: str, storage_options: dict | None = None) -> Config:
-    """The config a run was started with (from its run.json)."""
+    """The config a run runs with (from its run.json), rooted where the run was found: ``run.root`` is ``root``
+    (an operational key: a run folder moved or read from another working directory is continued in place)."""
     from mugrpo.config import config_from_dict
 
     store = Store(root, storage_options)
@@ -120,6 +67,7 @@ def load_run_config(root: str, run_id: str, storage_options: dict | None = None)
     if not store.exists(rel):
         raise FileNotFoundError(f"no run {run_id!r} under {store.uri()} (missing {store.uri(rel)})")
     data = store.read_json(rel)["config"]
+    data["run"]["root"] = root
     data["run"]["storage_options"] = {**data["run"].get("storage_options", {}), **(storage_options or {})}
     return config_from_dict(data, source=store.uri(rel))
 
@@ -237,7 +185,7 @@ def commit_stage(cfg: Config, stage: int, timings: StageTimings) -> StageManifes
         RuntimeError: a job of the stage has not committed.
     """
     store = open_store(cfg)
-    files, counts, metrics = [], {}, {}
+    files, counts, metrics, versions = [], {}, {}, {}
     jobs = ["generate", "train"] + (["eval"] if evaluates_stage(cfg, stage) else [])
     for job in jobs:
         m = read_job_manifest(store, cfg.run.id, stage, job)
@@ -246,7 +194,15 @@ def commit_stage(cfg: Config, stage: int, timings: StageTimings) -> StageManifes
         files.extend(m.files)
         counts.update({f"{job}/{k}": v for k, v in m.counts.items()})
         metrics.update({f"{job}/{k}": v for k, v in m.metrics.items()})
-    manifest = new_manifest(cfg.run.id, stage, files, counts=counts, metrics=metrics, timings=timings)
+        if m.code_version:
+            versions[job] = m.code_version
+    plan = RunLayout(cfg.run.id).prompt_plan(stage)
+    if store.exists(plan):  # the stage's prompt plan (mugrpo.prompt_plan), covered by `mugrpo verify`
+        data = store.read_bytes(plan)
+        files.append(FileRecord(path=RunLayout(cfg.run.id).rel(plan), sha256=sha256_bytes(data), bytes=len(data)))
+    manifest = new_manifest(
+        cfg.run.id, stage, files, counts=counts, metrics=metrics, timings=timings, job_code_versions=versions
+    )
     write_manifest(store, manifest)
     if cfg.orchestration.publish_policy_every > 1:
         prune_stage_checkpoints(store, cfg, stage)

@@ -37,6 +37,7 @@ class StageCheck:
     stage: int
     label: str
     committed: bool = False
+    holds: list[str] = field(default_factory=list)  # the final row: what of the run's end is committed
     intact: list[str] = field(default_factory=list)
     corrupted: dict[str, str] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
@@ -153,7 +154,14 @@ def verify_stage(store: Store, run_id: str, stage: int, label: str | None = None
 def verify_run(store: Store, run_id: str, num_stages: int) -> VerifyReport:
     """Check stages 0..K-1 and the final evaluation/policy (stage K) of ``run_id``."""
     stages = [verify_stage(store, run_id, k) for k in range(num_stages)]
-    stages.append(verify_stage(store, run_id, num_stages, label="final"))
+    final = verify_stage(store, run_id, num_stages, label="final")  # stage K has no stage manifest, only these:
+    layout = RunLayout(run_id)
+    if store.is_complete_dir(layout.policy_dir(num_stages)):
+        final.holds.append("final policy")
+    if store.exists(layout.job_manifest(num_stages, "eval")):
+        final.holds.append("final eval")
+    final.committed = bool(final.holds)
+    stages.append(final)
     return VerifyReport(store.uri(RunLayout(run_id).run_dir), stages)
 
 

@@ -65,7 +65,7 @@ def test_new_run_status_and_a_refused_config_change(tmp_path, tiny_model_dir):
     changed = load_config("configs/gsm8k-smollm2-quick.yaml", [*overrides, "train.lr=5e-5"])
     with pytest.raises(ConfigMismatchError) as e:
         init_run(changed)
-    assert '-    "lr": 1e-05' in str(e.value) and '+    "lr": 5e-05' in str(e.value)
+    assert "semantic (" in str(e.value) and "train.lr: 1e-05 -> 5e-05" in str(e.value)
     # Orchestration settings may change on resume.
     init_run(load_config("configs/gsm8k-smollm2-quick.yaml", [*overrides, "orchestration.retries=3"]))
     # A run.json written before a key existed resumes with that key's default; one holding a key this version no
