@@ -51,6 +51,7 @@ from mugrpo.layout import RunLayout
 from mugrpo.lease import check_fence
 from mugrpo.manifest import read_job_manifest, write_job_manifest
 from mugrpo.progress import job_progress, quiet_library_bars
+from mugrpo.prompt_plan import check_rollouts_follow_plan, stage_prompts
 from mugrpo.prompts import PromptConfig, encode_prompt, render_prompt
 from mugrpo.rewards import RewardConfig, RewardInput, RewardScorer
 from mugrpo.schedules import stage_plan
@@ -408,7 +409,7 @@ class GenerationWorker(VerifierPoolOwner):
         tokenizer = AutoTokenizer.from_pretrained(policy)
         max_context = spec.max_context or int(AutoConfig.from_pretrained(policy).max_position_embeddings)
         problems, report = load_problems(spec.dataset)
-        selected = select_problems(problems, spec.seed, spec.prompt_start, spec.num_prompts)
+        selected = stage_prompts(store, spec, problems, select_problems)  # the stage's prompt plan (mugrpo.prompt_plan)
         prepared, skipped = prepare_prompts(spec, tokenizer, selected, max_context)
         shards = [prepared[i : i + spec.shard_size] for i in range(0, len(prepared), spec.shard_size)]
         mine = owned(len(shards), spec.worker, spec.workers)
@@ -626,6 +627,7 @@ def _generation_manifest(spec: GenerateSpec, store: Store, parts: list[JobManife
                 ]
             ).to_pylist()
         )
+    check_rollouts_follow_plan(store, spec.run_id, spec.stage, (r["prompt_id"] for r in all_rows))
     probe_rows = [r for r in all_rows if r["is_probe"]]
     train_rows = [r for r in all_rows if not r["is_probe"]]
     metrics = _summary(train_rows)
