@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mugrpo.storage import Store
-from schemas import META_TABLE, META_VERSION, OLDER_SCHEMAS, SCHEMA_VERSIONS, TABLES, FileRecord
+from schemas import META_TABLE, META_VERSION, OLDER_DEFAULTS, OLDER_SCHEMAS, SCHEMA_VERSIONS, TABLES, FileRecord
 
 
 class SchemaError(ValueError):
@@ -52,8 +52,9 @@ def write_table(store: Store, rel: str, table: pa.Table, name: str, *, run_rel: 
     return FileRecord(path=run_rel or rel, sha256=digest, bytes=len(data), rows=table.num_rows)
 
 
-#: Values of columns an older file lacks, where NULL would be wrong: v1 rollouts were never top-k / min-p truncated.
-DEFAULTS_FOR_OLDER: dict[tuple[str, str], object] = {("rollouts", "top_k"): 0, ("rollouts", "min_p"): 0.0}
+#: Values of columns an older file lacks, where NULL would be wrong (``schemas.OLDER_DEFAULTS``; the SQL views fill
+#: the same values).
+DEFAULTS_FOR_OLDER = OLDER_DEFAULTS
 
 
 def check_schema(schema: pa.Schema, name: str, where: str) -> int:
@@ -78,8 +79,8 @@ def check_schema(schema: pa.Schema, name: str, where: str) -> int:
 def read_table(store: Store, rel: str, name: str, *, expected_sha256: str | None = None) -> pa.Table:
     """Read a Parquet table written by :func:`write_table`, checking table name, version and (optionally) sha256.
 
-    A file at an older version listed in :data:`UPGRADES` is brought to the current schema (added columns get
-    the values that the older writer implied).
+    A file at an older version listed in ``schemas.OLDER_SCHEMAS`` is brought to the current schema: added columns
+    get the values that the older writer implied (``schemas.OLDER_DEFAULTS``), else NULL.
 
     Raises:
         SchemaError: wrong table, unknown version, or columns that differ from the schema.

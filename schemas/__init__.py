@@ -2,7 +2,8 @@
 
 Each Parquet file carries two metadata keys, ``mugrpo.table`` (which schema) and ``mugrpo.schema_version``.
 A reader refuses a file whose table name or version it does not know (see :mod:`mugrpo.tables`), except the older
-versions listed in ``OLDER_SCHEMAS``, whose missing columns it reads as NULL.
+versions listed in ``OLDER_SCHEMAS``, whose missing columns it reads as NULL or as the value ``OLDER_DEFAULTS``
+states.
 Bump a table's version whenever its schema changes.
 """
 
@@ -18,6 +19,7 @@ from schemas.tables import (
     EVAL_SCHEMA,
     META_TABLE,
     META_VERSION,
+    OLDER_DEFAULTS,
     OLDER_SCHEMAS,
     ROLLOUT_SCHEMA,
     SCHEMA_VERSIONS,
@@ -30,6 +32,7 @@ __all__ = [
     "MANIFEST_VERSION",
     "META_TABLE",
     "META_VERSION",
+    "OLDER_DEFAULTS",
     "OLDER_SCHEMAS",
     "ROLLOUT_SCHEMA",
     "SCHEMA_VERSIONS",

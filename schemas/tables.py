@@ -168,6 +168,12 @@ ROLLOUT_SCHEMA_V2 = pa.schema([f for f in ROLLOUT_SCHEMA if f.name not in _AGPO_
 #: rollouts version 1 = version 2 without ``top_k`` / ``min_p`` (v1 engines applied neither: read as 0 = off).
 ROLLOUT_SCHEMA_V1 = pa.schema([f for f in ROLLOUT_SCHEMA_V2 if f.name not in ("top_k", "min_p")])
 
+#: The value of a column that files of older versions lack, where NULL would be wrong: v1 rollouts were never
+#: top-k or min-p truncated, so their ``top_k`` / ``min_p`` are 0 (off). mugrpo's own reader
+#: (:func:`mugrpo.tables.read_table`) and the ``mugrpo sql`` views both fill these; every other added column reads
+#: as NULL. A plain Parquet reader (DuckDB, pandas, polars) sees NULL for all of them (docs/sql.md).
+OLDER_DEFAULTS: dict[tuple[str, str], object] = {("rollouts", "top_k"): 0, ("rollouts", "min_p"): 0.0}
+
 #: Older versions a reader still accepts: (table, version) -> the schema of that version. Columns added since are
 #: filled by :func:`mugrpo.tables.read_table` (a stated default, else NULL); the SQL views read files by column name.
 OLDER_SCHEMAS: dict[tuple[str, int], pa.Schema] = {

@@ -38,7 +38,7 @@ from mugrpo.sql.readonly import (
     sql_string,
 )
 from mugrpo.sql.redact import Redactor
-from schemas import OLDER_SCHEMAS, STAGE_VIEW_SCHEMA, TABLES, StageManifest
+from schemas import OLDER_DEFAULTS, OLDER_SCHEMAS, STAGE_VIEW_SCHEMA, TABLES, StageManifest
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,8 @@ def _stage_rows(target: Target) -> pa.Table:
                 "counts": list(m.counts.items()),
                 "metrics": list(m.metrics.items()),
                 **m.timings.model_dump(),
+                "code_version": m.code_version,
+                "job_code_versions": list(m.job_code_versions.items()),
             }
         )
     return pa.Table.from_pylist(rows, schema=STAGE_VIEW_SCHEMA)
@@ -152,6 +154,21 @@ def _parquet_source(paths: list[str], table: str) -> str:
 
 def _has_older_versions(table: str) -> bool:
     return any(t == table for t, _ in OLDER_SCHEMAS)
+
+
+_DUCKDB_TYPES = {pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.float32(): "FLOAT", pa.float64(): "DOUBLE"}
+
+
+def _with_older_defaults(source: str, table: str) -> str:
+    """``source`` with the columns older files lack filled as mugrpo's own reader fills them
+    (``schemas.OLDER_DEFAULTS``: v1 rollouts' ``top_k`` / ``min_p`` are 0, off), so ``mugrpo sql`` and
+    :func:`mugrpo.tables.read_table` agree. Current files hold no NULL there (the columns are not nullable)."""
+    fills = [
+        f"coalesce({col}, CAST({value!r} AS {_DUCKDB_TYPES[TABLES[table].field(col).type]})) AS {col}"
+        for (name, col), value in OLDER_DEFAULTS.items()
+        if name == table
+    ]
+    return f"(SELECT * REPLACE ({', '.join(fills)}) FROM {source})" if fills else source
 
 
 class RunCatalog:
@@ -272,6 +289,7 @@ def connect(target: str, storage_options: dict[str, Any] | None = None) -> RunCa
             source = _parquet_source(paths, table) if paths else empty
             if paths and _has_older_versions(table):  # files of older versions only: still the current columns
                 source = f"(SELECT * FROM {empty} UNION ALL BY NAME SELECT * FROM {source})"
+                source = _with_older_defaults(source, table)
             con.execute(f"CREATE VIEW {table} AS SELECT * FROM {source}")
         con.execute(f"CREATE VIEW stages AS SELECT * FROM {_register(con, 'stages', _stage_rows(tgt))}")
         runs = _register(con, "runs", _run_rows(tgt))

@@ -104,6 +104,8 @@ def _classify(rel: str, runs: dict[str, RunFiles]) -> None:
 def _split_parent(url: str) -> tuple[str, str]:
     url = url.rstrip("/")
     head, _, name = url.rpartition("/")
+    if not head and "://" not in url and not url.startswith("/"):  # a bare relative folder: its parent is here
+        head = "."
     if not head or head.endswith(":/") or head.endswith(":"):
         raise TargetError(f"{url} looks like a run but has no parent folder to serve as its root; move it into one")
     return head, name
