@@ -63,6 +63,9 @@ TOKENIZER_PATTERNS = (
     "chat_template.json",
 )
 _CHUNK = 1 << 20
+#: sha256 of the local files this process hashed, by (path, size, mtime_ns): the command line checks a run's inputs
+#: before it starts the run flow in the same process, which checks them again.
+_HASHED: dict[tuple[str, int, int], str] = {}
 
 
 class FileStamp(BaseModel):
@@ -101,11 +104,6 @@ def eval_role(name: str) -> str:
     return f"eval.{name}"
 
 
-def _url_to_fs(path: str):
-    fs, inner = fsspec.core.url_to_fs(path)
-    return fs, inner
-
-
 def _is_local(fs) -> bool:
     return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
 
@@ -117,7 +115,7 @@ def stamp_file(path: str, previous: FileStamp | None = None) -> FileStamp:
     Raises:
         FileNotFoundError: no file at ``path``.
     """
-    fs, inner = _url_to_fs(path)
+    fs, inner = fsspec.core.url_to_fs(path)
     where = os.path.abspath(inner) if _is_local(fs) else path
     if _is_local(fs):
         st = os.stat(where)  # FileNotFoundError names the path
@@ -125,14 +123,19 @@ def stamp_file(path: str, previous: FileStamp | None = None) -> FileStamp:
     else:
         info = fs.info(inner)
         size, mtime = int(info.get("size") or 0), None
-    if previous is not None and (previous.path, previous.bytes, previous.mtime_ns) == (where, size, mtime):
-        if mtime is not None:
+    if mtime is not None and previous is not None:
+        if (previous.path, previous.bytes, previous.mtime_ns) == (where, size, mtime):
             return previous
-    digest = hashlib.sha256()
-    with fs.open(inner, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return FileStamp(path=where, bytes=size, mtime_ns=mtime, sha256=digest.hexdigest())
+    sha = _HASHED.get((where, size, mtime)) if mtime is not None else None
+    if sha is None:
+        digest = hashlib.sha256()
+        with fs.open(inner, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                digest.update(chunk)
+        sha = digest.hexdigest()
+        if mtime is not None:  # a remote file without an mtime is hashed every time
+            _HASHED[where, size, mtime] = sha
+    return FileStamp(path=where, bytes=size, mtime_ns=mtime, sha256=sha)
 
 
 def _digest_of_set(stamps: Iterable[FileStamp]) -> str:

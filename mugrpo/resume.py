@@ -98,7 +98,7 @@ def check_resume(store: Store, cfg: Any) -> ResumeCheck:
             "\n".join(
                 [
                     f"run {cfg.run.id!r} at {uri} cannot continue with this config: {_n(semantic, 'semantic key')} "
-                    "differ from its run.json:",
+                    f"{'differs' if len(semantic) == 1 else 'differ'} from its run.json:",
                     *format_changes(changes),
                     f"Nothing was changed. Continue it with its stored config (`mugrpo resume {uri}`, which accepts "
                     "operational key=value overrides), or start a new run with another run.id.",
