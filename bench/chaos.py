@@ -2,7 +2,7 @@
 after each, then check the resume invariants against an uninterrupted run.
 
     python bench/chaos.py --seed 0 --moments 20     # full run (docs/reliability.md records one)
-    python bench/chaos.py --quick                   # CI: 6 moments, 2 stages (tests/test_chaos.py runs it)
+    python bench/chaos.py --quick                   # CI: 6 moments, 2 stages, one shared reference (< 5 min)
 
 Victims: the flow process, a generate / train / eval job (cold execution), a segment job (warm execution), a
 verifier worker, or the whole tree. Arms: cold and warm execution of the same tiny run (tiny random Llama with the
@@ -24,13 +24,17 @@ DATA = REPO.parent / "shared" / "data"
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mugrpo.chaos import ChaosSettings, run_chaos
+    from mugrpo.chaos import QUICK, ChaosSettings, run_chaos
     from mugrpo.models import make_tiny_random_model
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=0, help="draws the moments (arm, victim role, delay)")
     ap.add_argument("--moments", type=int, default=None, help="kills (default 20; --quick: 6)")
-    ap.add_argument("--quick", action="store_true", help="CI mode: 6 moments on a 2-stage run")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="CI mode: 6 moments on a 2-stage run, final evaluation only, one reference run shared by the arms",
+    )
     ap.add_argument("--arms", default="cold,warm", help="comma-separated: cold, warm")
     ap.add_argument("--work", type=Path, default=None, help="folder for the runs and logs (default: a temp dir)")
     ap.add_argument("--data", type=Path, default=DATA, help="the shared data folder (gsm8k/train.jsonl, test.jsonl)")
@@ -39,20 +43,23 @@ def main(argv: list[str] | None = None) -> int:
     work = args.work or Path(tempfile.mkdtemp(prefix="mugrpo-chaos-"))
     work.mkdir(parents=True, exist_ok=True)
     model = make_tiny_random_model(work / "tiny-policy", seed=0)
+    mode = {**QUICK} if args.quick else {"moments": 20, "num_stages": 3}
+    if args.moments:
+        mode["moments"] = args.moments
     settings = ChaosSettings(
         data_dir=args.data,
         model_dir=model,
-        moments=args.moments or (6 if args.quick else 20),
         seed=args.seed,
         arms=tuple(a.strip() for a in args.arms.split(",") if a.strip()),
-        num_stages=2 if args.quick else 3,
+        **mode,
     )
     t0 = time.monotonic()
     print(f"chaos: seed {settings.seed}, {settings.moments} moments, arms {settings.arms}, work folder {work}")
     report = run_chaos(settings, work=work, say=lambda line: print(line, flush=True))
     for arm in report.arms:
+        shared = " (the shared reference)" if settings.shared_reference else ""
         print(
-            f"{arm.arm}: uninterrupted {arm.reference_s:.0f} s; under chaos {arm.chaos_s:.0f} s "
+            f"{arm.arm}: uninterrupted {arm.reference_s:.0f} s{shared}; under chaos {arm.chaos_s:.0f} s "
             f"({arm.killed} kills, {arm.not_reached} not reached)"
         )
     print(f"total {time.monotonic() - t0:.0f} s")

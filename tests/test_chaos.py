@@ -6,6 +6,7 @@ The pure parts (moment draws, the process-tree roles, the invariant checks on do
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -20,14 +21,14 @@ import torch
 from _prefect import prefect_api, prefect_server  # noqa: F401  (fixtures)
 from safetensors.torch import save_file
 
-from mugrpo.chaos import ARM_ROLES, ChaosSettings, Moment, check_run, draw_moments, process_tree, run_chaos
+from mugrpo.chaos import ARM_ROLES, QUICK, ChaosSettings, Moment, check_run, draw_moments, process_tree, run_chaos
 from mugrpo.chaos.procs import JOB_ROLES
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def _settings(model_dir: Path, **kw) -> ChaosSettings:
-    return ChaosSettings(data_dir=DATA, model_dir=model_dir, **{"moments": 6, "num_stages": 2, **kw})
+    return ChaosSettings(data_dir=DATA, model_dir=model_dir, **{**QUICK, **kw})
 
 
 def test_moments_are_drawn_from_the_seed(tmp_path):
@@ -89,6 +90,9 @@ def _fake_run(root: Path) -> Path:
     )
     pq.write_table(pa.table({"update": [1, 2], "staleness": [0, 1]}), run / "train_steps/stage=0/part-00002.parquet")
     save_file({"w": torch.arange(4.0)}, str(run / "policies/stage=1/model.safetensors"))
+    (run / "jobs/stage=0").mkdir(parents=True)
+    plan = {"run_id": "chaos", "stage": 0, "seed": 0, "prompt_start": 0, "dataset_size": 2, "dataset_sha256": "0" * 64}
+    (run / "jobs/stage=0/generate.plan.json").write_text(json.dumps({**plan, "prompt_ids": ["a", "b"]}))
     return run
 
 
@@ -127,8 +131,7 @@ def test_quick_chaos_run_keeps_every_invariant(tiny_model_dir, prefect_api, tmp_
     settings = _settings(tiny_model_dir, seed=0)
     lines: list[str] = []
     report = run_chaos(settings, work=tmp_path, api_url=prefect_api, say=lines.append)
-    assert report.summary.splitlines()[0] == "6/6 resumed, 0 lost, 0 duplicated, weights equal", (
-        report.summary + "\n" + "\n".join(lines)
-    )
+    first = "6/6 resumed, 0 lost, 0 duplicated, weights equal, 2/2 data edits refused"
+    assert report.summary.splitlines()[0] == first, report.summary + "\n" + "\n".join(lines)
     assert report.ok
     assert sum(a.killed for a in report.arms) == 6 and all(a.completed for a in report.arms)

@@ -16,6 +16,12 @@ reproducible, what they hit depends on the machine's speed (each kill is printed
 a user does it, by running ``mugrpo run CONFIG`` again, unless it is still going (a killed verifier worker is
 replaced inside its job). Processes a killed job leaves behind (its verifier workers, which a pod would take down
 with it) are killed before the resume.
+
+Each arm also has a **data-edit moment** (``ChaosSettings.data_edit``): after the first kill that stops the run (or
+after the last moment), the training file (a copy in the work folder) is reversed in place, as ``tac`` does, and the
+run is re-run: it must be refused before anything starts (exit 2, one block naming the file and both sha256,
+:mod:`mugrpo.resume`). The file is then restored and the run resumes; the invariants also check every stage's
+prompt plan (no prompt scheduled in two stages of an epoch, rollouts of exactly the planned prompts).
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ import yaml
 from mugrpo.chaos.invariants import RunCheck, check_run
 from mugrpo.chaos.procs import JOB_ROLES, alive, kill, process_tree
 
-__all__ = ["ARM_ROLES", "ChaosReport", "ChaosSettings", "Moment", "draw_moments", "run_chaos", "tiny_config"]
+__all__ = ["ARM_ROLES", "QUICK", "ChaosReport", "ChaosSettings", "Moment", "draw_moments", "run_chaos", "tiny_config"]
 
 RUN_ID = "chaos"
 #: Victim roles each arm can meet. Warm execution has no per-stage generate/train/eval jobs: its segment job does
@@ -67,6 +73,19 @@ class ChaosSettings:
     max_delay_s: float | None = None
     """A kill comes U(0, max_delay_s) seconds after a job is seen alive; None: the arm's uninterrupted wall time
     divided by its moments, so that the moments spread over the run on a fast or a loaded machine alike."""
+    data_edit: bool = True
+    """Each arm edits its training file once between a kill and the resume and expects the resume refused."""
+    eval_every_stage: bool = True
+    """Evaluate every stage's policy (an eval job per stage in cold execution); False: the final policy only."""
+    shared_reference: bool = False
+    """One uninterrupted run is the reference of every arm: a warm one (fewer job starts, so the faster) when warm
+    is an arm. Cold and warm execution commit bitwise-equal files (tests/test_warm.py), so the cold arm is then
+    checked against warm execution too. False: each arm its own."""
+
+
+#: CI's quick mode (``bench/chaos.py --quick``, tests/test_chaos.py): 6 moments on a 2-stage run, the final policy
+#: evaluated only, one shared reference run; it fits in 5 minutes on a quiet 2-core machine (docs/reliability.md).
+QUICK = {"moments": 6, "num_stages": 2, "eval_every_stage": False, "shared_reference": True}
 
 
 @dataclass(frozen=True)
@@ -97,6 +116,8 @@ class ArmResult:
     not_reached: int = 0
     completed: bool = False
     check: RunCheck | None = None
+    data_edit: str | None = None  # what the data-edit moment saw; None: it did not run
+    data_edit_refused: bool = False
 
 
 @dataclass
@@ -115,7 +136,8 @@ class ChaosReport:
     @property
     def ok(self) -> bool:
         """Every moment was reached and resumed, every arm completed and every invariant holds."""
-        return self.resumed == self.moments and all(a.completed and a.check and a.check.ok for a in self.arms)
+        edits = all(a.data_edit_refused for a in self.arms if a.data_edit is not None)
+        return self.resumed == self.moments and edits and all(a.completed and a.check and a.check.ok for a in self.arms)
 
     @property
     def summary(self) -> str:
@@ -125,21 +147,31 @@ class ChaosReport:
         equal = len(checks) == len(self.arms) and all(c.weights_equal for c in checks)
         line = f"{self.resumed}/{self.moments} resumed, {lost} lost, {dup} duplicated, "
         line += "weights equal" if equal else "weights DIFFER"
+        edits = [a for a in self.arms if a.data_edit is not None]
+        if edits:
+            line += f", {sum(a.data_edit_refused for a in edits)}/{len(edits)} data edits refused"
         problems = [f"  {a.arm}: {p}" for a in self.arms for p in (a.check.problems if a.check else ["no check"])]
+        problems += [f"  {a.arm}: data edit NOT refused: {a.data_edit}" for a in edits if not a.data_edit_refused]
         problems += [f"  {a.arm}: run did not complete" for a in self.arms if not a.completed]
         problems += [f"  {a.arm}: {a.not_reached} moments not reached" for a in self.arms if a.not_reached]
         return "\n".join([line, *problems])
 
 
+def train_file(work: Path, arm: str) -> Path:
+    """The arm's copy of the training rows in the harness's work folder (the data-edit moment edits it)."""
+    return work / f"{arm}-train.jsonl"
+
+
 def tiny_config(s: ChaosSettings, root: Path, arm: str) -> dict:
-    """The tiny multi-stage run of ``arm`` (cold or warm execution), rooted at ``root``."""
+    """The tiny multi-stage run of ``arm`` (cold or warm execution), rooted at ``root``; it trains on the arm's copy
+    of the first GSM8K rows (:func:`train_file`)."""
     return {
         "run": {"id": RUN_ID, "root": str(root), "seed": s.seed, "num_stages": s.num_stages},
         "model": {"source": str(s.model_dir), "max_context": 512},
         "data": {
             "train": {
                 "name": "gsm8k",
-                "path": str(s.data_dir / "gsm8k/train.jsonl"),
+                "path": str(train_file(root.parent, arm)),
                 "answer_kind": "gsm8k",
                 "limit": s.num_stages * s.prompts_per_stage,
             }
@@ -160,7 +192,7 @@ def tiny_config(s: ChaosSettings, root: Path, arm: str) -> dict:
             "lr": 1e-3,
         },
         "eval": {
-            "every_stage": True,
+            "every_stage": s.eval_every_stage,
             "benchmarks": [
                 {
                     "dataset": {"name": "gsm8k", "path": str(s.data_dir / "gsm8k/test.jsonl"), "answer_kind": "gsm8k"},
@@ -321,19 +353,78 @@ def _kill_moment(run: RunProcess, m: Moment, max_delay_s: float) -> str | None:
         return f"moment {m.index:2d}: {role} (pid {hit[0]}) killed {delay_s:5.1f} s after a job was seen"
 
 
-def _run_arm(arm: str, moments: list[Moment], s: ChaosSettings, work: Path, env: dict[str, str], say) -> ArmResult:
-    result = ArmResult(arm)
-    ref_root, root = work / f"{arm}-reference", work / f"{arm}-chaos"
-    for r in (ref_root, root):
-        r.mkdir(parents=True, exist_ok=True)
-        (r.parent / f"{r.name}.yaml").write_text(yaml.safe_dump(tiny_config(s, r, arm)))
+def _data_edit_moment(run: RunProcess, train: Path) -> tuple[bool, str]:
+    """Reverse the training file in place (``tac``), re-run the stopped run and expect the refusal: exit 2 before
+    Prefect starts, one block naming the file and its recorded and current sha256. Restores the file.
+
+    Returns:
+        (refused as expected, what happened).
+    """
+    original = train.read_bytes()
+    train.write_bytes(b"".join(reversed(original.splitlines(keepends=True))))
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "mugrpo.cli", "run", str(run.config)],
+            env=run.env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    finally:
+        train.write_bytes(original)
+    text = out.stdout + out.stderr
+    refused = (
+        out.returncode == 2
+        and text.count("changed since the run started") == 1
+        and f"data.train: {train}" in text
+        and "recorded sha256" in text
+        and "Traceback" not in text
+    )
+    tail = " | ".join(text.strip().splitlines()[-6:])
+    return refused, f"exit {out.returncode}: {tail}"
+
+
+def _write_train_file(s: ChaosSettings, work: Path, arm: str) -> None:
+    rows = (s.data_dir / "gsm8k/train.jsonl").read_text().splitlines(keepends=True)
+    train_file(work, arm).write_text("".join(rows[: max(40, s.num_stages * s.prompts_per_stage)]))
+
+
+def _reference(arm: str, s: ChaosSettings, work: Path, env: dict[str, str], say) -> tuple[Path, float]:
+    """Run ``arm``'s config uninterrupted; returns its root and wall seconds.
+
+    Raises:
+        RuntimeError: the run failed (with the tail of its output).
+    """
+    root = work / f"{arm}-reference"
+    root.mkdir(parents=True, exist_ok=True)
+    _write_train_file(s, work, arm)
+    (work / f"{root.name}.yaml").write_text(yaml.safe_dump(tiny_config(s, root, arm)))
     t0 = time.monotonic()
-    ref = RunProcess(work / f"{arm}-reference.yaml", env, work / f"{arm}-reference.log")
+    ref = RunProcess(work / f"{root.name}.yaml", env, work / f"{root.name}.log")
     ref.start()
     if ref.wait(timeout_s=1800) != 0:
         raise RuntimeError(f"the uninterrupted {arm} run failed:\n{ref.tail()}")
-    result.reference_s = time.monotonic() - t0
-    say(f"[{arm}] uninterrupted run: {result.reference_s:.0f} s")
+    seconds = time.monotonic() - t0
+    say(f"[{arm}] uninterrupted run: {seconds:.0f} s")
+    return root, seconds
+
+
+def _run_arm(
+    arm: str,
+    moments: list[Moment],
+    s: ChaosSettings,
+    work: Path,
+    env: dict[str, str],
+    say,
+    reference: tuple[Path, float] | None = None,
+) -> ArmResult:
+    """Run ``arm`` under chaos and check it against ``reference`` (root, seconds) or its own uninterrupted run."""
+    result = ArmResult(arm)
+    ref_root, result.reference_s = reference or _reference(arm, s, work, env, say)
+    root = work / f"{arm}-chaos"
+    root.mkdir(parents=True, exist_ok=True)
+    _write_train_file(s, work, arm)
+    (work / f"{root.name}.yaml").write_text(yaml.safe_dump(tiny_config(s, root, arm)))
 
     t0 = time.monotonic()
     run = RunProcess(work / f"{arm}-chaos.yaml", env, work / f"{arm}-chaos.log")
@@ -348,6 +439,12 @@ def _run_arm(arm: str, moments: list[Moment], s: ChaosSettings, work: Path, env:
             result.killed += 1
         result.events.append(event)
         say(f"[{arm}] {event}")
+        if s.data_edit and result.data_edit is None and result.killed and not run.running():
+            _edit_data(result, run, train_file(work, arm), say)
+    if s.data_edit and result.data_edit is None:  # no kill stopped the run: edit before the last (re)start
+        if run.running():
+            run.wait(timeout_s=1800)
+        _edit_data(result, run, train_file(work, arm), say)
     if not run.running():
         run.start()
     code = run.wait(timeout_s=1800)
@@ -358,6 +455,14 @@ def _run_arm(arm: str, moments: list[Moment], s: ChaosSettings, work: Path, env:
     result.check = check_run(root / RUN_ID, ref_root / RUN_ID, s.num_stages)
     say(f"[{arm}] {result.killed} kills, {run.starts} starts, {result.chaos_s:.0f} s; invariants ok: {result.check.ok}")
     return result
+
+
+def _edit_data(result: ArmResult, run: RunProcess, train: Path, say) -> None:
+    result.data_edit_refused, result.data_edit = _data_edit_moment(run, train)
+    verdict = "refused as expected" if result.data_edit_refused else "NOT REFUSED"
+    say(
+        f"[{result.arm}] data edit: {train.name} reversed between a kill and the resume: {verdict} ({result.data_edit})"
+    )
 
 
 def run_chaos(
@@ -380,7 +485,9 @@ def run_chaos(
     with _server(api_url, work) as url:
         # the run slot (flows/exclusive.py) of a SIGKILLed flow frees only after its >= 60 s lease: off here
         env = {**os.environ, "PREFECT_API_URL": url, "PYTHONUNBUFFERED": "1", "MUGRPO_RUN_SLOT": "off"}
-        arms = [_run_arm(a, [m for m in moments if m.arm == a], s, work, env, say) for a in s.arms]
+        first = "warm" if "warm" in s.arms else s.arms[0]
+        shared = _reference(first, s, work, env, say) if s.shared_reference else None
+        arms = [_run_arm(a, [m for m in moments if m.arm == a], s, work, env, say, shared) for a in s.arms]
     return ChaosReport(s.seed, s.moments, arms)
 
 

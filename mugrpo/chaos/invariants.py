@@ -5,7 +5,9 @@ uninterrupted run of the same config (design.md, "Resume semantics"; issue 17, "
 - every (stage, prompt_id, sample_idx) rollout exists exactly once (AGPO probe rows are keyed apart, by is_probe);
 - ``train_steps.update`` numbers are 1..U, contiguous, none repeated;
 - each rollout's ``policy_version`` and each update's ``staleness`` equal the uninterrupted run's;
-- the final policy's weights are bitwise equal to the uninterrupted run's (CPU).
+- the final policy's weights are bitwise equal to the uninterrupted run's (CPU);
+- every stage has a prompt plan (:mod:`mugrpo.prompt_plan`), no prompt id is scheduled in two stages of one epoch,
+  each stage's rollouts are of exactly its planned prompts, and the plans equal the uninterrupted run's.
 
 Local run folders only (the harness runs on a local store).
 """
@@ -18,7 +20,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-__all__ = ["RunCheck", "check_run", "rollout_keys", "train_updates"]
+from mugrpo.prompt_plan import PromptPlan, epoch_overlaps
+
+__all__ = ["RunCheck", "check_run", "plan_problems", "rollout_keys", "train_updates"]
 
 RolloutKey = tuple[int, str, int, bool]
 
@@ -71,6 +75,34 @@ def _weights_diff(run_dir: Path, ref_dir: Path, num_stages: int) -> list[str]:
     return [f"final weight {k} differs from the uninterrupted run" for k in sorted(a) if not a[k].equal(b[k])]
 
 
+def _plans(run_dir: Path, num_stages: int) -> dict[int, PromptPlan]:
+    out = {}
+    for k in range(num_stages):
+        f = run_dir / "jobs" / f"stage={k}" / "generate.plan.json"
+        if f.exists():
+            out[k] = PromptPlan.model_validate_json(f.read_text())
+    return out
+
+
+def plan_problems(run_dir: Path, num_stages: int) -> list[str]:
+    """The plan invariants of one run, checked against its own plans: one line per stage without a plan, per prompt
+    scheduled twice in an epoch, per stage whose rollouts are not of exactly its planned prompts."""
+    plans = _plans(run_dir, num_stages)
+    problems = [f"stage {k} has no prompt plan" for k in range(num_stages) if k not in plans]
+    problems += epoch_overlaps(plans.values())
+    sampled: dict[int, set[str]] = {}
+    for stage, prompt_id, _, probe in rollout_keys(run_dir):
+        if not probe:
+            sampled.setdefault(stage, set()).add(prompt_id)
+    for k, plan in sorted(plans.items()):
+        got, planned = sampled.get(k, set()), set(plan.prompt_ids)
+        if got - planned:
+            problems.append(f"stage {k}: rollouts of prompts outside its plan, e.g. {sorted(got - planned)[:3]}")
+        if planned - got:
+            problems.append(f"stage {k}: planned prompts without rollouts, e.g. {sorted(planned - got)[:3]}")
+    return problems
+
+
 @dataclass
 class RunCheck:
     """The invariants' outcome: counts and one line per difference (empty ``problems`` = every invariant holds)."""
@@ -119,6 +151,11 @@ def check_run(run_dir: Path, ref_dir: Path, num_stages: int) -> RunCheck:
     elif updates != ref_updates:
         diff = [(u, s, r) for (u, s), (_, r) in zip(updates, ref_updates, strict=True) if s != r]
         out.problems.append(f"staleness changed by the resumes at updates {[u for u, _, _ in diff]}")
+    out.problems.extend(plan_problems(run_dir, num_stages))
+    plans, ref_plans = _plans(run_dir, num_stages), _plans(ref_dir, num_stages)
+    differ = [k for k in ref_plans if k in plans and plans[k].prompt_ids != ref_plans[k].prompt_ids]
+    if differ:
+        out.problems.append(f"prompt plans of stages {differ} differ from the uninterrupted run's")
     weights = _weights_diff(run_dir, ref_dir, num_stages)
     out.weights_equal = not weights
     out.problems.extend(weights[:5])
