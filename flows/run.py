@@ -55,7 +55,9 @@ def run_flow(config: dict[str, Any]) -> dict[str, Any]:
     ``mugrpo-run:{run id}`` of one slot, a lease that frees itself minutes after its holder died).
 
     Raises:
-        mugrpo.runs.ConfigMismatchError: the run id exists with a different config.
+        mugrpo.runs.ConfigMismatchError: the run id exists with a config that differs in a semantic key.
+        mugrpo.runs.InputChangedError: an input (training set, eval set, initial weights, tokenizer) changed or is
+            missing since the run started.
         TimeoutError: another flow run of the run id held its slot for 15 minutes.
         mugrpo.lease.RunLeaseHeld: another live writer holds the run lease in object storage (names it).
         mugrpo.lease.LeaseFenced: this writer's lease was taken over while it ran.

@@ -130,6 +130,7 @@ def split_run(run: str, root: str | None) -> tuple[str, str]:
 
 def _stored_config(run: str, root: str | None, storage_options: dict | None = None):
     """The config in a run's run.json; exits with a clear message when the run or its storage cannot be read."""
+    from mugrpo.config import ConfigError
     from mugrpo.runs import load_run_config
     from mugrpo.storage import Store
     from mugrpo.storage_errors import check_store
@@ -139,6 +140,8 @@ def _stored_config(run: str, root: str | None, storage_options: dict | None = No
         with storage_guard(f"{root.rstrip('/')}/{run_id}", storage_options):
             check_store(Store(root, storage_options), f"{root.rstrip('/')}/{run_id}")
             return load_run_config(root, run_id, storage_options)
+    except ConfigError as e:  # a key this version no longer has: named with the file
+        _refuse(e)
     except FileNotFoundError as e:
         folder = Store(root).listdir(run_id) if Store(root).exists(run_id) else []
         inside = [n for n in folder if Store(root).exists(f"{run_id}/{n}/run.json")]
@@ -175,13 +178,11 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def _execute(cfg) -> None:
     _prefect_env()
-    from flows.run import run_flow
     from mugrpo.lease import LeaseFenced, RunLeaseHeld, live_holder
     from mugrpo.resume import RunRefused
     from mugrpo.runs import open_store
     from mugrpo.storage_errors import check_store, check_writable
     from mugrpo.verify import CorruptedRunError
-    from tasks.launchers import JobError
 
     store = open_store(cfg)
     uri = store.uri(cfg.run.id)
@@ -189,7 +190,6 @@ def _execute(cfg) -> None:
         check_store(store, uri)
         check_writable(store, cfg.run.id, uri)  # permission denied, read-only or full: one line, exit 2
         holder = live_holder(store, cfg.run.id)
-        _check_resume(store, cfg)  # a changed config or input is refused here, once, before Prefect starts
     if holder is not None and cfg.orchestration.lease_wait_s == 0:  # the flow takes the lease; refuse early here
         err.print(
             f"Error: run {cfg.run.id} at {uri} is being written by {holder}; two writers would commit over each "
@@ -199,6 +199,11 @@ def _execute(cfg) -> None:
             highlight=False,
         )
         raise typer.Exit(3)
+    with storage_guard(uri, cfg.run.storage_options):
+        _check_resume(store, cfg)  # a changed config or input is refused here, once, before Prefect is imported
+    from flows.run import run_flow
+    from tasks.launchers import JobError
+
     console.print(f"[bold]run {cfg.run.id}[/bold] lives at {uri}")
     console.print(f"  watch it:  mugrpo status {uri}")
     console.print("  (for the Prefect UI, start `prefect server start` and set PREFECT_API_URL before `mugrpo run`)")
