@@ -174,7 +174,7 @@ def write_run(store: Store, run_id: str, *, skill: float = 0.5, run_json: bool =
                 for replayed in (0, 1)
                 for r in (_rollout_rows(run_id, k - replayed, skill)[:2])
             ]
-            rel = layout.replay_part(k, 1)
+            rel = layout.table_part("replay", k, 1)
             write_table(store, rel, table_from_rows(audit, "replay"), "replay")
         rel = layout.eval_file(k, "gsm8k")
         files.append(
