@@ -5,10 +5,10 @@ import pytest
 from mugrpo.advantages import ADVANTAGE_ESTIMATORS
 from mugrpo.engines import ROLLOUT_ENGINES, load_builtin_engines
 from mugrpo.losses import POLICY_LOSSES
+from mugrpo.lr_schedule import LR_SCHEDULES
 from mugrpo.registry import Registry, UnknownNameError
 from mugrpo.rewards import REWARD_FUNCTIONS
 from mugrpo.schedules import STAGE_SCHEDULES
-from mugrpo.trainer.optim import LR_SCHEDULES
 from tasks.launchers import LAUNCHERS
 
 
