@@ -407,8 +407,3 @@ class SubprocessLauncher(Launcher):
             self._drain(lines, on_line, wait_s=0.1)
         _signal_group(proc.pid, signal.SIGKILL)
         proc.wait()
-
-
-# The kubernetes launcher lives in its own module; importing it registers it (it imports this module's names, all
-# defined by now).
-from tasks import kubernetes as _kubernetes  # noqa: E402, F401
