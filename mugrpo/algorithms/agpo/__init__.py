@@ -1,15 +1,29 @@
-"""AGPO (arXiv 2605.20722): probe statistics, the temperature and clip-range controllers, and their config.
+"""AGPO (arXiv 2605.20722; released code wandugu/paper_agpo): adaptive sampling temperatures from probe groups, and
+a per-group clip range from an entropy- and KL-driven controller. Registered as ``agpo`` (:mod:`.algorithm`).
 
-Pure parts only (numpy / floats, no model): :mod:`.stats` computes a probe's dispersion, vote entropy and skew;
-:mod:`.controllers` holds the persistent controller state (temperature EMA, H_ref, KLbar) with
-``state_dict()`` / ``load_state_dict()``; :mod:`.config` is the ``agpo`` config section.
+===============  =====================================================================================
+module           what
+===============  =====================================================================================
+``config``       the ``agpo`` config section
+``stats``        a probe group's dispersion, vote entropy and skew (pure)
+``controllers``  the temperature and clip-range controllers, their state as ``state_dict()`` (pure)
+``probe``        a probe's sampling params and per-prompt plans; replaying committed U values
+``advantages``   the ``agpo`` advantage estimator (dispersion-normalized)
+``loss``         the ``agpo`` policy loss (clipped surrogate with a per-group clip range)
+``generation``   the generation worker's hooks: probe each shard, sample at the planned temperatures
+``trainer``      the trainer's hooks: the clip-range controller around each update
+``algorithm``    the registered :class:`~mugrpo.algorithms.base.Algorithm`
+===============  =====================================================================================
 """
 
-from mugrpo.adaptive.config import AGPOConfig
-from mugrpo.adaptive.controllers import ClipRangeController, TemperatureController, adaptive_eps
-from mugrpo.adaptive.stats import DISPERSIONS, ProbeStats, dispersion, probe_stats, skewness, vote_entropy
+from mugrpo.algorithms.agpo import advantages, loss  # noqa: F401  (register the agpo estimator and loss)
+from mugrpo.algorithms.agpo.algorithm import AGPO
+from mugrpo.algorithms.agpo.config import AGPOConfig
+from mugrpo.algorithms.agpo.controllers import ClipRangeController, TemperatureController, adaptive_eps
+from mugrpo.algorithms.agpo.stats import DISPERSIONS, ProbeStats, dispersion, probe_stats, skewness, vote_entropy
 
 __all__ = [
+    "AGPO",
     "DISPERSIONS",
     "AGPOConfig",
     "ClipRangeController",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mugrpo.adaptive.controllers import ClipRangeController, TemperatureController
+from mugrpo.algorithms.agpo.controllers import ClipRangeController, TemperatureController
 
 
 class AGPOConfig(BaseModel):

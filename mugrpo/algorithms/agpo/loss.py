@@ -1,6 +1,6 @@
 """AGPO's policy loss (arXiv 2605.20722; released code wandugu/paper_agpo): the PPO clipped surrogate with a
 symmetric clip range per group, eps_g, computed by the trainer's clip-range controller
-(:class:`mugrpo.adaptive.ClipRangeController`) and passed as ``LossContext.clip_eps``.
+(:class:`mugrpo.algorithms.agpo.ClipRangeController`) and passed as ``LossContext.clip_eps``.
 
 It is :func:`mugrpo.losses.clipped.clipped_surrogate` with per-row bounds [1 - eps_g, 1 + eps_g] and the shared
 KL machinery (``kl_coef``, ``kl_estimator``, ``kl_agg_mode``): the released code's loss is

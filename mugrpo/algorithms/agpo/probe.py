@@ -1,7 +1,7 @@
 """AGPO's probe step of the generation job (arXiv 2605.20722; released code wandugu/paper_agpo).
 
 For each prompt of a shard: sample a probe group of G responses at ``tau_base``, score it, compute its
-:class:`~mugrpo.adaptive.stats.ProbeStats`, and step the (run-wide) :class:`TemperatureController` prompt by
+:class:`~mugrpo.algorithms.agpo.stats.ProbeStats`, and step the (run-wide) :class:`TemperatureController` prompt by
 prompt to get the temperature of that prompt's G training responses.
 
 The controller's EMA is a function of the committed data: it starts a stage from the previous stage's generate
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mugrpo.adaptive.config import AGPOConfig
-from mugrpo.adaptive.controllers import TemperatureController
-from mugrpo.adaptive.stats import DispersionMode, ProbeStats, probe_stats
+from mugrpo.algorithms.agpo.config import AGPOConfig
+from mugrpo.algorithms.agpo.controllers import TemperatureController
+from mugrpo.algorithms.agpo.stats import DispersionMode, ProbeStats, probe_stats
 from mugrpo.engines.base import SamplingParams
 
 #: Key of the temperature controller's EMA in the generate job manifest's metrics (its state at stage commit).

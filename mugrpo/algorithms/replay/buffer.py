@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from mugrpo.replay.config import ReplayConfig
+from mugrpo.algorithms.replay.config import ReplayConfig
 
 RolloutKey = tuple[int, str, int]  # (stage, prompt_id, sample_idx)
 

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mugrpo.replay.buffer import Eviction, ReplayBuffer, ReplayEntry, RolloutKey, num_replayed
-from mugrpo.trainer.data import Rollout
+from mugrpo.algorithms.base import RolloutRef
+from mugrpo.algorithms.replay.buffer import Eviction, ReplayBuffer, ReplayEntry, RolloutKey, num_replayed
 
 
-def rollout_key(r: Rollout) -> RolloutKey:
+def rollout_key(r: RolloutRef) -> RolloutKey:
+    """``(stage, prompt_id, sample_idx)``: how a buffer entry references its rollout."""
     return (r.stage, r.prompt_id, r.sample_idx)
 
 
@@ -28,14 +29,14 @@ def rollout_key(r: Rollout) -> RolloutKey:
 class UpdateBatch:
     """The rollouts of one fresh-anchored update and the replay columns of its ``train_steps`` row."""
 
-    fresh: list[Rollout]
-    replayed: list[Rollout]
+    fresh: list[RolloutRef]
+    replayed: list[RolloutRef]
     drawn: list[ReplayEntry]
     evicted_age: int
     buffer_size: int
 
     @property
-    def rollouts(self) -> list[Rollout]:
+    def rollouts(self) -> list[RolloutRef]:
         return self.fresh + self.replayed
 
 
@@ -48,10 +49,10 @@ class StageReplay:
         seed: the draw seed (derived from the run seed); each update's generator is seeded with (seed, update).
     """
 
-    def __init__(self, buffer: ReplayBuffer, rows: dict[RolloutKey, Rollout], seed: int) -> None:
+    def __init__(self, buffer: ReplayBuffer, rows: dict[RolloutKey, RolloutRef], seed: int) -> None:
         self.buffer, self.rows, self.seed = buffer, rows, seed
 
-    def compose(self, update: int, fresh: list[Rollout]) -> UpdateBatch:
+    def compose(self, update: int, fresh: list[RolloutRef]) -> UpdateBatch:
         """Steps 1-2 for global update ``update``.
 
         Raises:
@@ -96,7 +97,7 @@ class StageReplay:
         return rows
 
 
-def _audit(run_id, stage, stage_update, update, r: Rollout, *, replayed: bool, priority: float | None) -> dict:
+def _audit(run_id, stage, stage_update, update, r: RolloutRef, *, replayed: bool, priority: float | None) -> dict:
     return {
         "run_id": run_id,
         "stage": stage,

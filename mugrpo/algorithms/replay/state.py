@@ -10,15 +10,20 @@ import io
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from mugrpo.algorithms.replay.buffer import ReplayBuffer
+from mugrpo.algorithms.replay.config import ReplayConfig
 from mugrpo.layout import RunLayout
 from mugrpo.manifest import read_job_manifest
-from mugrpo.replay.buffer import ReplayBuffer
-from mugrpo.replay.config import ReplayConfig
 from mugrpo.storage import Store
 from schemas import FileRecord
 
 #: File name of the buffer state inside a checkpoint folder.
 CHECKPOINT_FILE = "replay_buffer.parquet"
+
+
+def stage_buffer_path(layout: RunLayout, stage: int) -> str:
+    """``replay_buffer/stage=k/buffer.parquet``: the buffer after the last update of ``stage``."""
+    return layout.stage_state("replay_buffer", stage, "buffer.parquet")
 
 
 def buffer_to_bytes(buffer: ReplayBuffer) -> bytes:
@@ -45,7 +50,7 @@ def buffer_from_bytes(data: bytes, config: ReplayConfig, where: str) -> ReplayBu
 
 def write_stage_buffer(store: Store, layout: RunLayout, stage: int, buffer: ReplayBuffer) -> FileRecord:
     """Write the buffer as it is after the last update of ``stage`` (atomically); returns its FileRecord."""
-    rel = layout.replay_buffer(stage)
+    rel = stage_buffer_path(layout, stage)
     data = buffer_to_bytes(buffer)
     digest = store.write_bytes(rel, data)
     return FileRecord(path=layout.rel(rel), sha256=digest, bytes=len(data), rows=len(buffer))
@@ -62,7 +67,7 @@ def read_stage_buffer(store: Store, layout: RunLayout, stage: int, config: Repla
     """
     if stage < 0:
         return ReplayBuffer(config)
-    rel = layout.replay_buffer(stage)
+    rel = stage_buffer_path(layout, stage)
     manifest = read_job_manifest(store, layout.run_id, stage, "train")
     if manifest is None:
         raise FileNotFoundError(f"stage {stage}: the train job has not committed; its replay buffer is unknown")
