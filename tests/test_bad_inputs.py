@@ -27,17 +27,17 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
+from bench.support.synthetic import commit_synthetic_stage
 from mugrpo.config import ConfigError, load_config
 from mugrpo.data import DatasetConfig, DatasetError, Problem, load_problems
-from mugrpo.jobs.generate import GenerateSpec, GenerationError, prepare_prompts
+from mugrpo.generation import GenerateSpec, GenerationError, prepare_prompts
 from mugrpo.layout import RunLayout
-from mugrpo.manifest import read_job_manifest
+from mugrpo.manifest import latest_checkpoint, read_job_manifest
 from mugrpo.rewards import REWARD_FUNCTIONS, RewardConfig, RewardInput, RewardScorer
 from mugrpo.storage import Store
-from mugrpo.trainer.checkpoint import latest_checkpoint
-from mugrpo.trainer.loop import nonfinite_report_path, run_training
+from mugrpo.trainer.commit import nonfinite_report_path
+from mugrpo.trainer.loop import run_training
 from mugrpo.trainer.spec import TrainSpec
-from mugrpo.trainer.synthetic import commit_synthetic_stage
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = "bad-inputs"

@@ -2,7 +2,7 @@
 bad rollouts and the NaN/inf guard. Real files, real processes; nothing is mocked.
 
 The rollouts are synthetic but real: token ids from the policy's tokenizer, behavior log-probs from a
-teacher-forced forward of the same policy (:mod:`mugrpo.trainer.synthetic`), so importance ratios start at 1.
+teacher-forced forward of the same policy (:mod:`bench.support.synthetic`), so importance ratios start at 1.
 """
 
 from __future__ import annotations
@@ -20,20 +20,20 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mugrpo.jobs.common import derive_seed
+from bench.support.synthetic import commit_rollouts, commit_synthetic_stage, synthetic_rollout_rows
 from mugrpo.layout import RunLayout
-from mugrpo.manifest import read_job_manifest, write_job_manifest
+from mugrpo.manifest import checkpoint_steps, latest_checkpoint, read_job_manifest, write_job_manifest
 from mugrpo.models import load_policy, response_logprobs
+from mugrpo.seeds import derive_seed
 from mugrpo.storage import Store
 from mugrpo.tables import read_table
 from mugrpo.trainer.batch import collate
-from mugrpo.trainer.checkpoint import checkpoint_steps, latest_checkpoint
+from mugrpo.trainer.commit import nonfinite_report_path
 from mugrpo.trainer.data import load_rollouts, make_minibatch_order
 from mugrpo.trainer.forward import PolicyTokenLogprobs
-from mugrpo.trainer.loop import enable_activation_checkpointing, nonfinite_report_path, run_training
+from mugrpo.trainer.loop import enable_activation_checkpointing, run_training
 from mugrpo.trainer.optim import LRSchedule
 from mugrpo.trainer.spec import TrainSpec
-from mugrpo.trainer.synthetic import commit_rollouts, commit_synthetic_stage, synthetic_rollout_rows
 from schemas import SCHEMA_VERSIONS, FileRecord
 
 REPO = Path(__file__).resolve().parents[1]
