@@ -1,10 +1,9 @@
-"""The evaluation job: avg@k and pass@k of one policy on each configured benchmark.
-
-    python -m mugrpo.jobs.eval SPEC          # SPEC: path or URL of an EvalSpec JSON
+"""Evaluation: avg@k and pass@k of one policy on each configured benchmark (``python -m mugrpo.jobs.eval`` is its
+job entry point).
 
 Writes one Parquet file per benchmark, ``evals/stage={k}/{benchmark}.parquet`` (one row per sample), skipping
 benchmarks already written (resume), then its worker manifest, then (once every worker has committed, with
-``eval.workers`` > 1 splitting the benchmarks; :mod:`mugrpo.jobs.fanout`) the job manifest with avg@k / pass@k per
+``eval.workers`` > 1 splitting the benchmarks; :mod:`mugrpo.fanout`) the job manifest with avg@k / pass@k per
 benchmark. ``stage`` names the
 policy evaluated: policies/stage={k} (stage K is the final policy).
 """
@@ -19,26 +18,19 @@ from pydantic import Field, model_validator
 from mugrpo.config import BenchmarkConfig
 from mugrpo.data import load_problems
 from mugrpo.engines.base import SamplingParams
-from mugrpo.jobs.common import (
-    PROCESS_START,
-    JobSpec,
-    console,
-    derive_seed,
-    load_spec,
-    local_policy_dir,
-    refuse_untrusted,
-    spec_argument,
-)
-from mugrpo.jobs.fanout import commit_when_all_committed, owned, slowest_timings, worker_job
-from mugrpo.jobs.verifiers import VerifierPoolOwner
+from mugrpo.fanout import commit_when_all_committed, owned, slowest_timings, worker_job
+from mugrpo.jobspec import JobSpec
 from mugrpo.layout import RunLayout
 from mugrpo.manifest import read_job_manifest, write_job_manifest
 from mugrpo.metrics import avg_at_k, mean_pass_at_k
-from mugrpo.progress import quiet_library_bars
+from mugrpo.policies import local_policy_dir
+from mugrpo.progress import console
 from mugrpo.prompts import PromptConfig, encode_prompt, render_prompt
 from mugrpo.rewards import RewardConfig, RewardInput
+from mugrpo.seeds import derive_seed
 from mugrpo.storage import Store, sha256_bytes
 from mugrpo.tables import read_table, table_from_rows, write_table
+from mugrpo.verifiers import VerifierPoolOwner
 from schemas import FileRecord, JobManifest
 
 
@@ -136,7 +128,7 @@ class EvalWorker(VerifierPoolOwner):
     A cold eval job builds one, evaluates its worker's benchmarks of one policy and exits (:func:`run_eval`); a
     warm segment passes an ``engine`` bound to the trainer's live policy (the behavior policy of the stage, before
     its updates). The verifier pool is started and waited ready on first use
-    (:class:`~mugrpo.jobs.verifiers.VerifierPoolOwner`).
+    (:class:`~mugrpo.verifiers.VerifierPoolOwner`).
 
     Args:
         engine: a ready rollout engine (owned by the caller), or None to start one per policy from its dir.
@@ -269,18 +261,8 @@ def _eval_manifest(spec: EvalSpec, store: Store, parts: list[JobManifest]) -> Jo
     )
 
 
-def run_eval(spec: EvalSpec) -> JobManifest:
-    """The cold eval job: start an engine and a verifier pool, evaluate one policy, stop them."""
+def run_eval(spec: EvalSpec, *, origin: float | None = None) -> JobManifest:
+    """The cold eval job: start an engine and a verifier pool, evaluate one policy, stop them. ``origin``: as in
+    :meth:`EvalWorker.run_stage` (the job passes its process start)."""
     with EvalWorker() as worker:
-        return worker.run_stage(spec, origin=PROCESS_START)
-
-
-def main(argv: list[str] | None = None) -> None:
-    spec = load_spec(spec_argument(argv, "mugrpo.jobs.eval", EvalSpec, __doc__), EvalSpec)
-    quiet_library_bars()
-    with refuse_untrusted("eval", spec.stage):
-        run_eval(spec)
-
-
-if __name__ == "__main__":
-    main()
+        return worker.run_stage(spec, origin=origin)

@@ -17,7 +17,6 @@ spec itself is worker 0's.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterable
 
 from mugrpo.layout import RunLayout
@@ -25,12 +24,9 @@ from mugrpo.manifest import read_job_manifest, write_job_manifest
 from mugrpo.storage import Store
 from schemas import JobManifest
 
-#: Job kinds that fan out over workers -> (module, function) writing the job manifest from the worker manifests.
-_FINALIZERS = {
-    "generate": ("mugrpo.jobs.generate", "commit_generation"),
-    "eval": ("mugrpo.jobs.eval", "commit_eval"),
-}
-FANOUT_JOBS = tuple(_FINALIZERS)
+#: Job kinds that fan out over workers (each writes its job manifest from the worker manifests:
+#: :func:`mugrpo.generation.commit_generation`, :func:`mugrpo.evaluation.commit_eval`).
+FANOUT_JOBS = ("generate", "eval")
 
 
 def owned(count: int, worker: int, workers: int) -> list[int]:
@@ -99,16 +95,3 @@ def slowest_timings(parts: Iterable[JobManifest], keys: Iterable[str]) -> dict[s
     """Per timing key, the slowest worker's seconds: the workers ran in parallel, so the job took that long."""
     parts = list(parts)
     return {k: max(p.timings.get(k, 0.0) for p in parts) for k in keys}
-
-
-def finalizer(job: str) -> Callable[[object], JobManifest | None]:
-    """The function that writes ``job``'s manifest from its worker manifests (None while a worker is missing):
-    :func:`mugrpo.jobs.generate.commit_generation` or :func:`mugrpo.jobs.eval.commit_eval`.
-
-    Raises:
-        KeyError: ``job`` does not fan out.
-    """
-    if job not in _FINALIZERS:
-        raise KeyError(f"job {job!r} does not fan out over workers (only {', '.join(FANOUT_JOBS)})")
-    module, name = _FINALIZERS[job]
-    return getattr(importlib.import_module(module), name)

@@ -1,5 +1,5 @@
 """The verifier pool a generation or evaluation worker keeps for its lifetime (shared by
-:class:`~mugrpo.jobs.generate.GenerationWorker` and :class:`~mugrpo.jobs.eval.EvalWorker`).
+:class:`~mugrpo.generation.GenerationWorker` and :class:`~mugrpo.evaluation.EvalWorker`).
 
 The pool (:class:`~mugrpo.rewards.RewardScorer`: math-verify in worker processes with per-item timeouts) is
 started on first use and waited ready, so its workers' imports are not charged to the first batch; it is

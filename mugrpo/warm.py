@@ -1,13 +1,12 @@
-"""The warm segment job: one process runs stages k .. k+n-1 (generate -> eval where scheduled -> train -> stage
-commit, stage after stage) with the policy, the optimizer, the rollout engine and the verifier pools loaded once.
-
-    python -m mugrpo.jobs.segment SPEC       # SPEC: path or URL of a SegmentSpec JSON (jobs/stage=k/segment.spec.json)
+"""Warm execution: one process runs stages k .. k+n-1 (generate -> eval where scheduled -> train -> stage commit,
+stage after stage) with the policy, the optimizer, the rollout engine and the verifier pools loaded once
+(``python -m mugrpo.jobs.segment`` is its job entry point).
 
 This is ``orchestration.execution: warm``: how TRL and verl run GRPO's many short generate -> train cycles, and so
 the fair way to run standard GRPO (mu = 4) against Mu-GRPO's few large stages. It is a way to run, not a second
 implementation: each stage writes the same job specs as the cold path (:func:`mugrpo.runs.build_job_specs`) and
-runs them through the same objects as the cold jobs (:class:`~mugrpo.jobs.generate.GenerationWorker`,
-:class:`~mugrpo.jobs.eval.EvalWorker`, :class:`~mugrpo.trainer.loop.Trainer`), then commits the stage with
+runs them through the same objects as the cold jobs (:class:`~mugrpo.generation.GenerationWorker`,
+:class:`~mugrpo.evaluation.EvalWorker`, :class:`~mugrpo.trainer.loop.Trainer`), then commits the stage with
 :func:`mugrpo.runs.commit_stage`. The files, their layout and schemas are those of the cold path.
 
 Weight sync (:class:`WarmEngine`), measured per stage as ``t_sync``:
@@ -24,8 +23,6 @@ does (:meth:`mugrpo.trainer.loop.Trainer.run_stage`).
 
 Resume: stages whose manifest exists are skipped; inside a stage every job resumes from what it committed (shards,
 checkpoints), so a SIGKILLed segment re-run continues from the last committed stage and checkpoint.
-
-Exit codes: 0 done, 1 generation failed, 2 bad spec or bad rollouts, 3 NaN/inf loss or gradient.
 """
 
 from __future__ import annotations
@@ -39,16 +36,9 @@ from typing import Any
 import torch
 from pydantic import Field
 
-from mugrpo.jobs.common import (
-    PROCESS_START,
-    JobSpec,
-    console,
-    fail,
-    load_spec,
-    local_policy_dir,
-    refuse_untrusted,
-    spec_argument,
-)
+from mugrpo.jobspec import JobSpec
+from mugrpo.policies import local_policy_dir
+from mugrpo.progress import console
 from schemas import JobManifest, StageManifest, StageTimings
 
 #: Prefix of the one-line JSON progress record a segment prints after each committed stage (the run flow turns
@@ -168,8 +158,8 @@ class WarmSegment:
     and the warm rollout engine (built on first use). :meth:`run_stage` runs one stage with them."""
 
     def __init__(self, cfg) -> None:
-        from mugrpo.jobs.eval import EvalWorker
-        from mugrpo.jobs.generate import GenerationWorker
+        from mugrpo.evaluation import EvalWorker
+        from mugrpo.generation import GenerationWorker
         from mugrpo.layout import RunLayout
         from mugrpo.runs import open_store
         from mugrpo.trainer.loop import Trainer
@@ -236,8 +226,10 @@ class WarmSegment:
         return commit_stage(cfg, k, timings), gen, trained
 
 
-def run_segment(spec: SegmentSpec) -> list[StageManifest]:
+def run_segment(spec: SegmentSpec, *, origin: float | None = None) -> list[StageManifest]:
     """Run (or resume) the segment's stages in one process; returns the manifests of the stages committed now.
+    ``origin``: ``time.monotonic()`` value the first stage's switch time counts from (the job passes its process
+    start; default: the call).
 
     Raises:
         ValueError: more than one training process (a warm segment is one process), or an engine without sync.
@@ -255,14 +247,15 @@ def run_segment(spec: SegmentSpec) -> list[StageManifest]:
         f"segment stages {spec.stage}..{last - 1}: {last - spec.stage - len(todo)} already committed, "
         f"{len(todo)} to run (warm: one process, {cfg.generation.engine} engine)"
     )
+    origin = time.monotonic() if origin is None else origin
     committed: list[StageManifest] = []
     if not todo:
         return committed
     segment = WarmSegment(cfg)
     try:
         for i, k in enumerate(todo):
-            origin = PROCESS_START if i == 0 else time.monotonic()  # the job's start counts in its first stage
-            manifest, gen, trained = segment.run_stage(k, origin)
+            start = origin if i == 0 else time.monotonic()  # the job's start counts in its first stage
+            manifest, gen, trained = segment.run_stage(k, start)
             committed.append(manifest)
             _report_progress(k, i + 1, len(todo), gen, trained, manifest.timings)
     finally:
@@ -290,31 +283,3 @@ def _report_progress(stage: int, done: int, of: int, gen: JobManifest, trained: 
         "t_total": t.t_total,
     }
     print(PROGRESS_TAG + json.dumps(record), flush=True)
-
-
-def main(argv: list[str] | None = None) -> None:
-    """CLI entry point: ``python -m mugrpo.jobs.segment SPEC``."""
-    from transformers.utils import logging as hf_logging
-
-    from mugrpo.jobs.generate import GenerationError
-    from mugrpo.progress import quiet_library_bars
-    from mugrpo.tables import SchemaError
-    from mugrpo.trainer.data import RolloutDataError
-    from mugrpo.trainer.step import NonFiniteError
-
-    spec = load_spec(spec_argument(argv, "mugrpo.jobs.segment", SegmentSpec, __doc__), SegmentSpec)
-    quiet_library_bars()
-    hf_logging.disable_progress_bar()  # in a terminal too: the jobs draw their own progress bars
-    try:
-        with refuse_untrusted("segment", spec.stage):
-            run_segment(spec)
-    except GenerationError as e:
-        fail(str(e))
-    except (RolloutDataError, SchemaError) as e:
-        fail(f"segment from stage {spec.stage}: bad rollouts: {e}", 2)
-    except NonFiniteError as e:
-        fail(f"segment from stage {spec.stage}: stopped, no checkpoint written for this update: {e}", 3)
-
-
-if __name__ == "__main__":
-    main()

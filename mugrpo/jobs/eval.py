@@ -1,0 +1,30 @@
+"""The evaluation job: avg@k and pass@k of one policy on each configured benchmark (the library is
+:mod:`mugrpo.evaluation`).
+
+    python -m mugrpo.jobs.eval SPEC          # SPEC: path or URL of an EvalSpec JSON
+
+Writes one Parquet file per benchmark, ``evals/stage={k}/{benchmark}.parquet`` (one row per sample), skipping
+benchmarks already written (resume), then its worker manifest, then (once every worker has committed, with
+``eval.workers`` > 1 splitting the benchmarks; :mod:`mugrpo.fanout`) the job manifest with avg@k / pass@k per
+benchmark. ``stage`` names the policy evaluated: policies/stage={k} (stage K is the final policy).
+
+Exit codes: 0 done, 2 bad spec, a tampered input or a lost run lease.
+"""
+
+from __future__ import annotations
+
+from mugrpo.evaluation import EvalSpec, run_eval
+from mugrpo.jobs.common import PROCESS_START, load_spec, refuse_untrusted, spec_argument
+from mugrpo.progress import quiet_library_bars
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI entry point: ``python -m mugrpo.jobs.eval SPEC``."""
+    spec = load_spec(spec_argument(argv, "mugrpo.jobs.eval", EvalSpec, __doc__), EvalSpec)
+    quiet_library_bars()
+    with refuse_untrusted("eval", spec.stage):
+        run_eval(spec, origin=PROCESS_START)
+
+
+if __name__ == "__main__":
+    main()

