@@ -114,8 +114,8 @@ def run_cold(cfg_dict: dict, log: Path) -> Path:
 def run_warm(cfg_dict: dict, log: Path, tmp: Path) -> Path:
     """One warm segment job over every stage."""
     from mugrpo.config import config_from_dict
-    from mugrpo.jobs.segment import SegmentSpec
     from mugrpo.runs import init_run
+    from mugrpo.warm import SegmentSpec
 
     cfg = config_from_dict(cfg_dict)
     init_run(cfg)

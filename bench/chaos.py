@@ -24,7 +24,7 @@ DATA = REPO.parent / "shared" / "data"
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mugrpo.chaos import ChaosSettings, run_chaos
+    from bench.support.chaos import ChaosSettings, run_chaos
     from mugrpo.models import make_tiny_random_model
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from mugrpo.adaptive import (
+from mugrpo.advantages import AdvantageConfig, compute_advantages
+from mugrpo.algorithms.agpo import (
     AGPOConfig,
     ClipRangeController,
     TemperatureController,
@@ -17,9 +18,8 @@ from mugrpo.adaptive import (
     skewness,
     vote_entropy,
 )
-from mugrpo.adaptive.controllers import kl_step
-from mugrpo.adaptive.stats import robust_dispersion
-from mugrpo.advantages import AdvantageConfig, compute_advantages
+from mugrpo.algorithms.agpo.controllers import kl_step
+from mugrpo.algorithms.agpo.stats import robust_dispersion
 
 
 def test_dispersion_scales_by_hand():

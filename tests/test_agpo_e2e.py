@@ -9,8 +9,8 @@ import math
 import pytest
 from test_generate_job import make_spec, with_policy
 
-from mugrpo.adaptive import AGPOConfig
-from mugrpo.jobs.generate import run_generate
+from mugrpo.algorithms.agpo import AGPOConfig
+from mugrpo.generation import run_generate
 from mugrpo.layout import RunLayout
 from mugrpo.storage import Store
 from mugrpo.tables import read_table

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from test_generate_job import make_spec, with_policy
 
-from mugrpo.adaptive import AGPOConfig, TemperatureController, dispersion, skewness, vote_entropy
-from mugrpo.jobs.generate import run_generate
+from mugrpo.algorithms.agpo import AGPOConfig, TemperatureController, dispersion, skewness, vote_entropy
+from mugrpo.generation import run_generate
 from mugrpo.layout import RunLayout
 from mugrpo.manifest import read_job_manifest
 from mugrpo.storage import Store
@@ -92,9 +92,9 @@ def test_rollouts_without_agpo_have_no_probe_rows(tmp_path, tiny_model_dir):
 
 
 def test_probe_temperatures_reach_the_engine_params(tmp_path):
-    from mugrpo.adaptive.probe import PromptPlan, ShardProbe
-    from mugrpo.adaptive.stats import ProbeStats
-    from mugrpo.jobs.generate import shard_params
+    from mugrpo.algorithms.agpo.probe import PromptPlan, ShardProbe
+    from mugrpo.algorithms.agpo.stats import ProbeStats
+    from mugrpo.generation import shard_params
 
     stats = ProbeStats(0.0, 0.0, 0.0, 0.0)
     probe = ShardProbe([], [], [PromptPlan(stats, 1.0, 0.0, 0.75), PromptPlan(stats, 2.0, 1.0, 1.4)])

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from mugrpo.losses import LossContext, PolicyLossConfig, compute_policy_loss, kl_step_per_response
+from mugrpo.algorithms.agpo.loss import kl_step_per_response
+from mugrpo.losses import LossContext, PolicyLossConfig, compute_policy_loss
 
 AGPO = PolicyLossConfig(
     name="agpo", agg_mode="seq-mean-token-mean", kl_coef=0.03, kl_estimator="k1", kl_agg_mode="token-mean"

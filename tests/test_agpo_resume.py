@@ -24,9 +24,9 @@ import pytest
 import yaml
 from _prefect import prefect_api, prefect_server  # noqa: F401  (fixtures)
 
-from mugrpo.chaos.harness import RunProcess
-from mugrpo.chaos.invariants import check_run
-from mugrpo.chaos.procs import alive, kill, process_tree
+from bench.support.chaos.harness import RunProcess
+from bench.support.chaos.invariants import check_run
+from bench.support.chaos.procs import alive, kill, process_tree
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 RUN, STAGES, UPDATES = "agpo", 2, 3

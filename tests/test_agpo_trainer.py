@@ -9,13 +9,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mugrpo.adaptive import AGPOConfig, adaptive_eps
+from bench.support.synthetic import commit_rollouts, synthetic_rollout_rows
+from mugrpo.algorithms.agpo import AGPOConfig, adaptive_eps
 from mugrpo.layout import RunLayout
 from mugrpo.manifest import read_job_manifest
 from mugrpo.storage import Store
 from mugrpo.trainer.loop import run_training
 from mugrpo.trainer.spec import TrainSpec
-from mugrpo.trainer.synthetic import commit_rollouts, synthetic_rollout_rows
 
 RUN = "agpo-train"
 UPDATES = 4

@@ -20,8 +20,8 @@ import torch
 from _prefect import prefect_api, prefect_server  # noqa: F401  (fixtures)
 from safetensors.torch import save_file
 
-from mugrpo.chaos import ARM_ROLES, ChaosSettings, Moment, check_run, draw_moments, process_tree, run_chaos
-from mugrpo.chaos.procs import JOB_ROLES
+from bench.support.chaos import ARM_ROLES, ChaosSettings, Moment, check_run, draw_moments, process_tree, run_chaos
+from bench.support.chaos.procs import JOB_ROLES
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

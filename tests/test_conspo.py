@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from bench.support.synthetic import commit_rollouts, commit_synthetic_stage, synthetic_rollout_rows
 from mugrpo.config import ConfigError, load_config
 from mugrpo.layout import RunLayout
 from mugrpo.losses import (
@@ -30,7 +31,6 @@ from mugrpo.trainer.batch import collate
 from mugrpo.trainer.data import RolloutDataError, load_rollouts, make_minibatch_order, valid_groups_in
 from mugrpo.trainer.loop import run_training
 from mugrpo.trainer.spec import TrainSpec
-from mugrpo.trainer.synthetic import commit_rollouts, commit_synthetic_stage, synthetic_rollout_rows
 
 RUN = "conspo-test"
 

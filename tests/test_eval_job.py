@@ -12,8 +12,8 @@ import pyarrow as pa
 
 from mugrpo.config import BenchmarkConfig
 from mugrpo.data import DatasetConfig
-from mugrpo.jobs.eval import EvalSpec, run_eval
-from mugrpo.jobs.fanout import worker_job
+from mugrpo.evaluation import EvalSpec, run_eval
+from mugrpo.fanout import worker_job
 from mugrpo.layout import RunLayout
 from mugrpo.manifest import read_job_manifest
 from mugrpo.storage import Store, sha256_bytes

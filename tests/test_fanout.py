@@ -17,15 +17,15 @@ import pyarrow as pa
 import pytest
 
 from mugrpo.data import DatasetConfig
-from mugrpo.jobs.eval import EvalSpec
-from mugrpo.jobs.fanout import missing_workers, owned, worker_job, worker_spec_paths
-from mugrpo.jobs.generate import GenerateSpec
-from mugrpo.jobs.verifiers import VerifierPoolOwner
+from mugrpo.evaluation import EvalSpec
+from mugrpo.fanout import missing_workers, owned, worker_job, worker_spec_paths
+from mugrpo.generation import GenerateSpec
 from mugrpo.layout import RunLayout
 from mugrpo.manifest import read_job_manifest, verify_manifest
 from mugrpo.rewards import RewardConfig
 from mugrpo.storage import Store
 from mugrpo.tables import read_table
+from mugrpo.verifiers import VerifierPoolOwner
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 REPO = Path(__file__).resolve().parents[1]
@@ -101,7 +101,7 @@ def test_worker_ownership_is_disjoint_and_complete():
 
 
 def test_agpo_probes_refuse_several_workers():
-    from mugrpo.adaptive.config import AGPOConfig
+    from mugrpo.algorithms.agpo.config import AGPOConfig
 
     with pytest.raises(ValueError, match="workers = 1"):
         gen_spec(Path("/tmp/x"), workers=2, agpo=AGPOConfig(probe=True))
@@ -110,8 +110,8 @@ def test_agpo_probes_refuse_several_workers():
 def test_verifier_pool_is_waited_ready_shared_and_restarted_on_a_new_config(monkeypatch):
     """The base both workers use (generate waited for its pool, eval did not): one pool per config, started and
     waited ready on first use, restarted on a new config, stopped on close."""
-    from mugrpo.jobs.eval import EvalWorker
-    from mugrpo.jobs.generate import GenerationWorker
+    from mugrpo.evaluation import EvalWorker
+    from mugrpo.generation import GenerationWorker
     from mugrpo.rewards import RewardScorer
 
     waited = []

@@ -20,7 +20,7 @@ from transformers import AutoTokenizer
 
 from mugrpo.data import DatasetConfig, load_problems
 from mugrpo.engines.base import ROLLOUT_ENGINES
-from mugrpo.jobs.generate import GenerateSpec, GenerationError, run_generate, select_problems
+from mugrpo.generation import GenerateSpec, GenerationError, run_generate, select_problems
 from mugrpo.layout import RunLayout
 from mugrpo.manifest import read_job_manifest, verify_manifest
 from mugrpo.prompts import encode_prompt, render_prompt

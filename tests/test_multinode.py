@@ -16,9 +16,9 @@ import torch
 from _prefect import free_port
 from test_trainer import REPO, RUN, _env, _spec, _weights, _write_spec
 
+from bench.support.synthetic import commit_synthetic_stage
 from mugrpo.layout import RunLayout
 from mugrpo.storage import Store
-from mugrpo.trainer.synthetic import commit_synthetic_stage
 from tasks.kubernetes import multinode_command
 
 

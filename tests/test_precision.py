@@ -19,8 +19,8 @@ from safetensors.torch import load_file
 
 from mugrpo.config import Config
 from mugrpo.engines.transformers_engine import TransformersEngine
-from mugrpo.jobs.eval import EvalSpec, run_eval
-from mugrpo.jobs.generate import GenerateSpec, run_generate
+from mugrpo.evaluation import EvalSpec, run_eval
+from mugrpo.generation import GenerateSpec, run_generate
 from mugrpo.layout import RunLayout
 from mugrpo.losses import LossContext, PolicyLossConfig, compute_policy_loss
 from mugrpo.models import load_policy
@@ -43,7 +43,7 @@ def _env() -> dict[str, str]:
 @pytest.fixture
 def rollouts(tmp_path, tiny_model_dir):
     """8 committed synthetic rollouts (real tokens, fp32 teacher-forced behavior log-probs) and their store."""
-    from mugrpo.trainer.synthetic import commit_synthetic_stage
+    from bench.support.synthetic import commit_synthetic_stage
 
     store = Store(str(tmp_path / "store"))
     commit_synthetic_stage(store, RUN, tiny_model_dir, num_prompts=2, group_size=4, seed=3, response_tokens=(4, 24))

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from mugrpo.replay import ReplayBuffer, ReplayConfig, draw_probabilities, num_replayed, priority
+from mugrpo.algorithms.replay import ReplayBuffer, ReplayConfig, draw_probabilities, num_replayed, priority
 
 
 def _buffer(**kw) -> ReplayBuffer:

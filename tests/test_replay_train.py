@@ -19,15 +19,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from bench.support.synthetic import commit_synthetic_stage
+from mugrpo.algorithms.replay.state import read_stage_buffer
 from mugrpo.layout import RunLayout
-from mugrpo.manifest import read_job_manifest
-from mugrpo.replay.state import read_stage_buffer
+from mugrpo.manifest import latest_checkpoint, read_job_manifest
 from mugrpo.sql import connect
 from mugrpo.storage import Store
-from mugrpo.trainer.checkpoint import latest_checkpoint
 from mugrpo.trainer.loop import Trainer
 from mugrpo.trainer.spec import TrainSpec
-from mugrpo.trainer.synthetic import commit_synthetic_stage
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = "replay"

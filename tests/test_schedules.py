@@ -4,7 +4,7 @@ specs built from them."""
 import pytest
 
 from mugrpo.config import ConfigError, config_from_dict
-from mugrpo.jobs.generate import GenerateSpec
+from mugrpo.generation import GenerateSpec
 from mugrpo.runs import policy_version
 from mugrpo.schedules import STAGE_SCHEDULES, StagePlan, stage_plan, total_updates
 from mugrpo.trainer.spec import TrainSpec

@@ -14,7 +14,7 @@ import pytest
 from _prefect import prefect_api, prefect_server  # noqa: F401  (fixtures)
 
 from mugrpo.config import config_from_dict
-from mugrpo.jobs.fanout import worker_job
+from mugrpo.fanout import worker_job
 from mugrpo.layout import RunLayout
 from mugrpo.manifest import read_job_manifest, read_manifest
 from mugrpo.runs import init_run

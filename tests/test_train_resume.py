@@ -18,12 +18,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from bench.support.synthetic import commit_synthetic_stage
 from mugrpo.layout import RunLayout
-from mugrpo.manifest import read_job_manifest
+from mugrpo.manifest import latest_checkpoint, read_job_manifest
 from mugrpo.storage import Store
-from mugrpo.trainer.checkpoint import latest_checkpoint
 from mugrpo.trainer.spec import TrainSpec
-from mugrpo.trainer.synthetic import commit_synthetic_stage
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = "resume-test"

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from bench.support.synthetic import commit_rollouts, commit_synthetic_stage, synthetic_rollout_rows
 from mugrpo.jobs.train import main
 from mugrpo.layout import RunLayout
 from mugrpo.manifest import read_job_manifest
 from mugrpo.storage import Store
 from mugrpo.trainer.loop import run_training
 from mugrpo.trainer.spec import TrainSpec
-from mugrpo.trainer.synthetic import commit_rollouts, commit_synthetic_stage, synthetic_rollout_rows
 
 RUN = "refusals"
 SETTINGS = {"updates_per_stage": 2, "rollouts_per_update": 4, "micro_batch_size": 2, "checkpoint_every": 1}

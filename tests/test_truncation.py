@@ -180,7 +180,7 @@ def test_update_one_ratio_is_one_under_truncated_sampling(policy_and_engine, tem
 
 def test_generate_then_train_logs_ratio_one_at_update_one_under_top_p(tmp_path, tiny_model_dir):
     from mugrpo.data import DatasetConfig
-    from mugrpo.jobs.generate import GenerateSpec, run_generate
+    from mugrpo.generation import GenerateSpec, run_generate
     from mugrpo.layout import RunLayout
     from mugrpo.rewards import RewardConfig
     from mugrpo.storage import Store

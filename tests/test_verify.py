@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from bench.support.synthetic import commit_synthetic_stage
 from mugrpo.config import config_from_dict
 from mugrpo.layout import RunLayout
 from mugrpo.runs import init_run
 from mugrpo.storage import Store
 from mugrpo.trainer.spec import TrainSpec
-from mugrpo.trainer.synthetic import commit_synthetic_stage
 from mugrpo.verify import CorruptedRunError, refuse_corrupted, verify_run
 
 REPO = Path(__file__).resolve().parents[1]

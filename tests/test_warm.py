@@ -29,12 +29,11 @@ import torch
 from safetensors.torch import load_file
 
 from mugrpo.config import config_from_dict
-from mugrpo.jobs.segment import PROGRESS_TAG, SegmentSpec
 from mugrpo.layout import RunLayout
-from mugrpo.manifest import read_manifest
+from mugrpo.manifest import checkpoint_steps, read_manifest
 from mugrpo.runs import commit_stage, init_run, open_store, write_job_specs
 from mugrpo.storage import Store
-from mugrpo.trainer.checkpoint import checkpoint_steps
+from mugrpo.warm import PROGRESS_TAG, SegmentSpec
 from schemas import StageTimings
 
 REPO = Path(__file__).resolve().parents[1]

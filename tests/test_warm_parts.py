@@ -11,14 +11,13 @@ from pathlib import Path
 import pytest
 
 from mugrpo.config import Config
-from mugrpo.jobs.common import local_policy_dir
-from mugrpo.jobs.segment import PROGRESS_TAG as JOB_TAG
-from mugrpo.jobs.segment import SegmentSpec
 from mugrpo.layout import RunLayout
-from mugrpo.manifest import write_job_manifest
+from mugrpo.manifest import checkpoint_steps, write_job_manifest
+from mugrpo.policies import local_policy_dir
 from mugrpo.runs import behavior_policy_dir, evaluates_stage, prune_stage_checkpoints, publishes_policy
 from mugrpo.storage import Store
-from mugrpo.trainer.checkpoint import checkpoint_steps
+from mugrpo.warm import PROGRESS_TAG as JOB_TAG
+from mugrpo.warm import SegmentSpec
 from schemas import JobManifest
 from tasks.jobs import PROGRESS_TAG, ProgressArtifact
 
@@ -121,8 +120,8 @@ def test_warm_bf16_engine_samples_as_the_cold_engine(tiny_model_dir):
     from mugrpo.config import load_config
     from mugrpo.engines.base import SamplingParams
     from mugrpo.engines.transformers_engine import TransformersEngine
-    from mugrpo.jobs.segment import WarmEngine
     from mugrpo.models import load_policy
+    from mugrpo.warm import WarmEngine
 
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "gsm8k-smollm2.yaml", [])
     assert cfg.model.dtype == "bfloat16" and cfg.generation.engine == "transformers"

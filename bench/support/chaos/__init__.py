@@ -2,9 +2,17 @@
 invariants against an uninterrupted run. ``bench/chaos.py`` is its command line; ``tests/test_chaos.py`` runs
 its quick mode. No Prefect import here: the harness drives ``mugrpo run`` as a subprocess."""
 
-from mugrpo.chaos.harness import ARM_ROLES, ChaosReport, ChaosSettings, Moment, draw_moments, run_chaos, tiny_config
-from mugrpo.chaos.invariants import RunCheck, check_run, rollout_keys, train_updates
-from mugrpo.chaos.procs import ROLES, Proc, kill, process_tree
+from bench.support.chaos.harness import (
+    ARM_ROLES,
+    ChaosReport,
+    ChaosSettings,
+    Moment,
+    draw_moments,
+    run_chaos,
+    tiny_config,
+)
+from bench.support.chaos.invariants import RunCheck, check_run, rollout_keys, train_updates
+from bench.support.chaos.procs import ROLES, Proc, kill, process_tree
 
 __all__ = [
     "ARM_ROLES",

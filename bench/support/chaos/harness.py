@@ -1,5 +1,5 @@
 """The chaos harness (issue 17): SIGKILL a random process of a real local run at N moments drawn from a seed,
-resume after each, then check the run against an uninterrupted one (:mod:`mugrpo.chaos.invariants`).
+resume after each, then check the run against an uninterrupted one (:mod:`bench.support.chaos.invariants`).
 
 A run here is the real thing: ``python -m mugrpo.cli run CONFIG`` (the flow process, Prefect flows on a local
 Prefect server), job subprocesses, verifier workers, a tiny random policy with the real SmolLM2 tokenizer, real
@@ -36,8 +36,8 @@ from pathlib import Path
 
 import yaml
 
-from mugrpo.chaos.invariants import RunCheck, check_run
-from mugrpo.chaos.procs import JOB_ROLES, alive, kill, process_tree
+from bench.support.chaos.invariants import RunCheck, check_run
+from bench.support.chaos.procs import JOB_ROLES, alive, kill, process_tree
 
 __all__ = ["ARM_ROLES", "ChaosReport", "ChaosSettings", "Moment", "draw_moments", "run_chaos", "tiny_config"]
 
