@@ -8,7 +8,7 @@ Victims: the flow process, a generate / train / eval job (cold execution), a seg
 verifier worker, or the whole tree. Arms: cold and warm execution of the same tiny run (tiny random Llama with the
 real SmolLM2 tokenizer, real GSM8K rows, real job processes, a local Prefect server). It prints one line per moment,
 then ``N/N resumed, 0 lost, 0 duplicated, weights equal`` or what differed, and exits 1 when an invariant broke.
-The logic lives in ``mugrpo/chaos/``.
+The logic lives in ``bench/support/chaos/``.
 """
 
 from __future__ import annotations

@@ -294,4 +294,5 @@ def _cells(best: dict, side: str) -> tuple[str, str, str]:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))  # bench.support (test and benchmark support, not installed)
     main()
