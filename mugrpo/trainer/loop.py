@@ -71,20 +71,14 @@ class Trainer:
     A cold train job builds one, trains one stage and exits (:func:`run_training`); a warm segment job
     (:mod:`mugrpo.warm`) keeps one for many consecutive stages. Both run the same steps, in this order:
 
-    ==========  =============================================  ===================================================
-    step        where                                          what
-    ==========  =============================================  ===================================================
-    setup       :meth:`ensure_weights`                         load the policy, wrap it, build AdamW (once per
-                                                               process), or reload weights of another stage
-    resume      :meth:`_resume`                                the stage's latest checkpoint (weights, AdamW, LR
-                                                               schedule, RNG), else the previous stage's AdamW
-                                                               moments and the stage's seed; then each
-                                                               algorithm's state (:meth:`_start_algorithms`)
-    train       :func:`~mugrpo.trainer.updates.train_updates`  the stage's updates
-    checkpoint  :func:`~mugrpo.trainer.commit.write_stage_checkpoint`  train_steps part, algorithms, checkpoint
-    publish     :func:`~mugrpo.trainer.commit.publish_policy`  policies/stage=k+1, when ``spec.publish_policy``
-    commit      :func:`~mugrpo.trainer.commit.commit_training`  the job manifest jobs/stage=k/train.manifest.json
-    ==========  =============================================  ===================================================
+    - setup (:meth:`ensure_weights`): load the policy, wrap it, build AdamW (once per process), or reload the
+      weights of another stage;
+    - resume (:meth:`_prepare`): the stage's latest checkpoint (weights, AdamW, LR schedule, RNG), else the
+      previous stage's AdamW moments and the stage's seed; then each algorithm's state (:meth:`_start_algorithms`);
+    - train (:func:`mugrpo.trainer.updates.train_updates`): the stage's updates, with a checkpoint every
+      ``checkpoint_every`` (:func:`mugrpo.trainer.commit.write_stage_checkpoint`);
+    - publish (:func:`mugrpo.trainer.commit.publish_policy`): policies/stage=k+1, when ``spec.publish_policy``;
+    - commit (:func:`mugrpo.trainer.commit.commit_training`): the job manifest jobs/stage=k/train.manifest.json.
 
     State carried between stages in memory equals what the cold path reads back from storage, bitwise: the
     weights are the fp32 tensors the cold job would load from the published safetensors, and the AdamW moments
