@@ -12,23 +12,12 @@ from __future__ import annotations
 
 from mugrpo.algorithms.agpo.config import AGPOConfig
 from mugrpo.algorithms.agpo.controllers import TemperatureController
-from mugrpo.algorithms.agpo.probe import EMA_METRIC, PromptPlan, plan_prompts, probe_params, replay_uncertainties
+from mugrpo.algorithms.agpo.probe import EMA_METRIC, ShardProbe, plan_prompts, probe_params, replay_uncertainties
 from mugrpo.algorithms.base import GenerationHooks, GenerationStart, ShardPlan, ShardToSample
 from mugrpo.manifest import read_job_manifest
 from mugrpo.rewards import RewardInput
 from mugrpo.seeds import derive_seed
 from mugrpo.tables import read_table
-
-
-def prompt_columns(plan: PromptPlan) -> dict[str, float]:
-    """The rollout columns of a probed prompt's rows (training and probe): its probe statistics, U and c."""
-    return {
-        "probe_sigma": plan.stats.sigma,
-        "probe_vote_entropy": plan.stats.entropy,
-        "probe_skew": plan.stats.skew,
-        "agpo_u": plan.uncertainty,
-        "agpo_c": plan.c,
-    }
 
 
 class AGPOGenerationHooks(GenerationHooks):
@@ -92,13 +81,7 @@ class AGPOGenerationHooks(GenerationHooks):
             [[s.text for s in group] for group in samples],
             shard.dispersion,
         )
-        return ShardPlan(
-            temperatures=tuple(p.temperature for p in plans),
-            columns=[prompt_columns(p) for p in plans],
-            probe_params=params,
-            probe_samples=samples,
-            probe_results=results,
-        )
+        return ShardProbe(samples=samples, results=results, plans=plans).plan(params)
 
     def worker_metrics(self) -> dict[str, float]:
         """The controller's EMA once the worker's shards are committed (the next stage starts from it)."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from mugrpo.algorithms.agpo.config import AGPOConfig
 from mugrpo.algorithms.agpo.controllers import TemperatureController
 from mugrpo.algorithms.agpo.stats import DispersionMode, ProbeStats, probe_stats
+from mugrpo.algorithms.base import ShardPlan
 from mugrpo.engines.base import SamplingParams
 
 #: Key of the temperature controller's EMA in the generate job manifest's metrics (its state at stage commit).
@@ -32,6 +33,16 @@ class PromptPlan:
     c: float
     temperature: float
 
+    def columns(self) -> dict[str, float]:
+        """The rollout columns of the prompt's rows (training and probe): its probe statistics, U and c."""
+        return {
+            "probe_sigma": self.stats.sigma,
+            "probe_vote_entropy": self.stats.entropy,
+            "probe_skew": self.stats.skew,
+            "agpo_u": self.uncertainty,
+            "agpo_c": self.c,
+        }
+
 
 @dataclass
 class ShardProbe:
@@ -44,6 +55,17 @@ class ShardProbe:
     @property
     def temperatures(self) -> tuple[float, ...]:
         return tuple(p.temperature for p in self.plans)
+
+    def plan(self, params: SamplingParams) -> ShardPlan:
+        """The shard's plan for the generation worker: each prompt's temperature and columns, and the probe
+        groups (sampled with ``params``) to write as probe rows."""
+        return ShardPlan(
+            temperatures=self.temperatures,
+            columns=[p.columns() for p in self.plans],
+            probe_params=params,
+            probe_samples=self.samples,
+            probe_results=self.results,
+        )
 
 
 def probe_params(base: SamplingParams, config: AGPOConfig, seed: int) -> SamplingParams:
