@@ -134,6 +134,10 @@ class StageStart:
     is_main: bool
 
 
+def _no_entropy() -> float:
+    raise RuntimeError("UpdateRows.policy_entropy is available from before_update on, once the update is collated")
+
+
 @dataclass(frozen=True)
 class UpdateRows:
     """The rollouts of one optimizer update.
@@ -144,14 +148,14 @@ class UpdateRows:
         fresh: the update's minibatch of the stage's rollouts (every rank's, in minibatch order).
         extra: rollouts the algorithms composed into the update (empty in :meth:`TrainHooks.compose`).
         policy_entropy: token-mean entropy (nats) of the current policy over the update's response tokens on
-            every rank. A collective: every rank calls it, or none does.
+            every rank (from :meth:`TrainHooks.before_update` on). A collective: every rank calls it, or none.
     """
 
     update: int
     stage_update: int
     fresh: Sequence[RolloutRef]
     extra: Sequence[RolloutRef] = ()
-    policy_entropy: Callable[[], float] = field(default=lambda: float("nan"), repr=False)
+    policy_entropy: Callable[[], float] = field(default=_no_entropy, repr=False)
 
 
 @dataclass(frozen=True)
