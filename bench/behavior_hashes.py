@@ -2,8 +2,8 @@
 
 A refactor that moves code must leave these unchanged. Run it before and after, on the same machine, and compare:
 
-    python bench/behavior_hashes.py --out before.json                 # tiny-model runs (a few minutes)
-    python bench/behavior_hashes.py --quick --out before-quick.json   # + configs/gsm8k-smollm2-quick.yaml (~10 min)
+    python bench/behavior_hashes.py --out before.json                      # tiny and synthetic runs (minutes)
+    python bench/behavior_hashes.py --runs quick --out before-quick.json   # configs/gsm8k-smollm2-quick.yaml
     python bench/behavior_hashes.py --compare before.json after.json
 
 Runs (all on CPU, real job processes and files):
@@ -14,7 +14,11 @@ Runs (all on CPU, real job processes and files):
 - ``tiny-replay``: the same, cold, with the rollout-level replay buffer on (draws from update 3).
 - ``tiny-agpo``: 2 stages, cold, AGPO (probes, adaptive temperatures, the agpo loss and its clip controller).
 - ``tiny-conspo``: 2 stages, cold, ConSPO (whole-group minibatches, positive labels).
-- ``quick`` (with ``--quick``): ``mugrpo run configs/gsm8k-smollm2-quick.yaml`` (SmolLM2-135M, bf16, Prefect).
+- ``syn-*``: train jobs (``python -m mugrpo.jobs.train``) on 3 committed synthetic stages per arm (the tiny policy's
+  own responses with made-up binary rewards, so advantages and gradients are not zero, unlike the tiny runs above
+  whose rewards are all 0): Mu-GRPO, GRPO with the replay buffer drawing, AGPO's loss and clip controller (probe
+  statistics made up per prompt), ConSPO.
+- ``quick`` (``--runs quick``): ``mugrpo run configs/gsm8k-smollm2-quick.yaml`` (SmolLM2-135M, bf16, Prefect).
 
 Content hashes are over the rows of each table with the wall-clock columns left out (``created_at``, ``seconds``,
 ``tokens_per_second``), rows serialized as sorted JSON lines, so they do not depend on file order or timestamps.
@@ -178,10 +182,14 @@ def fingerprint(run_dir: Path, num_stages: int) -> dict:
     return out
 
 
-def tiny_runs(tmp: Path) -> dict:
+def tiny_policy(tmp: Path) -> Path:
+    """The tiny random Llama policy with the SmolLM2 tokenizer the tests use (deterministic)."""
     from mugrpo.models import make_tiny_random_model
 
-    model = make_tiny_random_model(tmp / "tiny-policy" / "model", seed=0)
+    return make_tiny_random_model(tmp / "tiny-policy" / "model", seed=0)
+
+
+def tiny_runs(tmp: Path, model: Path) -> dict:
     log = tmp / "jobs.log"
     results = {}
     arms = {
@@ -233,6 +241,80 @@ def tiny_runs(tmp: Path) -> dict:
     return results
 
 
+SYN_STAGES, SYN_UPDATES = 3, 4
+#: Synthetic arms: (loss section, train settings over the defaults below, other spec sections).
+SYN_ARMS = {
+    "syn-mu_grpo": ({"name": "mu_grpo"}, {}, {}),
+    "syn-replay": (
+        {"name": "grpo", "eps_low": 0.2, "eps_high": 0.28, "dual_clip_c": 10.0},
+        {},
+        {"replay": {"enabled": True, "ratio": 0.5, "alpha": 0.5, "tau_max": 5, "warmup_updates": 2, "capacity": 20}},
+    ),
+    "syn-agpo": (
+        {"name": "agpo", "agg_mode": "seq-mean-token-mean", "kl_coef": 0.03, "kl_estimator": "k1"},
+        {},
+        {"agpo": {}},
+    ),
+    "syn-conspo": (
+        {"name": "conspo", "conspo_tau": 1.0, "conspo_margin": 1.0, "conspo_margin_alpha": 1.0},
+        {"group_minibatches": True, "rollouts_per_update": 8, "micro_batch_size": 4},
+        {},
+    ),
+}
+
+
+def synthetic_runs(tmp: Path, model: Path) -> dict:
+    """Train jobs on committed synthetic stages (see the module docstring), one run per arm."""
+    try:
+        from bench.support.synthetic import commit_rollouts, synthetic_rollout_rows
+    except ImportError:  # a checkout from before the test support left the library
+        from mugrpo.trainer.synthetic import commit_rollouts, synthetic_rollout_rows
+    from mugrpo.layout import RunLayout
+    from mugrpo.storage import Store
+
+    results = {}
+    for name, (loss, train, sections) in SYN_ARMS.items():
+        print(f"[behavior_hashes] {name} ...", flush=True)
+        root = tmp / name
+        store = Store(str(root))
+        store.upload_dir(model, RunLayout(RUN).policy_dir(0), meta={"stage": 0})
+        for k in range(SYN_STAGES):
+            rows = synthetic_rollout_rows(
+                model, run_id=RUN, stage=k, policy_version=k * SYN_UPDATES, num_prompts=5, group_size=4,
+                seed=100 + k, zero_variance_prompts=1,
+            )  # fmt: skip
+            if "agpo" in sections:  # probe statistics of each prompt, as the generation job stores them
+                for r in rows:
+                    p = int(r["prompt_id"], 16) % 7
+                    r.update(is_probe=False, probe_sigma=0.1 * p, probe_vote_entropy=0.2 * p, probe_skew=0.0)
+            commit_rollouts(store, RUN, k, rows)
+            spec = {
+                "root": str(root),
+                "run_id": RUN,
+                "seed": 5,
+                "stage": k,
+                "policy_version": k * SYN_UPDATES,
+                "total_updates": SYN_STAGES * SYN_UPDATES,
+                "train": {
+                    "updates_per_stage": SYN_UPDATES,
+                    "rollouts_per_update": 4,
+                    "micro_batch_size": 2,
+                    "checkpoint_every": 2,
+                    "lr": 1e-3,
+                    "skip_zero_variance_groups": False,
+                    **train,
+                },
+                "loss": loss,
+                **sections,
+            }
+            path = tmp / f"{name}-{k}.spec.json"
+            path.write_text(json.dumps(spec))
+            _job("train", str(path), tmp / "jobs.log")
+        results[name] = fingerprint(root / RUN, SYN_STAGES)
+        shutil.rmtree(root, ignore_errors=True)
+    return results
+
+
 def quick_run(tmp: Path) -> dict:
     """configs/gsm8k-smollm2-quick.yaml through `mugrpo run` (the Prefect flow), in a temporary run root."""
     root = tmp / "quick"
@@ -271,16 +353,25 @@ def compare(a_path: str, b_path: str) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", help="write the fingerprints here (JSON); default: print them")
-    parser.add_argument("--quick", action="store_true", help="also run configs/gsm8k-smollm2-quick.yaml (~10 min)")
-    parser.add_argument("--no-tiny", action="store_true", help="skip the tiny-model runs")
+    parser.add_argument(
+        "--runs",
+        nargs="+",
+        choices=("tiny", "synthetic", "quick"),
+        default=["tiny", "synthetic"],
+        help="which runs (default: tiny synthetic; quick takes ~10 min on 2 cores)",
+    )
     parser.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two fingerprint files and exit")
     args = parser.parse_args()
     if args.compare:
         raise SystemExit(compare(*args.compare))
     tmp = Path(tempfile.mkdtemp(prefix="mugrpo-hashes-"))
     try:
-        results = {} if args.no_tiny else tiny_runs(tmp)
-        if args.quick:
+        results = {}
+        if "tiny" in args.runs or "synthetic" in args.runs:
+            model = tiny_policy(tmp)
+            results.update(tiny_runs(tmp, model) if "tiny" in args.runs else {})
+            results.update(synthetic_runs(tmp, model) if "synthetic" in args.runs else {})
+        if "quick" in args.runs:
             print("[behavior_hashes] quick ...", flush=True)
             results["quick"] = quick_run(tmp)
     except BaseException:
