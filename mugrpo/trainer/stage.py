@@ -31,6 +31,7 @@ class StageRun:
         reference: the frozen reference policy of the KL penalty, or None.
         trainer_behavior: per rollout, the trainer's behavior log-probs for truncated IS, or None.
         checkpoint_s: seconds spent writing checkpoints so far.
+        group_of: row index of a rollout -> index of its group (set when the update loop starts).
     """
 
     spec: TrainSpec
