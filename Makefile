@@ -37,7 +37,7 @@ demo-quick: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check mugrpo schemas flows tasks tests bench
 	$(VENV)/bin/ruff format --check mugrpo schemas flows tasks tests bench
-	$(VENV)/bin/lint-imports --no-cache  # the layers and no-cycles contracts in pyproject.toml (docs/architecture.md)
+	$(VENV)/bin/lint-imports --no-cache  # the layers and no-cycles contracts of .importlinter (docs/architecture.md)
 
 clean-venv:
 	rm -rf $(VENV)
