@@ -1,6 +1,6 @@
 """Truncated sampling (min-p / top-k / top-p): the engine samples under it and the trainer replays it, so the
-importance ratio of an unchanged policy is 1 (design.md: "Behavior log-probs are under the distribution actually
-sampled")."""
+importance ratio of an unchanged policy is 1 (docs/design.md, "Algorithms": behavior log-probs are those of the
+distribution actually sampled)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The generation job: sample G responses per prompt from the frozen behavior policy, score them, compute group
-advantages, and write sharded Parquet rollouts (design.md, first half of a stage).
+advantages, and write sharded Parquet rollouts (docs/design.md, first half of a stage).
 
     python -m mugrpo.jobs.generate SPEC          # SPEC: path or URL of a GenerateSpec JSON
 

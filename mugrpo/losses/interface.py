@@ -83,7 +83,7 @@ class LossOutput:
 
 
 class PolicyLossFn(Protocol):
-    """Signature every registered policy loss implements (design.md, "Algorithms")."""
+    """Signature every registered policy loss implements (docs/design.md, "Algorithms")."""
 
     def __call__(
         self,
