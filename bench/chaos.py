@@ -1,4 +1,4 @@
-"""Chaos harness (issue 17): SIGKILL a random process of a tiny real run at N moments drawn from a seed, resume
+"""Chaos harness (docs/reliability.md): SIGKILL a random process of a tiny real run at N moments drawn from a seed, resume
 after each, then check the resume invariants against an uninterrupted run.
 
     python bench/chaos.py --seed 0 --moments 20     # full run (docs/reliability.md records one)

@@ -1,4 +1,4 @@
-"""Chaos harness (issue 17): SIGKILL random processes of a real local run, resume, and check the resume
+"""Chaos harness (docs/reliability.md): SIGKILL random processes of a real local run, resume, and check the resume
 invariants against an uninterrupted run. ``bench/chaos.py`` is its command line; ``tests/test_chaos.py`` runs
 its quick mode. No Prefect import here: the harness drives ``mugrpo run`` as a subprocess."""
 
