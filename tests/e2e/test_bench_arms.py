@@ -14,7 +14,7 @@ import pytest
 from bench._arms import ARMS, GRPO_MU, Budget, amdahl_bound, arm_config
 from mugrpo.schedules import stage_plan, total_updates
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _shape(cfg) -> dict:

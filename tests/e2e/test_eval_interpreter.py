@@ -10,7 +10,7 @@ Now ``eval.python`` follows ``generation.python`` and a conflicting value is ref
   wrapper around this interpreter that records each job it starts: the generate job and both eval jobs (stage 0's
   per-stage eval and the final one) go through it, the train job does not, and both evals are committed;
 - the same flow with ``generation.engine: vllm`` in the vLLM virtualenv, skipped unless ``MUGRPO_VLLM_PYTHON``
-  names it (like tests/test_vllm_engine.py).
+  names it (like tests/integration/test_vllm_engine.py).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from mugrpo.manifest import read_job_manifest, read_manifest
 from mugrpo.storage import Store
 from tasks.kubernetes import KubernetesJobSettings
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 VLLM_PYTHON = os.environ.get("MUGRPO_VLLM_PYTHON")
 runner = CliRunner()
 

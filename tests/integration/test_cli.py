@@ -14,7 +14,7 @@ from mugrpo.config import ConfigError, load_config
 from mugrpo.runs import ConfigMismatchError, init_run
 
 runner = CliRunner()
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 def test_config_show_applies_overrides():

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 JOBS = {"generate": "GenerateSpec", "train": "TrainSpec", "eval": "EvalSpec", "segment": "SegmentSpec"}
 
 

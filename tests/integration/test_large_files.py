@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from _s3 import moto_server, s3_root  # noqa: F401  (fixtures)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 GIB = 2**30
 LIMIT_MIB = 100
 

@@ -28,7 +28,7 @@ from tasks.launchers import (
     register_launcher,
 )
 
-TESTS_DIR = Path(__file__).resolve().parent
+TESTS_DIR = Path(__file__).resolve().parents[1]
 REPO_ROOT = TESTS_DIR.parent
 #: The stand-in job module is found through PYTHONPATH, as a job's package would be in its environment.
 JOB_ENV = {"PYTHONPATH": str(TESTS_DIR)}

@@ -15,7 +15,7 @@ from _prefect import prefect_api, prefect_server  # noqa: F401  (fixtures)
 
 from flows.exclusive import one_flow_run_per_run_id, run_limit_name
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_second_holder_of_the_same_run_id_waits_and_other_run_ids_do_not(prefect_api):

@@ -32,7 +32,7 @@ from mugrpo.storage import Store
 from mugrpo.tables import table_from_rows, write_table
 from schemas import StageTimings
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 STAGES, PROMPTS, GROUP, UPDATES, EVAL_PROMPTS = 2, 3, 4, 3, 4
 

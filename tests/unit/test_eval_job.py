@@ -19,7 +19,7 @@ from mugrpo.manifest import read_job_manifest
 from mugrpo.storage import Store, sha256_bytes
 from mugrpo.tables import read_table, write_table
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 RUN, K, PROMPTS = "evaljob", 4, 3
 
 

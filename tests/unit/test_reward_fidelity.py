@@ -3,7 +3,7 @@ scores 1, a near miss scores 0), and a table of our own cases across answer form
 
 Every case goes through the product path: the gold through :func:`mugrpo.answers.extract_gold` (as the dataset
 loader reads it), the response through :func:`mugrpo.answers.extract_answer`, then the ``math_correctness``
-component. The worker pool (:mod:`mugrpo.rewards.pool`) is exercised by tests/test_rewards.py.
+component. The worker pool (:mod:`mugrpo.rewards.pool`) is exercised by tests/unit/test_rewards.py.
 """
 
 from __future__ import annotations

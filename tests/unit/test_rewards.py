@@ -24,7 +24,7 @@ from mugrpo.rewards import (
     RewardScorer,
 )
 
-DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 needs_data = pytest.mark.usefixtures("shared_data_dir")  # skipped without the data; a failure under CI
 
 
