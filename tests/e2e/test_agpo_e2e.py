@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from test_generate_job import make_spec, with_policy
+from _tiny import AGPO_LOSS, generate_spec, train_spec, with_policy
 
 from mugrpo.adaptive import AGPOConfig
 from mugrpo.jobs.generate import run_generate
@@ -23,9 +23,9 @@ AGPO = AGPOConfig()
 
 
 def _train_spec(root, stage: int) -> TrainSpec:
-    return TrainSpec(
-        root=str(root),
-        run_id="gen",
+    return train_spec(
+        root,
+        "gen",
         stage=stage,
         seed=3,
         policy_version=2 * stage,
@@ -34,29 +34,23 @@ def _train_spec(root, stage: int) -> TrainSpec:
             "updates_per_stage": 2,
             "rollouts_per_update": 6,
             "micro_batch_size": 3,
-            "checkpoint_every": 2,
-            "lr": 1e-3,
             "skip_zero_variance_groups": False,
         },
-        loss={
-            "name": "agpo",
-            "agg_mode": "seq-mean-token-mean",
-            "kl_coef": 0.03,
-            "kl_estimator": "k1",
-            "kl_agg_mode": "token-mean",
-        },
+        loss=AGPO_LOSS,
         agpo=AGPO,
     )
 
 
 @pytest.mark.slow
 def test_tiny_agpo_run_two_stages(tmp_path, tiny_model_dir):
-    root = with_policy(tmp_path, tiny_model_dir)
+    root = tmp_path
+    with_policy(root, tiny_model_dir, "gen")
     store, layout = Store(str(root)), RunLayout("gen")
     gen_manifests, train_manifests = [], []
     for stage in (0, 1):
-        gen = make_spec(
+        gen = generate_spec(
             root,
+            "gen",
             stage=stage,
             num_prompts=4,
             prompt_start=4 * stage,

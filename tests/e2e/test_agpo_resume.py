@@ -15,83 +15,50 @@ Tiny random Llama with the real SmolLM2 tokenizer, CPU. Slow: `-m "not slow"` sk
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-import yaml
 from _prefect import prefect_api, prefect_server  # noqa: F401  (fixtures)
+from _tiny import AGPO_LOSS, gsm8k_eval, run_env, tiny_config, write_config
 
 from mugrpo.chaos.harness import RunProcess
 from mugrpo.chaos.invariants import check_run
 from mugrpo.chaos.procs import alive, kill, process_tree
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 RUN, STAGES, UPDATES = "agpo", 2, 3
 
 pytestmark = pytest.mark.slow
 
 
 def agpo_config(root: Path, model_dir: Path, execution: str = "cold") -> dict:
-    return {
-        "run": {"id": RUN, "root": str(root), "seed": 7, "num_stages": STAGES},
-        "model": {"source": str(model_dir), "max_context": 512},
-        "data": {
-            "train": {"name": "gsm8k", "path": str(DATA / "gsm8k/train.jsonl"), "answer_kind": "gsm8k", "limit": 40}
-        },
-        "generation": {
-            "prompts_per_stage": 4,
-            "shard_size": 2,
+    return tiny_config(
+        root,
+        model_dir,
+        run_id=RUN,
+        run={"seed": 7, "num_stages": STAGES},
+        generation={
             "engine_kwargs": {"num_threads": 1},
             "sampling": {"temperature": 0.3, "max_new_tokens": 2, "n": 4},
         },
-        "reward": {"components": {"math_correctness": 1.0, "format": 0.5}, "num_workers": 1},
-        "advantage": {"estimator": "agpo"},
-        "loss": {
-            "name": "agpo",
-            "agg_mode": "seq-mean-token-mean",
-            "kl_coef": 0.03,
-            "kl_estimator": "k1",
-            "kl_agg_mode": "token-mean",
-        },
+        advantage={"estimator": "agpo"},
+        loss=AGPO_LOSS,
         # The tiny random policy is near uniform over 49k tokens at T = 1, so at tau_base 1 every probe answer differs,
         # E = log G for every prompt and tau never moves. At T = 0.3 its top token has p ~ 0.3-0.9: two-token probes
         # repeat answers, E (hence U, c, tau) differs between prompts and the EMA replay is actually exercised.
-        "agpo": {"probe": True, "tau_base": 0.3, "tau_min": 0.1, "tau_max": 0.6, "tau_lambda": 0.5},
-        "train": {
-            "updates_per_stage": UPDATES,
-            "rollouts_per_update": 4,
-            "micro_batch_size": 2,
-            "checkpoint_every": 1,
-            "skip_zero_variance_groups": False,
-            "lr": 1e-3,
-        },
-        "eval": {
-            "every_stage": False,
-            "benchmarks": [
-                {
-                    "dataset": {"name": "gsm8k", "path": str(DATA / "gsm8k/test.jsonl"), "answer_kind": "gsm8k"},
-                    "num_prompts": 1,
-                    "max_new_tokens": 4,
-                }
-            ],
-        },
-        "orchestration": {"retries": 0, "execution": execution, "segment_stages": STAGES},
-        "tracking": {"sinks": []},
-    }
-
-
-def _env(api: str) -> dict[str, str]:
-    return {**os.environ, "PREFECT_API_URL": api, "PYTHONUNBUFFERED": "1", "MUGRPO_RUN_SLOT": "off"}
+        agpo={"probe": True, "tau_base": 0.3, "tau_min": 0.1, "tau_max": 0.6, "tau_lambda": 0.5},
+        train={"updates_per_stage": UPDATES},
+        eval={"benchmarks": [gsm8k_eval(num_prompts=1)]},
+        orchestration={"execution": execution, "segment_stages": STAGES},
+        tracking={"sinks": []},
+    )
 
 
 def _start(tmp: Path, name: str, model_dir: Path, api: str, execution: str = "cold") -> tuple[RunProcess, Path]:
     root = tmp / name
-    cfg = tmp / f"{name}.yaml"
-    cfg.write_text(yaml.safe_dump(agpo_config(root, model_dir, execution)))
-    run = RunProcess(cfg, _env(api), tmp / f"{name}.log")
+    cfg = write_config(tmp / f"{name}.yaml", agpo_config(root, model_dir, execution))
+    run = RunProcess(cfg, run_env(api, MUGRPO_RUN_SLOT="off"), tmp / f"{name}.log")
     run.start()
     return run, root / RUN
 

@@ -18,16 +18,15 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from _prefect import prefect_api, prefect_server  # noqa: F401  (fixtures)
+from _tiny import DATA_DIR
 from safetensors.torch import save_file
 
 from mugrpo.chaos import ARM_ROLES, ChaosSettings, Moment, check_run, draw_moments, process_tree, run_chaos
 from mugrpo.chaos.procs import JOB_ROLES
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-
 
 def _settings(model_dir: Path, **kw) -> ChaosSettings:
-    return ChaosSettings(data_dir=DATA, model_dir=model_dir, **{"moments": 6, "num_stages": 2, **kw})
+    return ChaosSettings(data_dir=DATA_DIR, model_dir=model_dir, **{"moments": 6, "num_stages": 2, **kw})
 
 
 def test_moments_are_drawn_from_the_seed(tmp_path):

@@ -13,9 +13,7 @@ Runs the real CLI (`mugrpo run`), real Prefect flows on a real local Prefect ser
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -24,7 +22,6 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-import yaml
 from _prefect import (
     deploy_local_flow,
     flow_run_logs,
@@ -33,86 +30,10 @@ from _prefect import (
     process_worker,
     run_deployment_and_wait,
 )
+from _tiny import RUN, descendants, kill_tree, run_env, start_run, tiny_config, write_config
 from safetensors.torch import load_file
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-RUN = "tiny"
-
 pytestmark = pytest.mark.slow
-
-
-def tiny_config(root: Path, model_dir: Path) -> dict:
-    return {
-        "run": {"id": RUN, "root": str(root), "seed": 5, "num_stages": 2},
-        "model": {"source": str(model_dir), "max_context": 512},
-        "data": {
-            "train": {"name": "gsm8k", "path": str(DATA / "gsm8k/train.jsonl"), "answer_kind": "gsm8k", "limit": 40}
-        },
-        "generation": {
-            "prompts_per_stage": 4,
-            "shard_size": 2,
-            "sampling": {"temperature": 1.0, "max_new_tokens": 6, "n": 2},
-        },
-        "reward": {"components": {"math_correctness": 1.0, "format": 0.5}, "num_workers": 1},
-        "train": {
-            "updates_per_stage": 3,
-            "rollouts_per_update": 4,
-            "micro_batch_size": 2,
-            "checkpoint_every": 1,
-            "skip_zero_variance_groups": False,
-            "lr": 1e-3,
-        },
-        "eval": {
-            "every_stage": False,
-            "benchmarks": [
-                {
-                    "dataset": {"name": "gsm8k", "path": str(DATA / "gsm8k/test.jsonl"), "answer_kind": "gsm8k"},
-                    "num_prompts": 2,
-                    "max_new_tokens": 4,
-                }
-            ],
-        },
-        "orchestration": {"retries": 0},
-    }
-
-
-def descendants(pid: int) -> list[int]:
-    """All descendant pids of ``pid`` (from /proc), deepest last."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        for c in children.get(p, []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL the flow process and every process under it (jobs run in their own sessions)."""
-    for pid in [proc.pid, *descendants(proc.pid)]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait(timeout=60)
-
-
-def start_run(config_path: Path, env: dict, log: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "mugrpo.cli", "run", str(config_path)],
-        env=env,
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-    )
 
 
 def wait_for(proc: subprocess.Popen, cond, what: str, log: Path, timeout: float = 900) -> None:
@@ -168,19 +89,17 @@ def rollout_keys(root: Path) -> Counter:
 def test_sigkill_at_six_points_then_resume_matches_uninterrupted(tmp_path, tiny_model_dir, prefect_api):
     # A killed flow's run slot (flows/exclusive.py) frees only after its >= 60 s lease: off here, where a run is
     # killed and resumed six times (test_run_exclusive.py tests the slot, this test the resumed files).
-    env = {**os.environ, "PREFECT_API_URL": prefect_api, "PYTHONUNBUFFERED": "1", "MUGRPO_RUN_SLOT": "off"}
+    env = run_env(prefect_api, MUGRPO_RUN_SLOT="off")
 
     ref_root = tmp_path / "ref"
-    ref_cfg = tmp_path / "ref.yaml"
-    ref_cfg.write_text(yaml.safe_dump(tiny_config(ref_root, tiny_model_dir)))
+    ref_cfg = write_config(tmp_path / "ref.yaml", tiny_config(ref_root, tiny_model_dir))
     log = tmp_path / "ref.log"
     proc = start_run(ref_cfg, env, log)
     assert proc.wait(timeout=1800) == 0, log.read_text()[-4000:]
     reference = final_weights(ref_root)
 
     root = tmp_path / "killed"
-    cfg = tmp_path / "killed.yaml"
-    cfg.write_text(yaml.safe_dump(tiny_config(root, tiny_model_dir)))
+    cfg = write_config(tmp_path / "killed.yaml", tiny_config(root, tiny_model_dir))
     run = root / RUN
     paused = lambda folder, name: any(p.name.startswith(f".{name}.tmp-") for p in (run / folder).glob(".*"))  # noqa: E731
     # (what, file condition, extra env, the jobs that must be running when it fires, what must be committed after)
@@ -271,9 +190,7 @@ def test_run_flow_as_a_deployment_on_a_process_work_pool(tmp_path, tiny_model_di
     the same deployment with infra/prefect.yaml; no cluster exists here)."""
     from mugrpo.config import config_from_dict
 
-    raw = tiny_config(tmp_path / "root", tiny_model_dir)
-    raw["run"]["num_stages"] = 1
-    config = config_from_dict(raw).to_json_dict()
+    config = config_from_dict(tiny_config(tmp_path / "root", tiny_model_dir, run={"num_stages": 1})).to_json_dict()
     deployment_id = deploy_local_flow("flows/run.py:run_flow", name="tiny-e2e", pool=process_worker.pool)
     flow_run = run_deployment_and_wait(deployment_id, parameters={"config": config}, timeout_s=900)
     assert flow_run.state.is_completed(), f"{flow_run.state}\n{process_worker.log_tail()}"

@@ -16,9 +16,6 @@ report), the CLI output (logs), and the Prefect flow runs' parameters, logs and 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import urllib.request
 import uuid
 from collections import Counter
@@ -26,13 +23,11 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-import yaml
 from _faults import Fault, FaultProxy
 from _prefect import prefect_api, prefect_server  # noqa: F401  (fixtures)
 from _s3 import moto_server  # noqa: F401  (fixture)
+from _tiny import DEFAULT, run_cli, run_env, tiny_config, write_config
 
-REPO = Path(__file__).resolve().parents[1]
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 RUN = "s3tiny"
 KEY_ID = "AKIAMUGRPOFAKE7Q3X9Z"
 SECRET = "mUgRpO/fAkE+sEcReT/0123456789abcdefXYZw"
@@ -42,49 +37,14 @@ pytestmark = pytest.mark.slow
 
 
 def config(root: str, endpoint: str, model_dir: Path) -> dict:
-    return {
-        "run": {
-            "id": RUN,
-            "root": root,
-            "storage_options": {"endpoint_url": endpoint},
-            "storage_retry": {"max_attempts": 2, "read_timeout_s": 20},
-            "seed": 5,
-            "num_stages": 2,
-        },
-        "model": {"source": str(model_dir), "max_context": 512},
-        "data": {
-            "train": {"name": "gsm8k", "path": str(DATA / "gsm8k/train.jsonl"), "answer_kind": "gsm8k", "limit": 40}
-        },
-        "generation": {"prompts_per_stage": 4, "shard_size": 2, "sampling": {"max_new_tokens": 6, "n": 2}},
-        "reward": {"components": {"math_correctness": 1.0, "format": 0.5}, "num_workers": 1},
-        "train": {
-            "updates_per_stage": 3,
-            "rollouts_per_update": 4,
-            "micro_batch_size": 2,
-            "checkpoint_every": 1,
-            "skip_zero_variance_groups": False,
-        },
-        "eval": {
-            "every_stage": False,
-            "benchmarks": [
-                {
-                    "dataset": {"name": "gsm8k", "path": str(DATA / "gsm8k/test.jsonl"), "answer_kind": "gsm8k"},
-                    "num_prompts": 2,
-                    "max_new_tokens": 4,
-                }
-            ],
-        },
-        "orchestration": {"retries": 0},
-    }
-
-
-def cli(args: list[str], env: dict, log: Path, timeout: float = 1200) -> subprocess.CompletedProcess:
-    out = subprocess.run(
-        [sys.executable, "-m", "mugrpo.cli", *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout
+    return tiny_config(
+        root,
+        model_dir,
+        run_id=RUN,
+        run={"storage_options": {"endpoint_url": endpoint}, "storage_retry": {"max_attempts": 2, "read_timeout_s": 20}},
+        generation={"sampling": {"temperature": DEFAULT}},
+        train={"lr": DEFAULT},
     )
-    with log.open("a") as f:
-        f.write(f"$ mugrpo {' '.join(args)} -> {out.returncode}\n{out.stdout}\n{out.stderr}\n")
-    return out
 
 
 def prefect_records(api: str) -> str:
@@ -118,22 +78,19 @@ def test_two_stage_run_on_s3_survives_a_stopped_server_resumes_and_leaks_no_secr
     log = tmp_path / "cli.log"
     with FaultProxy(moto_server) as proxy:
         root = f"s3://{bucket}/runs"
-        cfg_path = tmp_path / "run.yaml"
-        cfg_path.write_text(yaml.safe_dump(config(root, proxy.url, tiny_model_dir)))
-        env = {
-            **os.environ,
-            "AWS_ACCESS_KEY_ID": KEY_ID,
-            "AWS_SECRET_ACCESS_KEY": SECRET,
-            "PREFECT_API_KEY": PREFECT_KEY,
-            "PREFECT_API_URL": prefect_api,
-            "MUGRPO_CACHE": str(tmp_path / "cache"),
-            "PYTHONUNBUFFERED": "1",
-        }
+        cfg_path = write_config(tmp_path / "run.yaml", config(root, proxy.url, tiny_model_dir))
+        env = run_env(
+            prefect_api,
+            AWS_ACCESS_KEY_ID=KEY_ID,
+            AWS_SECRET_ACCESS_KEY=SECRET,
+            PREFECT_API_KEY=PREFECT_KEY,
+            MUGRPO_CACHE=str(tmp_path / "cache"),
+        )
         run_url = f"{root}/{RUN}"
 
         # 1. The server stops in the middle of stage 0's checkpoint upload (after its model files).
         proxy.add(Fault("down", method="PUT", path="checkpoints/stage=0/step=000002/optimizer.pt"))
-        out = cli(["run", str(cfg_path)], env, log)
+        out = run_cli(["run", str(cfg_path)], env, log)
         assert out.returncode == 1, log.read_text()[-5000:]
         assert f"could not write {run_url}/checkpoints/stage=0/step=000002/optimizer.pt" in out.stderr
         assert "after up to 2 attempts" in out.stderr
@@ -144,7 +101,7 @@ def test_two_stage_run_on_s3_survives_a_stopped_server_resumes_and_leaks_no_secr
         # 2. Resume; the server stops again in the middle of stage 1's second shard write.
         proxy.add(Fault("down", method="PUT", path="rollouts/stage=1/shard=00001.parquet"))
         resume = ["resume", run_url, "--storage-option", f"endpoint_url={proxy.url}"]
-        out = cli(resume, env, log)
+        out = run_cli(resume, env, log)
         assert out.returncode == 1, log.read_text()[-5000:]
         assert f"could not write {run_url}/rollouts/stage=1/shard=00001.parquet" in out.stderr
         proxy.up()
@@ -152,10 +109,10 @@ def test_two_stage_run_on_s3_survives_a_stopped_server_resumes_and_leaks_no_secr
         assert not direct.exists(f"{bucket}/runs/{RUN}/rollouts/stage=1/shard=00001.parquet")
 
         # 3. Resume to the end.
-        out = cli(resume, env, log)
+        out = run_cli(resume, env, log)
         assert out.returncode == 0, log.read_text()[-5000:]
         assert "complete" in out.stdout
-        verify = cli(["verify", run_url, "--storage-option", f"endpoint_url={proxy.url}"], env, log)
+        verify = run_cli(["verify", run_url, "--storage-option", f"endpoint_url={proxy.url}"], env, log)
         assert verify.returncode == 0, verify.stdout + verify.stderr
         lease = json.loads(direct.cat_file(f"{bucket}/runs/{RUN}/_lease.json"))
         assert lease["released"] is True

@@ -8,10 +8,9 @@ worker as its own task run with its logs.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from _prefect import prefect_api, prefect_server  # noqa: F401  (fixtures)
+from _tiny import DEFAULT, tiny_config
 
 from mugrpo.config import config_from_dict
 from mugrpo.jobs.fanout import worker_job
@@ -20,30 +19,9 @@ from mugrpo.manifest import read_job_manifest, read_manifest
 from mugrpo.runs import init_run
 from mugrpo.storage import Store
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 RUN = "fanflow"
 
 pytestmark = pytest.mark.slow
-
-
-def config(root: Path, model_dir: Path) -> dict:
-    return {
-        "run": {"id": RUN, "root": str(root), "seed": 5, "num_stages": 1},
-        "model": {"source": str(model_dir), "max_context": 512},
-        "data": {
-            "train": {"name": "gsm8k", "path": str(DATA / "gsm8k/train.jsonl"), "answer_kind": "gsm8k", "limit": 40}
-        },
-        "generation": {
-            "prompts_per_stage": 8,
-            "shard_size": 2,
-            "workers": 2,
-            "sampling": {"temperature": 1.0, "max_new_tokens": 6, "n": 2},
-            "engine_kwargs": {"num_threads": 1},
-        },
-        "reward": {"components": {"math_correctness": 1.0, "format": 0.5}, "num_workers": 1},
-        "train": {"updates_per_stage": 1, "rollouts_per_update": 4, "micro_batch_size": 2, "lr": 1e-3},
-        "orchestration": {"retries": 0},
-    }
 
 
 def task_runs(flow_run_id) -> dict[str, str]:
@@ -61,7 +39,17 @@ def test_a_failed_worker_fails_the_stage_and_alone_is_relaunched(tmp_path, tiny_
 
     from flows.stage import stage_flow
 
-    cfg = config_from_dict(config(tmp_path, tiny_model_dir))
+    cfg = config_from_dict(
+        tiny_config(
+            tmp_path,
+            tiny_model_dir,
+            run_id=RUN,
+            run={"num_stages": 1},
+            generation={"prompts_per_stage": 8, "workers": 2, "engine_kwargs": {"num_threads": 1}},
+            train={"updates_per_stage": 1, "checkpoint_every": DEFAULT, "skip_zero_variance_groups": DEFAULT},
+            eval=DEFAULT,
+        )
+    )
     init_run(cfg)
     store, layout = Store(str(tmp_path)), RunLayout(RUN)
     # Shard 1 (worker 1's) holds garbage: worker 1 samples shard 3, then cannot read shard 1 back and exits 1.

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from _prefect import prefect_api, prefect_server  # noqa: F401  (fixtures)
-from test_flow_resume import RUN, tiny_config
+from _tiny import RUN, run_cli, run_env, tiny_config, write_config
 
 from mugrpo.config import ConfigError, config_from_dict, load_config
 
@@ -28,26 +28,16 @@ pytestmark = pytest.mark.slow  # one real tiny run through the CLI (about a minu
 
 
 def _tracking_config(root: Path, model_dir: Path, tracking_dir: Path) -> dict:
-    cfg = tiny_config(root, model_dir)
-    cfg["eval"]["every_stage"] = True
-    cfg["tracking"] = {"sinks": SINKS, "dir": str(tracking_dir), "wandb_mode": "offline", "rollout_samples": 3}
-    return cfg
+    tracking = {"sinks": SINKS, "dir": str(tracking_dir), "wandb_mode": "offline", "rollout_samples": 3}
+    return tiny_config(root, model_dir, eval={"every_stage": True}, tracking=tracking)
 
 
 @pytest.fixture(scope="module")
 def tracked_run(tmp_path_factory, tiny_model_dir, prefect_api):  # noqa: F811
     """A 2-stage tiny run with all three sinks on, through `mugrpo run`; returns (config path, run dir, tracking)."""
     tmp = tmp_path_factory.mktemp("tracked")
-    cfg_path = tmp / "run.yaml"
-    cfg_path.write_text(yaml.safe_dump(_tracking_config(tmp / "root", tiny_model_dir, tmp / "tracking")))
-    env = {**os.environ, "PREFECT_API_URL": prefect_api, "PYTHONUNBUFFERED": "1", "WANDB_SILENT": "true"}
-    out = subprocess.run(
-        [sys.executable, "-m", "mugrpo.cli", "run", str(cfg_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
+    cfg_path = write_config(tmp / "run.yaml", _tracking_config(tmp / "root", tiny_model_dir, tmp / "tracking"))
+    out = run_cli(["run", str(cfg_path)], run_env(prefect_api, WANDB_SILENT="true"), timeout=1800)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     (tmp / "run.log").write_text(out.stdout + out.stderr)
     return cfg_path, tmp / "root" / RUN, tmp / "tracking"

@@ -18,7 +18,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -26,6 +25,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import torch
+from _tiny import start_job, tiny_config
 from safetensors.torch import load_file
 
 from mugrpo.config import config_from_dict
@@ -37,58 +37,22 @@ from mugrpo.storage import Store
 from mugrpo.trainer.checkpoint import checkpoint_steps
 from schemas import StageTimings
 
-REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data"
 RUN = "warm"
 STAGES, UPDATES = 3, 4
 
 pytestmark = pytest.mark.slow
 
 
-def tiny_config(root: Path, model_dir: Path, **orchestration) -> dict:
-    return {
-        "run": {"id": RUN, "root": str(root), "seed": 3, "num_stages": STAGES},
-        "model": {"source": str(model_dir), "max_context": 512},
-        "data": {
-            "train": {"name": "gsm8k", "path": str(DATA / "gsm8k/train.jsonl"), "answer_kind": "gsm8k", "limit": 40}
-        },
-        "generation": {
-            "prompts_per_stage": 4,
-            "shard_size": 2,
-            "sampling": {"temperature": 1.0, "max_new_tokens": 6, "n": 2},
-        },
-        "reward": {"components": {"math_correctness": 1.0, "format": 0.5}, "num_workers": 1},
-        "loss": {"name": "grpo"},
-        "train": {
-            "updates_per_stage": UPDATES,
-            "rollouts_per_update": 4,
-            "micro_batch_size": 2,
-            "checkpoint_every": 2,
-            "skip_zero_variance_groups": False,
-            "lr": 1e-3,
-        },
-        "eval": {
-            "every_stage": True,
-            "benchmarks": [
-                {
-                    "dataset": {"name": "gsm8k", "path": str(DATA / "gsm8k/test.jsonl"), "answer_kind": "gsm8k"},
-                    "num_prompts": 2,
-                    "max_new_tokens": 4,
-                }
-            ],
-        },
-        "orchestration": {"retries": 0, **orchestration},
-    }
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-
-
-def _job(module: str, spec: str, log: Path) -> subprocess.Popen:
-    out = open(log, "ab")  # noqa: SIM115  (closed with the process)
-    return subprocess.Popen(
-        [sys.executable, "-m", f"mugrpo.jobs.{module}", spec], cwd=REPO, env=_env(), stdout=out, stderr=out
+def warm_config(root: Path, model_dir: Path, **orchestration) -> dict:
+    return tiny_config(
+        root,
+        model_dir,
+        run_id=RUN,
+        run={"seed": 3, "num_stages": STAGES},
+        loss={"name": "grpo"},
+        train={"updates_per_stage": UPDATES, "checkpoint_every": 2},
+        eval={"every_stage": True},
+        orchestration=orchestration,
     )
 
 
@@ -98,19 +62,19 @@ def _ok(proc: subprocess.Popen, log: Path) -> None:
 
 def run_cold(root: Path, model_dir: Path, log: Path):
     """What the stage flow does in cold execution: three job processes per stage, then the stage commit."""
-    cfg = config_from_dict(tiny_config(root, model_dir))
+    cfg = config_from_dict(warm_config(root, model_dir))
     init_run(cfg)
     for k in range(STAGES):
         urls = write_job_specs(cfg, k)
         for job in ("generate", "train", "eval"):
-            _ok(_job(job, urls[job], log), log)
+            _ok(start_job(job, urls[job], log), log)
         commit_stage(cfg, k, StageTimings())
     return cfg
 
 
 def segment_spec(root: Path, model_dir: Path, tmp: Path) -> tuple:
     cfg = config_from_dict(
-        tiny_config(root, model_dir, execution="warm", segment_stages=STAGES, publish_policy_every=2)
+        warm_config(root, model_dir, execution="warm", segment_stages=STAGES, publish_policy_every=2)
     )
     init_run(cfg)
     path = tmp / f"segment-{root.name}.json"
@@ -124,7 +88,7 @@ def runs(tiny_model_dir, tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("warm-vs-cold")
     cold = run_cold(tmp / "cold", tiny_model_dir, tmp / "cold.log")
     warm, spec = segment_spec(tmp / "warm", tiny_model_dir, tmp)
-    _ok(_job("segment", spec, tmp / "warm.log"), tmp / "warm.log")
+    _ok(start_job("segment", spec, tmp / "warm.log"), tmp / "warm.log")
     return {"cold": cold, "warm": warm, "tmp": tmp, "warm_log": (tmp / "warm.log").read_text()}
 
 
@@ -199,7 +163,7 @@ def test_sigkill_mid_segment_then_resume(runs, tiny_model_dir):
     cfg, spec = segment_spec(root, tiny_model_dir, tmp)
     store, layout = Store(str(root)), RunLayout(RUN)
     log = tmp / "killed.log"
-    proc = _job("segment", spec, log)
+    proc = start_job("segment", spec, log)
     deadline = time.monotonic() + 600
     while not store.is_complete_dir(layout.checkpoint_dir(1, 2)):  # stage 1, after its 2nd of 4 updates
         assert proc.poll() is None, log.read_text()[-4000:]
@@ -215,7 +179,7 @@ def test_sigkill_mid_segment_then_resume(runs, tiny_model_dir):
             pass
     assert read_manifest(store, RUN, 1) is None and read_manifest(store, RUN, 0) is not None
 
-    _ok(_job("segment", spec, log), log)
+    _ok(start_job("segment", spec, log), log)
     assert "1 already committed, 2 to run" in log.read_text()
 
     for k in range(STAGES):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 import torch
+from _tiny import AGPO_LOSS, train_spec
 from safetensors.torch import load_file
 
 from mugrpo.adaptive import AGPOConfig, adaptive_eps
@@ -33,27 +34,8 @@ def _commit_stage(root, tiny_model_dir) -> list[dict]:
 
 
 def _spec(root) -> TrainSpec:
-    return TrainSpec(
-        root=str(root),
-        run_id=RUN,
-        stage=0,
-        policy_version=0,
-        keep_checkpoints=2,
-        train={
-            "updates_per_stage": UPDATES,
-            "rollouts_per_update": 8,
-            "micro_batch_size": 4,
-            "checkpoint_every": 2,
-            "lr": 1e-3,
-        },
-        loss={
-            "name": "agpo",
-            "agg_mode": "seq-mean-token-mean",
-            "kl_coef": 0.03,
-            "kl_estimator": "k1",
-            "kl_agg_mode": "token-mean",
-        },
-        agpo=AGPOConfig(),
+    return train_spec(
+        root, RUN, keep_checkpoints=2, train={"updates_per_stage": UPDATES}, loss=AGPO_LOSS, agpo=AGPOConfig()
     )
 
 

@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+import _tiny
 import pytest
 from safetensors.torch import load_file, save_file
 
@@ -39,7 +40,6 @@ from mugrpo.trainer.loop import nonfinite_report_path, run_training
 from mugrpo.trainer.spec import TrainSpec
 from mugrpo.trainer.synthetic import commit_synthetic_stage
 
-REPO = Path(__file__).resolve().parents[1]
 RUN = "bad-inputs"
 
 # ------------------------------------------------------------------------------------------------ configs
@@ -159,7 +159,7 @@ def test_a_reward_that_is_nan_raises_or_hangs_scores_zero_with_its_status():
 
 def train_spec(root: Path, **train) -> TrainSpec:
     settings = {"updates_per_stage": 2, "rollouts_per_update": 4, "micro_batch_size": 2, "checkpoint_every": 1}
-    return TrainSpec(root=str(root), run_id=RUN, stage=0, policy_version=0, train={**settings, **train})
+    return _tiny.train_spec(root, RUN, train={**settings, "lr": _tiny.DEFAULT, **train})
 
 
 def test_a_stage_whose_groups_are_all_zero_variance_publishes_the_policy_unchanged(tmp_path, tiny_model_dir):
@@ -219,7 +219,7 @@ def test_a_full_disk_during_a_shard_write_leaves_no_partial_file(tmp_path):
     )
     out = subprocess.run(
         [sys.executable, "-c", script, str(tmp_path)],
-        capture_output=True, text=True, timeout=120, preexec_fn=_file_size_limit(64 * 1024), cwd=REPO,
+        capture_output=True, text=True, timeout=120, preexec_fn=_file_size_limit(64 * 1024), cwd=_tiny.REPO_ROOT,
     )  # fmt: skip
     assert out.returncode == 1, out.stdout + out.stderr
     assert f"could not write {tmp_path}/run/rollouts/stage=0/shard=00000.parquet" in out.stdout
@@ -230,9 +230,8 @@ def test_a_full_disk_during_a_shard_write_leaves_no_partial_file(tmp_path):
 def test_a_full_disk_during_a_checkpoint_write_fails_the_job_and_a_rerun_resumes(tmp_path, tiny_model_dir):
     store, layout = Store(str(tmp_path)), RunLayout(RUN)
     commit_synthetic_stage(store, RUN, tiny_model_dir, num_prompts=4, group_size=2, seed=3)
-    spec_path = tmp_path / "train.spec.json"
-    spec_path.write_text(train_spec(tmp_path).model_dump_json())
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    spec_path = _tiny.write_spec(train_spec(tmp_path), tmp_path / "train.spec.json")
+    env = _tiny.job_env()
     command = [sys.executable, "-m", "mugrpo.jobs.train", str(spec_path)]
     # 1 MB: the rollouts are read and update 1 runs; its checkpoint (the tiny policy is ~13 MB) cannot be written.
     full = subprocess.run(
@@ -269,7 +268,7 @@ def test_permission_denied_on_the_run_root_is_one_line_before_anything_starts(tm
     out = subprocess.run(
         [sys.executable, "-m", "mugrpo", "run", "configs/gsm8k-smollm2-quick.yaml",
          f"run.root={root}", "run.id=denied", "tracking.sinks=[]"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        cwd=_tiny.REPO_ROOT, capture_output=True, text=True, timeout=300,
         preexec_fn=_drop_file_permission_override if os.geteuid() == 0 else None,
     )  # fmt: skip
     message = " ".join(out.stderr.split())

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+import _tiny
 import pyarrow as pa
 import pytest
 
-from mugrpo.data import DatasetConfig
 from mugrpo.jobs.eval import EvalSpec
 from mugrpo.jobs.fanout import missing_workers, owned, worker_job, worker_spec_paths
 from mugrpo.jobs.generate import GenerateSpec
@@ -27,8 +26,6 @@ from mugrpo.rewards import RewardConfig
 from mugrpo.storage import Store
 from mugrpo.tables import read_table
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-REPO = Path(__file__).resolve().parents[1]
 RUN = "fan"
 #: Rollout columns compared between N = 1 and N = 2: every column but ``created_at`` (a wall-clock stamp).
 VOLATILE = {"created_at"}
@@ -36,42 +33,20 @@ VOLATILE = {"created_at"}
 
 def gen_spec(root: Path, **over) -> GenerateSpec:
     fields = dict(
-        root=str(root),
-        run_id=RUN,
-        stage=0,
         seed=11,
-        policy_dir=RunLayout(RUN).policy_dir(0),
-        dataset=DatasetConfig(name="gsm8k", path=str(DATA / "gsm8k/train.jsonl"), answer_kind="gsm8k", limit=50),
         num_prompts=7,
         shard_size=2,  # 4 shards, the last one short: worker 0 owns 0 and 2, worker 1 owns 1 and 3
-        sampling={"temperature": 1.0, "max_new_tokens": 6, "n": 3},
-        reward=RewardConfig(components={"math_correctness": 1.0, "format": 0.5}, num_workers=1),
         engine_kwargs={"num_threads": 1},
     )
-    fields.update(over)
-    return GenerateSpec(**fields)
+    return _tiny.generate_spec(root, RUN, **{**fields, **over})
 
 
 def with_policy(root: Path, tiny_model_dir: Path) -> Store:
-    store = Store(str(root))
-    store.upload_dir(tiny_model_dir, RunLayout(RUN).policy_dir(0))
-    return store
+    return _tiny.with_policy(root, tiny_model_dir, RUN)
 
 
 def start(store: Store, rel: str, log: Path, **env: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "mugrpo.jobs.generate", store.uri(rel)],
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-        env={**_env(), "OMP_NUM_THREADS": "1", **env},
-        cwd=REPO,
-    )
-
-
-def _env() -> dict[str, str]:
-    import os
-
-    return {**os.environ, "PYTHONPATH": str(REPO)}
+    return _tiny.start_job("generate", store.uri(rel), log, env=_tiny.job_env(**env))
 
 
 def write_specs(store: Store, spec: GenerateSpec) -> list[str]:
@@ -203,7 +178,7 @@ def test_eval_workers_split_the_benchmarks(tmp_path, tiny_model_dir):
     store = with_policy(tmp_path / "run", tiny_model_dir)
     benches = [
         {
-            "dataset": {"name": name, "path": str(DATA / path), "answer_kind": kind},
+            "dataset": {"name": name, "path": str(_tiny.DATA_DIR / path), "answer_kind": kind},
             "num_prompts": 2,
             "max_new_tokens": 4,
         }
@@ -226,16 +201,7 @@ def test_eval_workers_split_the_benchmarks(tmp_path, tiny_model_dir):
     store.write_bytes(RunLayout(RUN).job_spec(0, "eval"), spec.model_dump_json().encode())
     paths = worker_spec_paths(store, RUN, 0, "eval", spec, 2)
     log = tmp_path / "eval.log"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "mugrpo.jobs.eval", store.uri(p)],
-            stdout=log.open("ab"),
-            stderr=subprocess.STDOUT,
-            env=_env(),
-            cwd=REPO,
-        )
-        for p in paths
-    ]
+    procs = [_tiny.start_job("eval", store.uri(p), log) for p in paths]
     for p in procs:
         assert p.wait(timeout=600) == 0, log.read_text()[-3000:]
     w0 = read_job_manifest(store, RUN, 0, worker_job("eval", 0, 2))
@@ -258,7 +224,7 @@ def test_config_refuses_several_workers_with_agpo_probes_or_warm_execution(tmp_p
 
     base = {
         "run": {"id": "c", "root": str(tmp_path)},
-        "data": {"train": {"name": "gsm8k", "path": str(DATA / "gsm8k/train.jsonl"), "answer_kind": "gsm8k"}},
+        "data": {"train": {"name": "gsm8k", "path": str(_tiny.DATA_DIR / "gsm8k/train.jsonl"), "answer_kind": "gsm8k"}},
         "generation": {"workers": 2},
     }
     assert config_from_dict(base).generation.workers == 2

@@ -9,47 +9,33 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
+import _tiny
 import pyarrow as pa
 import pytest
 from transformers import AutoTokenizer
 
-from mugrpo.data import DatasetConfig, load_problems
+from mugrpo.data import load_problems
 from mugrpo.engines.base import ROLLOUT_ENGINES
 from mugrpo.jobs.generate import GenerateSpec, GenerationError, run_generate, select_problems
 from mugrpo.layout import RunLayout
 from mugrpo.manifest import read_job_manifest, verify_manifest
 from mugrpo.prompts import encode_prompt, render_prompt
-from mugrpo.rewards import RewardConfig
 from mugrpo.storage import Store
 from mugrpo.tables import read_table
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+RUN = "gen"
 
 
 def make_spec(root: Path, **over) -> GenerateSpec:
-    fields = dict(
-        root=str(root),
-        run_id="gen",
-        stage=0,
-        seed=3,
-        policy_dir=RunLayout("gen").policy_dir(0),
-        dataset=DatasetConfig(name="gsm8k", path=str(DATA / "gsm8k/train.jsonl"), answer_kind="gsm8k", limit=50),
-        num_prompts=6,
-        shard_size=2,
-        sampling={"temperature": 1.0, "max_new_tokens": 6, "n": 3},
-        reward=RewardConfig(components={"math_correctness": 1.0, "format": 0.5}, num_workers=1),
-    )
-    fields.update(over)
-    return GenerateSpec(**fields)
+    return _tiny.generate_spec(root, RUN, **over)
 
 
 def with_policy(root: Path, tiny_model_dir: Path) -> Path:
-    Store(str(root)).upload_dir(tiny_model_dir, RunLayout("gen").policy_dir(0))
+    _tiny.with_policy(root, tiny_model_dir, RUN)
     return root
 
 
@@ -62,14 +48,7 @@ def all_rollouts(root: Path, stage: int = 0) -> pa.Table:
 
 
 def launch(spec: GenerateSpec, tmp: Path) -> subprocess.Popen:
-    path = tmp / f"spec-{time.monotonic_ns()}.json"
-    path.write_text(spec.model_dump_json())
-    return subprocess.Popen(
-        [sys.executable, "-m", "mugrpo.jobs.generate", str(path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    return _tiny.start_job("generate", _tiny.write_spec(spec, tmp / f"spec-{time.monotonic_ns()}.json"))
 
 
 @pytest.mark.slow

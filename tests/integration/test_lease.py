@@ -13,10 +13,10 @@ import sys
 import threading
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 from _s3 import moto_server, s3_root  # noqa: F401  (fixtures)
+from _tiny import REPO_ROOT, job_env, tiny_config
 
 from mugrpo.layout import RunLayout
 from mugrpo.lease import TOKEN_ENV, LeaseFenced, LeaseRecord, RunLease, RunLeaseHeld, check_fence
@@ -24,7 +24,6 @@ from mugrpo.manifest import read_job_manifest, write_job_manifest
 from mugrpo.storage import Store
 from schemas import JobManifest
 
-REPO = Path(__file__).resolve().parents[1]
 RUN = "lease-run"
 
 
@@ -161,34 +160,16 @@ def test_a_real_job_of_a_superseded_writer_exits_2_without_committing(tmp_path, 
     from mugrpo.config import config_from_dict
     from mugrpo.runs import init_run, write_job_specs
 
-    data = Path(__file__).resolve().parents[2] / "shared" / "data"
-    cfg = config_from_dict(
-        {
-            "run": {"id": RUN, "root": str(tmp_path), "num_stages": 1},
-            "model": {"source": str(tiny_model_dir), "max_context": 512},
-            "data": {
-                "train": {
-                    "name": "gsm8k",
-                    "path": str(data / "gsm8k/train.jsonl"),
-                    "answer_kind": "gsm8k",
-                    "limit": 8,
-                }
-            },
-            "generation": {"prompts_per_stage": 2, "shard_size": 2, "sampling": {"max_new_tokens": 4, "n": 2}},
-            "reward": {"num_workers": 1},
-            "train": {"rollouts_per_update": 4, "micro_batch_size": 2},
-        },
-        source="test",
-    )
+    # A tiny run config; only its stage 0 generate job runs here.
+    cfg = config_from_dict(tiny_config(tmp_path, tiny_model_dir, run_id=RUN, run={"num_stages": 1}), source="test")
     store = init_run(cfg)
     spec = write_job_specs(cfg, 0)["generate"]
     holder = RunLease(store, RUN, ttl_s=60).acquire()
     try:
-        env = {**os.environ, TOKEN_ENV: "0" * 32, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
         out = subprocess.run(
             [sys.executable, "-m", "mugrpo.jobs.generate", spec],
-            env=env,
-            cwd=REPO,
+            env=job_env(**{TOKEN_ENV: "0" * 32}),
+            cwd=REPO_ROOT,
             capture_output=True,
             text=True,
             timeout=600,
@@ -210,7 +191,11 @@ def test_a_second_mugrpo_run_is_refused_at_once_naming_the_holder(store, tmp_pat
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(cfg))
     out = subprocess.run(
-        [sys.executable, "-m", "mugrpo.cli", "run", str(path)], cwd=REPO, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "mugrpo.cli", "run", str(path)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 3, out.stdout + out.stderr
     assert "is being written by preempted-pod-7:42" in out.stderr and "lease expires in" in out.stderr

@@ -14,30 +14,32 @@ import sys
 import pytest
 import torch
 from _prefect import free_port
-from test_trainer import REPO, RUN, _env, _spec, _weights, _write_spec
+from _tiny import REPO_ROOT, job_env, policy_weights, train_spec, write_spec
 
 from mugrpo.layout import RunLayout
 from mugrpo.storage import Store
 from mugrpo.trainer.synthetic import commit_synthetic_stage
 from tasks.kubernetes import multinode_command
 
+RUN = "trainer-test"
+
 
 def test_two_nodes_of_one_process_give_the_policy_of_one_process(tiny_model_dir, tmp_path):
     commit_synthetic_stage(Store(str(tmp_path / "one")), RUN, tiny_model_dir, num_prompts=8, group_size=4, seed=1)
     shutil.copytree(tmp_path / "one", tmp_path / "two")
-    env = {**_env(), "ACCELERATE_USE_CPU": "true"}
-    one_spec = _write_spec(_spec(tmp_path / "one", micro_batch_size=2), tmp_path / "one.spec.json")
+    env = job_env(ACCELERATE_USE_CPU="true")
+    one_spec = write_spec(train_spec(tmp_path / "one", RUN, train={"micro_batch_size": 2}), tmp_path / "one.spec.json")
     proc = subprocess.run(
         [sys.executable, "-m", "mugrpo.jobs.train", str(one_spec)],
         env=env,
-        cwd=REPO,
+        cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
-    two_spec = _write_spec(_spec(tmp_path / "two", micro_batch_size=2), tmp_path / "two.spec.json")
+    two_spec = write_spec(train_spec(tmp_path / "two", RUN, train={"micro_batch_size": 2}), tmp_path / "two.spec.json")
     port = free_port()
     nodes = [
         subprocess.Popen(
@@ -52,7 +54,7 @@ def test_two_nodes_of_one_process_give_the_policy_of_one_process(tiny_model_dir,
                 master_port=port,
             ),
             env=env,
-            cwd=REPO,
+            cwd=REPO_ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -65,9 +67,9 @@ def test_two_nodes_of_one_process_give_the_policy_of_one_process(tiny_model_dir,
     assert "2 process(es) (MULTI_CPU)" in outs[0]
 
     layout = RunLayout(RUN)
-    w0 = _weights(Store(str(tmp_path / "one")), layout.policy_dir(0))
-    one = _weights(Store(str(tmp_path / "one")), layout.policy_dir(1))
-    two = _weights(Store(str(tmp_path / "two")), layout.policy_dir(1))
+    w0 = policy_weights(Store(str(tmp_path / "one")), layout.policy_dir(0))
+    one = policy_weights(Store(str(tmp_path / "one")), layout.policy_dir(1))
+    two = policy_weights(Store(str(tmp_path / "two")), layout.policy_dir(1))
     assert max((one[n] - w0[n]).abs().max().item() for n in w0) > 1e-3  # the weights did move
     for name in w0:
         torch.testing.assert_close(two[name], one[name], atol=2e-5, rtol=0)

@@ -7,16 +7,15 @@ Tiny random policy with the real SmolLM2 tokenizer, synthetic rollout stages com
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 import torch
+from _tiny import start_job, train_spec, write_spec
 from safetensors.torch import load_file
 
 from mugrpo.layout import RunLayout
@@ -29,16 +28,15 @@ from mugrpo.trainer.loop import Trainer
 from mugrpo.trainer.spec import TrainSpec
 from mugrpo.trainer.synthetic import commit_synthetic_stage
 
-REPO = Path(__file__).resolve().parents[1]
 RUN = "replay"
 UPDATES, STAGES = 4, 3
 REPLAY = {"enabled": True, "ratio": 0.5, "alpha": 0.5, "tau_max": 5, "warmup_updates": 2, "capacity": 20}
 
 
 def _spec(root: Path, stage: int) -> TrainSpec:
-    return TrainSpec(
-        root=str(root),
-        run_id=RUN,
+    return train_spec(
+        root,
+        RUN,
         seed=5,
         stage=stage,
         policy_version=stage * UPDATES,
@@ -47,8 +45,6 @@ def _spec(root: Path, stage: int) -> TrainSpec:
             "updates_per_stage": UPDATES,
             "rollouts_per_update": 4,
             "micro_batch_size": 2,
-            "checkpoint_every": 2,
-            "lr": 1e-3,
             "skip_zero_variance_groups": False,  # trained on as fresh rows, but never inserted into the buffer
         },
         loss={"name": "grpo", "eps_low": 0.2, "eps_high": 0.28, "dual_clip_c": 10.0},
@@ -124,13 +120,7 @@ def test_replay_run_checked_with_sql(tiny_model_dir, tmp_path):
 
 
 def _launch(root: Path, tmp: Path, name: str) -> subprocess.Popen:
-    path = tmp / f"{name}.spec.json"
-    path.write_text(_spec(root, 1).model_dump_json())
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    log = open(tmp / f"{name}.log", "ab")  # noqa: SIM115  (closed with the process)
-    return subprocess.Popen(
-        [sys.executable, "-m", "mugrpo.jobs.train", str(path)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
-    )
+    return start_job("train", write_spec(_spec(root, 1), tmp / f"{name}.spec.json"), tmp / f"{name}.log")
 
 
 @pytest.mark.slow

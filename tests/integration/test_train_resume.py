@@ -5,55 +5,37 @@ runs it, the quick `-m "not slow"` selection skips it."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 import torch
+from _tiny import start_job, train_spec, write_spec
 from safetensors.torch import load_file
 
 from mugrpo.layout import RunLayout
 from mugrpo.manifest import read_job_manifest
 from mugrpo.storage import Store
 from mugrpo.trainer.checkpoint import latest_checkpoint
-from mugrpo.trainer.spec import TrainSpec
 from mugrpo.trainer.synthetic import commit_synthetic_stage
 
-REPO = Path(__file__).resolve().parents[1]
 RUN = "resume-test"
 UPDATES = 8
 
 
 def _launch(root: Path, tmp: Path, name: str, mixed_precision: str) -> subprocess.Popen:
-    spec = TrainSpec(
-        root=str(root),
-        run_id=RUN,
-        stage=0,
-        policy_version=0,
-        train={
-            "updates_per_stage": UPDATES,
-            "rollouts_per_update": 8,
-            "micro_batch_size": 4,
-            "checkpoint_every": 2,
-            "lr": 1e-3,
-            "warmup_updates": 2,
-            "lr_schedule": "cosine",
-            "mixed_precision": mixed_precision,
-        },
-    )
-    path = tmp / f"{name}.spec.json"
-    path.write_text(spec.model_dump_json())
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    log = open(tmp / f"{name}.log", "ab")  # noqa: SIM115  (closed with the process)
-    return subprocess.Popen(
-        [sys.executable, "-m", "mugrpo.jobs.train", str(path)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
-    )
+    train = {
+        "updates_per_stage": UPDATES,
+        "warmup_updates": 2,
+        "lr_schedule": "cosine",
+        "mixed_precision": mixed_precision,
+    }
+    spec = write_spec(train_spec(root, RUN, train=train), tmp / f"{name}.spec.json")
+    return start_job("train", spec, tmp / f"{name}.log")
 
 
 def _wait(proc: subprocess.Popen, tmp: Path, name: str) -> None:

@@ -7,23 +7,21 @@ writes real checkpoints."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _tiny import DEFAULT, REPO_ROOT, job_env, train_spec, write_spec
 
 from mugrpo.config import config_from_dict
 from mugrpo.layout import RunLayout
 from mugrpo.runs import init_run
 from mugrpo.storage import Store
-from mugrpo.trainer.spec import TrainSpec
 from mugrpo.trainer.synthetic import commit_synthetic_stage
 from mugrpo.verify import CorruptedRunError, refuse_corrupted, verify_run
 
-REPO = Path(__file__).resolve().parents[1]
 RUN = "verify-test"
 
 
@@ -36,20 +34,12 @@ def flip_byte(path: Path, offset: int | None = None) -> None:
 
 
 def train_job(root: Path, tmp: Path, name: str, updates: int = 2) -> subprocess.CompletedProcess:
-    spec = TrainSpec(
-        root=str(root),
-        run_id=RUN,
-        stage=0,
-        policy_version=0,
-        train={"updates_per_stage": updates, "rollouts_per_update": 8, "micro_batch_size": 4, "checkpoint_every": 1},
-    )
-    path = tmp / f"{name}.spec.json"
-    path.write_text(spec.model_dump_json())
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    train = {"updates_per_stage": updates, "checkpoint_every": 1, "lr": DEFAULT}
+    path = write_spec(train_spec(root, RUN, train=train), tmp / f"{name}.spec.json")
     return subprocess.run(
         [sys.executable, "-m", "mugrpo.jobs.train", str(path)],
-        cwd=REPO,
-        env=env,
+        cwd=REPO_ROOT,
+        env=job_env(),
         capture_output=True,
         text=True,
         timeout=600,
@@ -134,11 +124,11 @@ def test_verify_cli_prints_per_stage_counts_and_exit_code(run_copy):
     # run.json is needed by the CLI (it reads num_stages from it): write one as a run would.
     cfg = config_from_dict({"run": {"id": RUN, "root": str(run.parent), "num_stages": 1}}, source="test")
     store.write_json(RunLayout(RUN).run_json, {"run_id": RUN, "config": cfg.to_json_dict()})
-    ok = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+    ok = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "intact:" in ok.stdout and "corrupted" in ok.stdout  # the table's header
     flip_byte(run / "checkpoints/stage=0/step=000002/optimizer.pt")
-    bad = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+    bad = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
     assert bad.returncode == 1
     assert "stage 0: corrupted" in bad.stderr and "step=000002/optimizer.pt" in bad.stderr
     assert "recover:" in bad.stderr

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from test_generate_job import make_spec, with_policy
+from _tiny import generate_spec, with_policy
 
 from mugrpo.adaptive import AGPOConfig, TemperatureController, dispersion, skewness, vote_entropy
 from mugrpo.jobs.generate import run_generate
@@ -26,8 +26,9 @@ def _shard_rows(root, num_shards: int) -> list[list[dict]]:
 
 
 def test_probe_then_adaptive_temperature_by_hand_and_resume(tmp_path, tiny_model_dir):
-    root = with_policy(tmp_path, tiny_model_dir)
-    spec = make_spec(root, num_prompts=4, agpo=AGPO, advantage={"estimator": "agpo"})
+    root = tmp_path
+    with_policy(root, tiny_model_dir, "gen")
+    spec = generate_spec(root, "gen", num_prompts=4, agpo=AGPO, advantage={"estimator": "agpo"})
     manifest = run_generate(spec)
     shards = _shard_rows(root, 2)
     rows = [r for shard in shards for r in shard]
@@ -84,8 +85,9 @@ def test_probe_then_adaptive_temperature_by_hand_and_resume(tmp_path, tiny_model
 
 
 def test_rollouts_without_agpo_have_no_probe_rows(tmp_path, tiny_model_dir):
-    root = with_policy(tmp_path, tiny_model_dir)
-    manifest = run_generate(make_spec(root, num_prompts=2))
+    root = tmp_path
+    with_policy(root, tiny_model_dir, "gen")
+    manifest = run_generate(generate_spec(root, "gen", num_prompts=2))
     rows = _shard_rows(root, 1)[0]
     assert manifest.counts["probe_rows"] == 0 and "agpo_u_ema" not in manifest.metrics
     assert all(r["is_probe"] is False and r["agpo_u"] is None for r in rows)
@@ -98,7 +100,7 @@ def test_probe_temperatures_reach_the_engine_params(tmp_path):
 
     stats = ProbeStats(0.0, 0.0, 0.0, 0.0)
     probe = ShardProbe([], [], [PromptPlan(stats, 1.0, 0.0, 0.75), PromptPlan(stats, 2.0, 1.0, 1.4)])
-    spec = make_spec(tmp_path, agpo=AGPO)
+    spec = generate_spec(tmp_path, "gen", agpo=AGPO)
     params = shard_params(spec, 0, [object(), object()], probe)
     assert params.temperatures == (0.75, 1.4) and params.temperatures_for(2) == [0.75, 1.4]
     assert shard_params(spec, 0, [object(), object()]).temperatures is None

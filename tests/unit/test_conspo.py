@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 import torch
+from _tiny import train_spec
 from safetensors.torch import load_file
 
 from mugrpo.config import ConfigError, load_config
@@ -309,28 +310,10 @@ def test_labels_come_from_the_rollout_rows(tmp_path, tiny_model_dir):
 
 
 def _spec(root, **train) -> TrainSpec:
-    settings = {
-        "updates_per_stage": 4,
-        "rollouts_per_update": 8,
-        "micro_batch_size": 4,
-        "checkpoint_every": 2,
-        "lr": 1e-3,
-        "group_minibatches": True,
-        "skip_zero_variance_groups": False,
-        **train,
-    }
+    settings = {"group_minibatches": True, "skip_zero_variance_groups": False, **train}
     # A large margin ramped over the whole run: every update has another m_t, so a wrong lambda on resume shows.
     loss = {"name": "conspo", "conspo_tau": 1.0, "conspo_margin": 1.0, "conspo_margin_alpha": 1.0}
-    return TrainSpec(
-        root=str(root),
-        run_id=RUN,
-        stage=0,
-        policy_version=0,
-        total_updates=8,
-        keep_checkpoints=2,
-        train=settings,
-        loss=loss,
-    )
+    return train_spec(root, RUN, total_updates=8, keep_checkpoints=2, train=settings, loss=loss)
 
 
 def test_tiny_end_to_end_run_then_resume_from_a_checkpoint_is_exact(tmp_path, tiny_model_dir):

@@ -7,7 +7,6 @@ mixed precision cannot change once set (other tests run fp32 training in the pyt
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import torch
+from _tiny import DEFAULT, REPO_ROOT, job_env, tiny_config, write_spec
 from safetensors.torch import load_file
 
 from mugrpo.config import Config
@@ -31,13 +31,7 @@ from mugrpo.trainer.forward import PolicyTokenLogprobs
 from mugrpo.trainer.precision import autocast_context, check_fp32_master, ratio_stats
 from mugrpo.trainer.spec import TrainSpec
 
-REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data"
 RUN = "bf16-test"
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 
 
 @pytest.fixture
@@ -141,39 +135,26 @@ def test_bf16_engine_logprobs_are_fp32_and_fp32_logits_are_closer(tiny_model_dir
 
 
 def _bf16_config(root: Path, tiny_model_dir: Path, **train) -> Config:
-    return Config.model_validate(
-        {
-            "run": {"id": RUN, "root": str(root), "seed": 5, "num_stages": 1},
-            "model": {"source": str(tiny_model_dir), "dtype": "bfloat16", "max_context": 512},
-            "data": {"train": {"name": "gsm8k", "path": str(DATA / "gsm8k/train.jsonl"), "answer_kind": "gsm8k"}},
-            "generation": {
-                "prompts_per_stage": 4,
-                "shard_size": 2,
-                "sampling": {"temperature": 1.0, "max_new_tokens": 8, "n": 2},
-            },
-            "reward": {"components": {"math_correctness": 1.0, "format": 0.5}, "num_workers": 1},
-            "loss": {"name": "mu_grpo", "veto_delta": 1e-4},
-            "train": {
-                "updates_per_stage": 2,
-                "rollouts_per_update": 2,  # 4 of the stage's 8 rollouts are trained on (and recomputed)
-                "micro_batch_size": 2,
-                "checkpoint_every": 2,
-                "skip_zero_variance_groups": False,
-                "lr": 1e-3,
-                "mixed_precision": "bf16",
-                **train,
-            },
-            "eval": {
-                "benchmarks": [
-                    {
-                        "dataset": {"name": "gsm8k", "path": str(DATA / "gsm8k/test.jsonl"), "answer_kind": "gsm8k"},
-                        "num_prompts": 2,
-                        "max_new_tokens": 4,
-                    }
-                ]
-            },
-        }
+    raw = tiny_config(
+        root,
+        tiny_model_dir,
+        run_id=RUN,
+        run={"num_stages": 1},
+        model={"dtype": "bfloat16"},
+        data={"train": {"limit": DEFAULT}},
+        generation={"sampling": {"max_new_tokens": 8}},
+        loss={"name": "mu_grpo", "veto_delta": 1e-4},
+        train={
+            "updates_per_stage": 2,
+            "rollouts_per_update": 2,  # 4 of the stage's 8 rollouts are trained on (and recomputed)
+            "checkpoint_every": 2,
+            "mixed_precision": "bf16",
+            **train,
+        },
+        eval={"every_stage": DEFAULT},
+        orchestration=DEFAULT,
     )
+    return Config.model_validate(raw)
 
 
 @pytest.mark.slow
@@ -191,12 +172,11 @@ def test_bf16_run_end_to_end_has_update1_ratio_one(tmp_path, tiny_model_dir):
     store, layout = Store(str(root)), RunLayout(RUN)
     store.upload_dir(tiny_model_dir, layout.policy_dir(0))
     run_generate(GenerateSpec.from_config(cfg, 0, 0))
-    spec_path = tmp_path / "train.spec.json"
-    spec_path.write_text(TrainSpec.from_config(cfg, 0, 0).model_dump_json())
+    spec_path = write_spec(TrainSpec.from_config(cfg, 0, 0), tmp_path / "train.spec.json")
     proc = subprocess.run(
         [sys.executable, "-m", "mugrpo.jobs.train", str(spec_path)],
-        env=_env(),
-        cwd=REPO,
+        env=job_env(),
+        cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=300,

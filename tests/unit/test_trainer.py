@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import torch
-from safetensors.torch import load_file
+from _tiny import REPO_ROOT, job_env, policy_weights, train_spec, write_spec
 
 from mugrpo.jobs.common import derive_seed
 from mugrpo.layout import RunLayout
@@ -36,29 +35,11 @@ from mugrpo.trainer.spec import TrainSpec
 from mugrpo.trainer.synthetic import commit_rollouts, commit_synthetic_stage, synthetic_rollout_rows
 from schemas import SCHEMA_VERSIONS, FileRecord
 
-REPO = Path(__file__).resolve().parents[1]
 RUN = "trainer-test"
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-
-
 def _spec(root: Path, **train) -> TrainSpec:
-    settings = {
-        "updates_per_stage": 4,
-        "rollouts_per_update": 8,
-        "micro_batch_size": 4,
-        "checkpoint_every": 2,
-        "lr": 1e-3,
-        **train,
-    }
-    return TrainSpec(root=str(root), run_id=RUN, stage=0, policy_version=0, train=settings)
-
-
-def _write_spec(spec: TrainSpec, path: Path) -> Path:
-    path.write_text(spec.model_dump_json())
-    return path
+    return train_spec(root, RUN, train=train)
 
 
 @pytest.fixture
@@ -67,10 +48,6 @@ def stage_root(tmp_path, tiny_model_dir) -> Path:
     root = tmp_path / "store"
     commit_synthetic_stage(Store(str(root)), RUN, tiny_model_dir, num_prompts=8, group_size=4, seed=1)
     return root
-
-
-def _weights(store: Store, rel: str) -> dict[str, torch.Tensor]:
-    return load_file(str(store.local_path(rel) / "model.safetensors"))
 
 
 # --- pieces -------------------------------------------------------------------------------------------------------
@@ -135,11 +112,11 @@ def test_lr_schedule_warmup_then_cosine():
 def test_full_job_run(stage_root, tmp_path):
     """Subprocess run: 4 train_steps rows with sane metrics, a checkpoint, policies/stage=1, a manifest; the
     re-run is a no-op."""
-    spec_path = _write_spec(_spec(stage_root, recompute_behavior_logprobs=True), tmp_path / "train.spec.json")
+    spec_path = write_spec(_spec(stage_root, recompute_behavior_logprobs=True), tmp_path / "train.spec.json")
     proc = subprocess.run(
         [sys.executable, "-m", "mugrpo.jobs.train", str(spec_path)],
-        env=_env(),
-        cwd=REPO,
+        env=job_env(),
+        cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=300,
@@ -158,7 +135,7 @@ def test_full_job_run(stage_root, tmp_path):
     assert checkpoint_steps(store, layout, 0) == [4]  # step 2 pruned (keep_checkpoints=1)
 
     assert store.is_complete_dir(layout.policy_dir(1))
-    before, after = _weights(store, layout.policy_dir(0)), _weights(store, layout.policy_dir(1))
+    before, after = policy_weights(store, layout.policy_dir(0)), policy_weights(store, layout.policy_dir(1))
     assert before.keys() == after.keys() and any(not torch.equal(before[k], after[k]) for k in before)
     configs = [json.loads((store.local_path(layout.policy_dir(k)) / "config.json").read_text()) for k in (0, 1)]
     assert configs[1]["use_cache"] == configs[0]["use_cache"]  # training settings do not leak into the policy
@@ -206,11 +183,11 @@ def test_micro_batch_size_does_not_change_the_update(tiny_model_dir, tmp_path):
         run_training(_spec(root, updates_per_stage=2, micro_batch_size=micro, checkpoint_every=2, lr=1e-5))
         store = Store(str(root))
         steps = read_table(store, RunLayout(RUN).train_steps_part(0, 2), "train_steps").to_pydict()
-        results[micro] = (steps, _weights(store, RunLayout(RUN).policy_dir(1)))
+        results[micro] = (steps, policy_weights(store, RunLayout(RUN).policy_dir(1)))
     (steps2, w2), (steps4, w4) = results[2], results[4]
     assert steps2["grad_norm"] == pytest.approx(steps4["grad_norm"], rel=1e-5)
     assert steps2["loss"] == pytest.approx(steps4["loss"], rel=1e-5, abs=1e-7)
-    w0 = _weights(Store(str(tmp_path / "micro2")), RunLayout(RUN).policy_dir(0))
+    w0 = policy_weights(Store(str(tmp_path / "micro2")), RunLayout(RUN).policy_dir(0))
     assert max((w2[n] - w0[n]).abs().max().item() for n in w0) > 1e-5  # the weights did move
     for name in w2:
         torch.testing.assert_close(w2[name], w4[name], atol=1e-6, rtol=0)
@@ -229,11 +206,11 @@ def test_two_data_parallel_processes_give_the_update_of_one(tiny_model_dir, tmp_
     }
     out, weights, steps = {}, {}, {}
     for name, launcher in launchers.items():
-        spec = _write_spec(_spec(tmp_path / name, micro_batch_size=2), tmp_path / f"{name}.spec.json")
+        spec = write_spec(_spec(tmp_path / name, micro_batch_size=2), tmp_path / f"{name}.spec.json")
         proc = subprocess.run(
             [*launcher, "mugrpo.jobs.train", str(spec)],
-            env={**_env(), "ACCELERATE_USE_CPU": "true"},
-            cwd=REPO,
+            env={**job_env(), "ACCELERATE_USE_CPU": "true"},
+            cwd=REPO_ROOT,
             capture_output=True,
             text=True,
             timeout=300,
@@ -241,7 +218,7 @@ def test_two_data_parallel_processes_give_the_update_of_one(tiny_model_dir, tmp_
         assert proc.returncode == 0, proc.stderr[-3000:]
         out[name] = proc.stdout + proc.stderr
         store = Store(str(tmp_path / name))
-        weights[name] = _weights(store, RunLayout(RUN).policy_dir(1))
+        weights[name] = policy_weights(store, RunLayout(RUN).policy_dir(1))
         steps[name] = pq.read_table(store.local_path(RunLayout(RUN).train_steps_dir(0))).sort_by("stage_update")
     assert "1 process(es) (NO)" in out["one"] and "2 process(es) (MULTI_CPU)" in out["two"]
     one, two = steps["one"].to_pydict(), steps["two"].to_pydict()
@@ -249,7 +226,7 @@ def test_two_data_parallel_processes_give_the_update_of_one(tiny_model_dir, tmp_
     assert two["num_sequences"] == [8] * 4  # metrics are reduced over both ranks
     assert two["loss"] == pytest.approx(one["loss"], rel=1e-4, abs=1e-6)
     assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-4)
-    w0 = _weights(Store(str(tmp_path / "one")), RunLayout(RUN).policy_dir(0))
+    w0 = policy_weights(Store(str(tmp_path / "one")), RunLayout(RUN).policy_dir(0))
     assert max((weights["one"][n] - w0[n]).abs().max().item() for n in w0) > 1e-3  # the weights did move
     for name in w0:
         torch.testing.assert_close(weights["two"][name], weights["one"][name], atol=2e-5, rtol=0)
@@ -271,7 +248,7 @@ def test_wrong_rollout_schema_version_is_a_clear_error(stage_root, tmp_path, cap
     write_job_manifest(store, manifest)
 
     with pytest.raises(SystemExit) as exc:
-        main([str(_write_spec(_spec(stage_root), tmp_path / "spec.json"))])
+        main([str(write_spec(_spec(stage_root), tmp_path / "spec.json"))])
     assert exc.value.code == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "schema version" in err and "shard=00000.parquet" in err
@@ -306,7 +283,7 @@ def test_nonfinite_gradient_stops_the_job_and_keeps_the_last_checkpoint(tiny_mod
     from mugrpo.jobs.train import main
 
     with pytest.raises(SystemExit) as exc:
-        main([str(_write_spec(spec, tmp_path / "s.json"))])
+        main([str(write_spec(spec, tmp_path / "s.json"))])
     assert exc.value.code == 3
     err = " ".join(capsys.readouterr().err.split())
     assert "non-finite grad_norm" in err and bad.prompt_id in err

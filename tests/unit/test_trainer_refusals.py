@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import pytest
+from _tiny import DEFAULT, train_spec, write_spec
 
 from mugrpo.jobs.train import main
 from mugrpo.layout import RunLayout
@@ -19,18 +20,21 @@ from mugrpo.trainer.spec import TrainSpec
 from mugrpo.trainer.synthetic import commit_rollouts, commit_synthetic_stage, synthetic_rollout_rows
 
 RUN = "refusals"
-SETTINGS = {"updates_per_stage": 2, "rollouts_per_update": 4, "micro_batch_size": 2, "checkpoint_every": 1}
+SETTINGS = {
+    "updates_per_stage": 2,
+    "rollouts_per_update": 4,
+    "micro_batch_size": 2,
+    "checkpoint_every": 1,
+    "lr": DEFAULT,
+}
 
 
 def make_spec(root: Path, **train) -> TrainSpec:
-    return TrainSpec(root=str(root), run_id=RUN, stage=0, policy_version=0, train={**SETTINGS, **train})
+    return train_spec(root, RUN, train={**SETTINGS, **train})
 
 
 def spec_file(root: Path, tmp: Path, **train) -> str:
-    spec = make_spec(root, **train)
-    path = tmp / "train.spec.json"
-    path.write_text(spec.model_dump_json())
-    return str(path)
+    return str(write_spec(make_spec(root, **train), tmp / "train.spec.json"))
 
 
 def run_job(spec: str, capsys) -> tuple[int, str]:

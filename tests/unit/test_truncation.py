@@ -179,25 +179,24 @@ def test_update_one_ratio_is_one_under_truncated_sampling(policy_and_engine, tem
 
 
 def test_generate_then_train_logs_ratio_one_at_update_one_under_top_p(tmp_path, tiny_model_dir):
+    from _tiny import DEFAULT, generate_spec, train_spec, with_policy
+
     from mugrpo.data import DatasetConfig
-    from mugrpo.jobs.generate import GenerateSpec, run_generate
+    from mugrpo.jobs.generate import run_generate
     from mugrpo.layout import RunLayout
     from mugrpo.rewards import RewardConfig
     from mugrpo.storage import Store
     from mugrpo.trainer.loop import run_training
-    from mugrpo.trainer.spec import TrainSpec
 
     root = tmp_path / "store"
     dataset = tmp_path / "train.jsonl"
     dataset.write_text("".join(f'{{"question": "What is {i} + {i}?", "answer": "#### {2 * i}"}}\n' for i in range(4)))
-    Store(str(root)).upload_dir(tiny_model_dir, RunLayout("trunc").policy_dir(0))
+    with_policy(root, tiny_model_dir, "trunc")
     run_generate(
-        GenerateSpec(
-            root=str(root),
-            run_id="trunc",
-            stage=0,
+        generate_spec(
+            root,
+            "trunc",
             seed=1,
-            policy_dir=RunLayout("trunc").policy_dir(0),
             dataset=DatasetConfig(name="sums", path=str(dataset), answer_kind="gsm8k"),
             num_prompts=4,
             shard_size=4,
@@ -205,9 +204,9 @@ def test_generate_then_train_logs_ratio_one_at_update_one_under_top_p(tmp_path, 
             reward=RewardConfig(components={"math_correctness": 1.0}, num_workers=1),
         )
     )
-    train = {"updates_per_stage": 1, "rollouts_per_update": 8, "micro_batch_size": 4, "lr": 1e-3}
+    train = {"updates_per_stage": 1, "checkpoint_every": DEFAULT}
     train["skip_zero_variance_groups"] = False  # a random policy earns no reward; the ratio is what is checked
-    run_training(TrainSpec(root=str(root), run_id="trunc", stage=0, policy_version=0, train=train))
+    run_training(train_spec(root, "trunc", train=train))
     store = Store(str(root))
     import pyarrow.parquet as pq
 
