@@ -25,7 +25,6 @@ subprocesses set their own.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 from pathlib import Path

@@ -109,6 +109,7 @@ def test_lr_schedule_warmup_then_cosine():
 # --- the job ------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # starts the job as a process: make test-all runs it
 def test_full_job_run(stage_root, tmp_path):
     """Subprocess run: 4 train_steps rows with sane metrics, a checkpoint, policies/stage=1, a manifest; the
     re-run is a no-op."""
@@ -193,6 +194,7 @@ def test_micro_batch_size_does_not_change_the_update(tiny_model_dir, tmp_path):
         torch.testing.assert_close(w2[name], w4[name], atol=1e-6, rtol=0)
 
 
+@pytest.mark.slow  # starts two torchrun processes: make test-all runs it
 def test_two_data_parallel_processes_give_the_update_of_one(tiny_model_dir, tmp_path):
     """DDP for real: 2 CPU processes (torchrun, gloo) each take half of every minibatch; with the loss normalized by
     the whole minibatch's counts they publish the policy one process publishes, up to fp32 summation order.
