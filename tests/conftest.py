@@ -25,6 +25,7 @@ subprocesses set their own.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from pathlib import Path
@@ -116,7 +117,10 @@ def smollm2_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider: convert per session
     cache_root = Path(cache.mkdir("mugrpo-smollm2-hf")) if cache else tmp_path_factory.mktemp("smollm2-hf")
     model_dir, key_file = cache_root / "model", cache_root / "source.json"
-    if not (key_file.is_file() and json.loads(key_file.read_text()) == key and (model_dir / "config.json").is_file()):
-        convert_to_hf_dir(gguf, model_dir)
-        key_file.write_text(json.dumps(key))
+    with open(cache_root / ".lock", "w") as lock:  # pytest-xdist workers share the cache: one converts, the rest wait
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cached = key_file.is_file() and json.loads(key_file.read_text()) == key
+        if not (cached and (model_dir / "config.json").is_file()):
+            convert_to_hf_dir(gguf, model_dir)
+            key_file.write_text(json.dumps(key))
     return model_dir
