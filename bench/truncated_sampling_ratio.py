@@ -8,7 +8,7 @@ renormalized distribution, as vLLM's processed_logprobs), then the trainer's for
 recomputes the log-probs two ways, alternated in this one invocation: with the rows' truncation replayed (the
 product) and over the full softmax (a trainer that ignores the truncation). Printed per setting: the token-mean
 ratio, the largest |ratio - 1|, the token-mean approx KL to the behavior policy, and the forward time of each
-arm (the replay sorts the vocabulary for top-p). Nothing is asserted; tests/test_truncation.py holds the checks.
+arm (the replay sorts the vocabulary for top-p). Nothing is asserted; tests/unit/test_truncation.py holds the checks.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Chaos harness (docs/reliability.md): SIGKILL random processes of a real local run, resume, and check the resume
-invariants against an uninterrupted run. ``bench/chaos.py`` is its command line; ``tests/test_chaos.py`` runs
+invariants against an uninterrupted run. ``bench/chaos.py`` is its command line; ``tests/e2e/test_chaos.py`` runs
 its quick mode. No Prefect import here: the harness drives ``mugrpo run`` as a subprocess."""
 
 from mugrpo.chaos.harness import ARM_ROLES, ChaosReport, ChaosSettings, Moment, draw_moments, run_chaos, tiny_config
