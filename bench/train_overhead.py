@@ -1,5 +1,5 @@
 """Training overhead: the training job's tokens/s against a bare forward + backward of the same model on the same
-batches, in the same run; peak RSS of each (issue 4, target ratio >= 0.9).
+batches, in the same run; peak RSS of each (target ratio >= 0.9).
 
     python bench/train_overhead.py                         # tiny random Llama with the SmolLM2 tokenizer
     python bench/train_overhead.py --model DIR             # any HF dir, e.g. SmolLM2-135M converted from GGUF

@@ -1,4 +1,4 @@
-"""The storage layout of a run: the one place that builds paths (design.md, "Storage layout under the run root").
+"""The storage layout of a run: the one place that builds paths (docs/design.md, "Storage layout under the run root").
 
 Every path here is relative to the store's root URL (see :class:`mugrpo.storage.Store`). Folders use Hive-style
 ``key=value`` names so DuckDB and pyarrow read ``stage`` as a column. No other module formats these paths by hand.

@@ -1,5 +1,5 @@
 """The generation worker: sample G responses per prompt from the frozen behavior policy, score them, compute group
-advantages, and write sharded Parquet rollouts (design.md, first half of a stage).
+advantages, and write sharded Parquet rollouts (docs/design.md, first half of a stage).
 
 Resumable: prompts are processed in shards of ``shard_size`` prompts; each shard's file is written atomically once
 its groups are complete, and shards already written are skipped on a re-run. A group never spans two shards.

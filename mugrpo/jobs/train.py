@@ -1,5 +1,5 @@
 """The training job: ``train.updates_per_stage`` optimizer updates of the policy on a stage's static rollouts,
-with checkpoints and exact resume (design.md, second half of a stage).
+with checkpoints and exact resume (docs/design.md, second half of a stage).
 
     python -m mugrpo.jobs.train SPEC      # SPEC: path or fsspec URL of a TrainSpec JSON (jobs/stage=k/train.spec.json)
 

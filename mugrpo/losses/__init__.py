@@ -1,4 +1,4 @@
-"""Policy losses: pure tensor functions registered by name (design.md, "Algorithms").
+"""Policy losses: pure tensor functions registered by name (docs/design.md, "Algorithms").
 
 Usage::
 

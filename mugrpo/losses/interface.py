@@ -97,7 +97,7 @@ def reduce_metrics(outputs: Iterable[LossOutput]) -> dict[str, torch.Tensor]:
 
 
 class PolicyLossFn(Protocol):
-    """Signature every registered policy loss implements (design.md, "Algorithms")."""
+    """Signature every registered policy loss implements (docs/design.md, "Algorithms")."""
 
     def __call__(
         self,

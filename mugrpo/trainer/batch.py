@@ -1,7 +1,7 @@
 """Collation of rollouts into right-padded token tensors for one forward pass.
 
 Masks come from lengths, never from token values: SmolLM2's pad token is its EOS (id 2), and the EOS that ends a
-response is a real response token with a behavior log-prob and a loss (design.md, "Pitfalls").
+response is a real response token with a behavior log-prob and a loss (docs/design.md, "Implementation notes").
 """
 
 from __future__ import annotations

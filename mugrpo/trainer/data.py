@@ -1,7 +1,7 @@
 """The trainer's data source: committed rollouts read through the generation job's manifest, and a deterministic
 order of minibatches over them.
 
-Minibatch order (design.md, "Resume semantics": same seed -> same data order): the sampling units (single
+Minibatch order (docs/design.md, "Resume semantics": same seed -> same data order): the sampling units (single
 responses, or whole groups with ``group_minibatches``) are shuffled once per epoch with a permutation seeded by
 (seed, epoch), and each epoch is cut into ``len(units) // units_per_update`` minibatches (the remainder of an
 epoch is left out, like ``drop_last``; a different remainder each epoch). Update ``u`` therefore draws a

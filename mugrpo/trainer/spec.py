@@ -14,7 +14,7 @@ from mugrpo.schedules import stage_plan, total_updates
 
 
 class _TrainSpecCore(JobSpec):
-    """The training job of one stage (design.md, "Shape"): many optimizer updates on a static rollout set.
+    """The training job of one stage (docs/design.md, "Shape"): many optimizer updates on a static rollout set.
 
     Staleness (Mu-GRPO, arXiv 2605.17570: mu = updates per rollout refresh) of stage update u (1-based) is the
     number of optimizer updates between the policy that sampled a rollout and the policy being updated:

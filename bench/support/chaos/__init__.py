@@ -1,5 +1,5 @@
-"""Chaos harness (issue 17): SIGKILL random processes of a real local run, resume, and check the resume
-invariants against an uninterrupted run. ``bench/chaos.py`` is its command line; ``tests/test_chaos.py`` runs
+"""Chaos harness (docs/reliability.md): SIGKILL random processes of a real local run, resume, and check the resume
+invariants against an uninterrupted run. ``bench/chaos.py`` is its command line; ``tests/e2e/test_chaos.py`` runs
 its quick mode. No Prefect import here: the harness drives ``mugrpo run`` as a subprocess."""
 
 from bench.support.chaos.harness import (

@@ -1,4 +1,4 @@
-"""The chaos harness (issue 17): SIGKILL a random process of a real local run at N moments drawn from a seed,
+"""The chaos harness (docs/reliability.md): SIGKILL a random process of a real local run at N moments drawn from a seed,
 resume after each, then check the run against an uninterrupted one (:mod:`bench.support.chaos.invariants`).
 
 A run here is the real thing: ``python -m mugrpo.cli run CONFIG`` (the flow process, Prefect flows on a local

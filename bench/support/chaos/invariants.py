@@ -1,5 +1,5 @@
 """What a run killed and resumed many times must still satisfy, checked from its committed files against an
-uninterrupted run of the same config (design.md, "Resume semantics"; issue 17, "Chaos harness"):
+uninterrupted run of the same config (docs/design.md, "Resume semantics"; docs/reliability.md):
 
 - the run completed: every stage manifest and the final policy exist;
 - every (stage, prompt_id, sample_idx) rollout exists exactly once (AGPO probe rows are keyed apart, by is_probe);

@@ -1,5 +1,5 @@
 """The ``agpo`` config section (AGPO, arXiv 2605.20722). Defaults are the released code's (wandugu/paper_agpo,
-papers.md): where paper and code may differ we follow the code (docs/algorithms/agpo.md)."""
+docs/papers.md): where paper and code may differ we follow the code (docs/algorithms/agpo.md)."""
 
 from __future__ import annotations
 

@@ -89,8 +89,8 @@ def robust_dispersion(rewards: Sequence[float] | np.ndarray, mode: DispersionMod
 def vote_entropy(texts: Sequence[str]) -> float:
     """Vote entropy E = -sum_k p_k log p_k (nats) over the answer keys of a group's responses.
 
-    The key of a response is :func:`mugrpo.answers.extract_answer_loose` (AGPO's released code's order: last
-    ``\\boxed{}``, else after ``####``, else last number, else whitespace-collapsed text; lower-cased).
+    The key of a response is :func:`mugrpo.answers.extract_answer_loose` (the graded answer, else the last number,
+    else whitespace-collapsed text; lower-cased; docs/algorithms/agpo.md, "The vote key").
 
     Raises:
         ValueError: no text.

@@ -114,7 +114,7 @@ class Eviction:
 class ReplayBuffer:
     """Rollout references in insertion (FIFO) order, with :meth:`evict_stale`, :meth:`insert` and :meth:`draw`.
 
-    A plain object with :meth:`state_dict` / :meth:`load_state_dict` (design.md); the trainer decides when its
+    A plain object with :meth:`state_dict` / :meth:`load_state_dict` (docs/design.md); the trainer decides when its
     state is stored (with every checkpoint and at the stage commit).
     """
 

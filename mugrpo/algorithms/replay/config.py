@@ -1,5 +1,5 @@
 """Configuration of the rollout-level replay buffer (arXiv 2606.04560; defaults of a third-party re-implementation,
-../shared/papers.md, since the paper's code is not public). docs/algorithms/replay.md explains each choice."""
+docs/papers.md, since the paper's code is not public). docs/algorithms/replay.md explains each choice."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The replay buffer's state in object storage: compact Parquet of rollout references (design.md, "State beyond a
-stage"), written with every checkpoint (``replay_buffer.parquet`` inside the checkpoint folder, covered by its
+"""The replay buffer's state in object storage: compact Parquet of rollout references (docs/design.md,
+"Algorithms"), written with every checkpoint (``replay_buffer.parquet`` inside the checkpoint folder, covered by its
 marker) and at each stage's train commit (``replay_buffer/stage=k/buffer.parquet``, listed in the job manifest).
 """
 
