@@ -27,7 +27,7 @@ from mugrpo.generation import GenerateSpec
 from mugrpo.losses import POLICY_LOSSES
 from mugrpo.trainer.spec import TrainSpec
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 #: Where code may name an algorithm.
 HOMES = ("mugrpo/algorithms/", "mugrpo/losses/")
 #: The baseline every algorithm is a variant of: its name is everywhere (mugrpo, the grpo estimator).

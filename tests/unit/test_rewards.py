@@ -33,7 +33,9 @@ def _misbehave(item: RewardInput, answer: str | None) -> float:
     """Test-only: hangs on "HANG", sleeps 1 s on "SLOW", raises on "RAISE", kills its process on "DIE", returns
     its worker's pid on "PID"; on "KILLME" writes its pid to $MUGRPO_TEST_PIDFILE, then sleeps 2 s."""
     if "KILLME" in item.response_text:
-        Path(os.environ["MUGRPO_TEST_PIDFILE"]).write_text(str(os.getpid()))
+        pidfile = Path(os.environ["MUGRPO_TEST_PIDFILE"])
+        pidfile.with_suffix(".tmp").write_text(str(os.getpid()))
+        pidfile.with_suffix(".tmp").replace(pidfile)  # atomic: the killer never reads a half-written pid
         time.sleep(2.0)
     if "HANG" in item.response_text:
         time.sleep(600)
