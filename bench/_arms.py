@@ -29,7 +29,7 @@ from bench.warm_vs_cold import job, run_cold, run_warm  # noqa: E402  (reuse, no
 MU_CONFIG = REPO / "configs" / "gsm8k-smollm2.yaml"
 GRPO_CONFIG = REPO / "configs" / "gsm8k-smollm2-grpo.yaml"
 GRPO_MU = 4  # the paper's GRPO baseline staleness
-#: The arms: Mu-GRPO with K cold stages (the issue's), GRPO mu = 4 warm (the fair baseline) and cold, and
+#: The arms: Mu-GRPO with K cold stages (the paper's), GRPO mu = 4 warm (the fair baseline) and cold, and
 #: Mu-GRPO's K stages in one warm segment job (isolates the method from the execution mode).
 ARMS = ("mu", "grpo-warm", "grpo-cold", "mu-warm")
 
@@ -175,7 +175,7 @@ def amdahl_bound(f_train: float, rollout_speedup: float) -> float:
 
     Args:
         f_train: share of T_train in the baseline's T_total (0..1); the rest is taken as what the rollout
-            ratio speeds up (generation and switching), as in the issue's definition.
+            ratio speeds up (generation and switching).
         rollout_speedup: s, the measured T_roll(baseline) / T_roll(Mu-GRPO).
     Raises:
         ValueError: f outside [0, 1] or s <= 0.

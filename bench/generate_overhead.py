@@ -5,11 +5,11 @@
     python bench/generate_overhead.py --dtype float32 bfloat16 --threads 1   # fp32 vs bf16 weights, alternated
 
 The bare side renders and tokenizes the same GSM8K prompts, then calls ``engine.generate`` shard by shard with the
-job's per-shard seeds: pure sampling. The job side is :func:`mugrpo.jobs.generate.run_generate` (sampling, reward
+job's per-shard seeds: pure sampling. The job side is :func:`mugrpo.generation.run_generate` (sampling, reward
 scoring in the verifier pool, group advantages, Parquet writes, the manifest), timed by its own ``t_gen``.
 Both use the same engine class and thread count; sides alternate back to back, and the reported ratio is
 the median over ``--repeats`` of each pair's job/bare ratio (robust to load that drifts between repeats).
-Target (issue 3): job / bare >= 0.95. No timing is asserted anywhere. Each (dtype, repeat) runs in its own process,
+Target: job / bare >= 0.95. No timing is asserted anywhere. Each (dtype, repeat) runs in its own process,
 so its peak RSS (``ru_maxrss``) is that dtype's engine; the matmul ceiling (bench/matmul_ceiling.py) is measured
 before and after, at the same thread count.
 """
@@ -30,12 +30,12 @@ import torch
 
 from mugrpo.data import DatasetConfig, load_problems
 from mugrpo.engines import make_engine
-from mugrpo.jobs.common import derive_seed
-from mugrpo.jobs.generate import GenerateSpec, run_generate, select_problems
+from mugrpo.generation import GenerateSpec, run_generate, select_problems
 from mugrpo.layout import RunLayout
 from mugrpo.models import bench_model_dir
 from mugrpo.prompts import PromptConfig, encode_prompt, render_prompt
 from mugrpo.rewards import RewardConfig
+from mugrpo.seeds import derive_seed
 from mugrpo.storage import Store
 
 REPO = Path(__file__).resolve().parents[1]

@@ -41,7 +41,7 @@ SAMPLERS = {
 
 def prompts(policy: Path, count: int) -> list[list[int]]:
     from mugrpo.data import DatasetConfig, load_problems
-    from mugrpo.jobs.generate import select_problems
+    from mugrpo.generation import select_problems
     from mugrpo.models import load_tokenizer
     from mugrpo.prompts import PromptConfig, encode_prompt, render_prompt
 

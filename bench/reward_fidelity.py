@@ -5,18 +5,20 @@
 
 Each case is (category, gold as a dataset stores it, response, expected 0/1). The categories follow the ones
 upstream Math-Verify's own test suite covers (number formats, fractions, sets and intervals, LaTeX notations,
-percent, units, equations, matrices, competition answers, ...) plus the seven fault kinds of issue 10; the cases
-are our own, written for a boxed-answer reward (a response states its answer in ``\\boxed{}`` or a ``####`` line).
+percent, units, equations, matrices, competition answers, ...) plus six fault kinds of a last-box-only grader
+(several boxes in the response, several boxes in the gold, units in the box, number formats, ``\\mathrm{e}``, tiny
+magnitudes); the cases are our own, written for a boxed-answer reward (a response states its answer in
+``\\boxed{}`` or a ``####`` line).
 
 Two arms, scored on the same cases in one invocation:
 
 * ``mugrpo``: the product path: gold through :func:`mugrpo.answers.extract_gold`, each response through
   :class:`mugrpo.rewards.RewardScorer` (answer extraction, ``math_correctness`` in the killable worker pool);
-* ``math-verify alone``: the path before issue 10 (gold = the last box, answer = the last box, then
+* ``math-verify alone``: a last-box-only grader (gold = the last box, answer = the last box, then
   ``verify(parse(gold), parse(answer))``), for reference.
 
 Printed: agreement, false positives (scored 1, expected 0), false negatives, per category, and every disagreement.
-Target (issue 10): agreement >= 98% and zero false positives for the ``mugrpo`` arm.
+Target: agreement >= 98% and zero false positives for the ``mugrpo`` arm.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from mugrpo.rewards import RewardConfig, RewardInput, RewardScorer
 B = r"The answer is $\boxed{%s}$."
 
 CASES: list[tuple[str, object, str, int]] = [
-    # --- issue 10, kind 1: several boxes in the response ---
+    # --- kind 1: several boxes in the response ---
     ("k1 several response boxes", "1,2,3", r"So $x = \boxed{1}$ and $x = \boxed{2}$ and $x = \boxed{3}$.", 1),
     ("k1 several response boxes", "1,2,3", r"\boxed{3}, \boxed{2}, \boxed{1}", 1),
     ("k1 several response boxes", "1,2,3", r"\boxed{1} and \boxed{2}", 0),
@@ -287,7 +289,7 @@ CASES: list[tuple[str, object, str, int]] = [
 
 
 def math_verify_alone(gold_raw: object, response: str) -> float:
-    """The path before issue 10: last box of each side, math-verify's parse and verify, nothing else."""
+    """A last-box-only grader: last box of each side, math-verify's parse and verify, nothing else."""
     gold = extract_boxed(gold_raw) if isinstance(gold_raw, str) and extract_boxed(gold_raw) else None
     if gold is None:
         gold = extract_gold(gold_raw) if "\\boxed" not in str(gold_raw) else str(gold_raw)
@@ -342,7 +344,7 @@ def main() -> None:
     if bad:
         print(f"{len(bad)} items not scored ok: {sorted(set(bad))}")
     ours = report("mugrpo (extract_gold + RewardScorer)", cases, [r.reward for r in results])
-    report("math-verify alone, last box (before issue 10)", cases, [math_verify_alone(g, r) for _, g, r, _ in cases])
+    report("math-verify alone, last box", cases, [math_verify_alone(g, r) for _, g, r, _ in cases])
     target_met = ours["agreed"] / ours["cases"] >= 0.98 and ours["false_positives"] == 0
     print(f"\ntarget (agreement >= 98%, zero false positives): {'met' if target_met else 'NOT met'}")
 

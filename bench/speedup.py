@@ -67,7 +67,7 @@ def add_budget_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def summarize(results: dict[str, list[dict]]) -> dict:
-    """Medians over repeats per arm and the ratios and targets of the issue."""
+    """Medians over repeats per arm and the ratios and their targets."""
     med = {
         arm: {k: statistics.median(r[k] for r in runs) for k in ("t_roll", "t_train", "t_ckpt", "t_switch", "t_total")}
         for arm, runs in results.items()

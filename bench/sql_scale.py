@@ -6,7 +6,7 @@
 Shards are generated one at a time with numpy (memory stays at one shard) and written through
 :func:`mugrpo.tables.write_table`, exactly as generation jobs write them. Queries run through :func:`mugrpo.sql.connect`
 (the read-only ``mugrpo://`` filesystem), and the stage aggregation also through DuckDB's native reader for reference.
-Target: aggregation by stage over 1M rows in under 1 s (issue 6); the ratio target/actual is printed (> 1 is met).
+Target: aggregation by stage over 1M rows in under 1 s; the ratio target/actual is printed (> 1 is met).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from mugrpo.tables import write_table
 from schemas import ROLLOUT_SCHEMA
 
 VOCAB = 49_152  # SmolLM2's vocabulary
-TARGET_SECONDS = 1.0  # aggregation by stage over 1M rows (issue 6)
+TARGET_SECONDS = 1.0  # aggregation by stage over 1M rows
 
 QUERIES = {
     "aggregation by stage": (

@@ -1,5 +1,5 @@
 """Training overhead: the training job's tokens/s against a bare forward + backward of the same model on the same
-batches, in the same run; peak RSS of each (issue 4, target ratio >= 0.9).
+batches, in the same run; peak RSS of each (target ratio >= 0.9).
 
     python bench/train_overhead.py                         # tiny random Llama with the SmolLM2 tokenizer
     python bench/train_overhead.py --model DIR             # any HF dir, e.g. SmolLM2-135M converted from GGUF
@@ -7,7 +7,7 @@ batches, in the same run; peak RSS of each (issue 4, target ratio >= 0.9).
     python bench/train_overhead.py --model DIR --dtype float32 bfloat16   # fp32 vs bf16 autocast, alternated
 
 Both sides run in their own subprocess (so ``ru_maxrss`` from ``os.wait4`` is each one's own peak RSS) with the
-same thread count, the same committed synthetic rollouts (:mod:`mugrpo.trainer.synthetic`) and the same
+same thread count, the same committed synthetic rollouts (:mod:`bench.support.synthetic`) and the same
 minibatches and micro-batches (the job's seeded order, re-derived here with the job's own functions).
 
 * job: ``python -m mugrpo.jobs.train SPEC`` (mu_grpo loss with veto and all metrics, chunked log-softmax with
@@ -48,8 +48,9 @@ def _bare(spec_path: str, out_path: str) -> None:
     """The bare baseline (runs in its own process); bf16 autocast when the spec says so."""
     import torch
 
-    from mugrpo.jobs.common import derive_seed, local_policy_dir
     from mugrpo.models import load_policy
+    from mugrpo.policies import local_policy_dir
+    from mugrpo.seeds import derive_seed
     from mugrpo.trainer.batch import collate
     from mugrpo.trainer.data import load_rollouts, make_minibatch_order, split_minibatch
     from mugrpo.trainer.precision import autocast_context
@@ -138,13 +139,13 @@ def main() -> None:
     from rich.table import Table
     from transformers.utils import logging as hf_logging
 
+    from bench.support.synthetic import commit_synthetic_stage
     from mugrpo.layout import RunLayout
     from mugrpo.manifest import read_job_manifest
     from mugrpo.models import make_tiny_random_model
     from mugrpo.storage import Store
     from mugrpo.tables import read_table
     from mugrpo.trainer.spec import TrainSpec
-    from mugrpo.trainer.synthetic import commit_synthetic_stage
 
     hf_logging.disable_progress_bar()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="mugrpo-bench-train-"))
@@ -293,4 +294,5 @@ def _cells(best: dict, side: str) -> tuple[str, str, str]:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))  # bench.support (test and benchmark support, not installed)
     main()

@@ -6,9 +6,9 @@
 For each sampling setting, the transformers engine samples responses (behavior log-probs under the truncated,
 renormalized distribution, as vLLM's processed_logprobs), then the trainer's forward (:class:`PolicyTokenLogprobs`)
 recomputes the log-probs two ways, alternated in this one invocation: with the rows' truncation replayed (the
-product) and over the full softmax (what the trainer did before issue 10). Printed per setting: the token-mean
+product) and over the full softmax (a trainer that ignores the truncation). Printed per setting: the token-mean
 ratio, the largest |ratio - 1|, the token-mean approx KL to the behavior policy, and the forward time of each
-arm (the replay sorts the vocabulary for top-p). Nothing is asserted; tests/test_truncation.py holds the checks.
+arm (the replay sorts the vocabulary for top-p). Nothing is asserted; tests/unit/test_truncation.py holds the checks.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from mugrpo.truncation import Truncation
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "train.jsonl"
 SETTINGS = [
-    (0.7, Truncation(top_p=0.9)),  # the issue's reproduction (ratio_mean 0.951 before)
+    (0.7, Truncation(top_p=0.9)),  # the quick config's setting (ratio_mean 0.951 over the full softmax)
     (0.6, Truncation()),
     (1.0, Truncation(top_p=0.9)),
     (1.2, Truncation(top_p=0.9)),

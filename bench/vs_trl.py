@@ -48,7 +48,7 @@ def trl_python() -> Path:
 def trl_prompts(cfg) -> list[tuple[str, str]]:
     """(rendered prompt, ground truth) of every stage of a mugrpo arm, in the order mugrpo samples them."""
     from mugrpo.data import load_problems
-    from mugrpo.jobs.generate import GenerateSpec, select_problems
+    from mugrpo.generation import GenerateSpec, select_problems
     from mugrpo.models import load_tokenizer
     from mugrpo.prompts import render_prompt
 

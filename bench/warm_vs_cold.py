@@ -100,9 +100,9 @@ def run_cold(cfg, log: Path) -> list[dict]:
 
 
 def run_warm(cfg, log: Path, tmp: Path) -> list[dict]:
-    from mugrpo.jobs.segment import SegmentSpec
     from mugrpo.manifest import read_manifest
     from mugrpo.runs import init_run
+    from mugrpo.warm import SegmentSpec
 
     store = init_run(cfg)
     spec = tmp / f"{cfg.run.id}.segment.json"

@@ -1,1 +1,1 @@
-"""Prefect flows: the run flow runs K stage flows, then evaluates the final policy (design.md)."""
+"""Prefect flows: the run flow runs K stage flows, then evaluates the final policy (docs/design.md)."""

@@ -1,5 +1,5 @@
 """The stage flow: generate -> train -> eval -> stage manifest (the commit point), and the segment flow: one warm
-job that runs several stages (``orchestration.execution: warm``, :mod:`mugrpo.jobs.segment`).
+job that runs several stages (``orchestration.execution: warm``, :mod:`mugrpo.warm`).
 
 A stage whose manifest exists is skipped; inside a stage each job resumes from what it committed, so re-running
 a stage (or a segment) after preemption loses and duplicates nothing.
@@ -16,7 +16,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.futures import wait
 
 from mugrpo.config import Config, config_from_dict
-from mugrpo.jobs.fanout import FANOUT_JOBS
+from mugrpo.fanout import FANOUT_JOBS
 from mugrpo.manifest import read_job_manifest, read_manifest
 from mugrpo.runs import commit_stage, job_env, open_store, write_job_specs
 from schemas import StageManifest, StageTimings
@@ -68,7 +68,7 @@ def launch(cfg: Config, job: str, spec_url: str, stage: int, *, stages: int = 1)
 
 def launch_workers(cfg: Config, job: str, stage: int) -> float:
     """Run the fan-out job ``job`` (generate or eval) of stage ``stage``: its N workers (``generation.workers``,
-    ``eval.workers``; :mod:`mugrpo.jobs.fanout`) at once, each its own launcher task run (a process, or a
+    ``eval.workers``; :mod:`mugrpo.fanout`) at once, each its own launcher task run (a process, or a
     Kubernetes Job with its own GPU request) with the config's retries and timeout; workers whose worker manifest
     exists are not relaunched. Once all returned, the job manifest is written from their manifests if the last
     worker did not write it. N = 1 runs the same way. Returns the wall seconds of the fan-out.
@@ -78,15 +78,15 @@ def launch_workers(cfg: Config, job: str, stage: int) -> float:
             other workers run to their end first, so what they sampled is committed for the resume).
         RuntimeError: every worker returned but one has no worker manifest.
     """
-    from mugrpo.jobs.eval import EvalSpec
-    from mugrpo.jobs.fanout import finalizer, missing_workers, worker_spec_paths
-    from mugrpo.jobs.generate import GenerateSpec
+    from mugrpo.evaluation import EvalSpec, commit_eval
+    from mugrpo.fanout import missing_workers, worker_spec_paths
+    from mugrpo.generation import GenerateSpec, commit_generation
     from mugrpo.layout import RunLayout
 
     logger = get_run_logger()
     orch = cfg.orchestration
     store = open_store(cfg)
-    spec_cls = {"generate": GenerateSpec, "eval": EvalSpec}[job]
+    spec_cls, finalize = {"generate": (GenerateSpec, commit_generation), "eval": (EvalSpec, commit_eval)}[job]
     spec = spec_cls.model_validate_json(store.read_bytes(RunLayout(cfg.run.id).job_spec(stage, job)))
     n = spec.workers
     paths = worker_spec_paths(store, cfg.run.id, stage, job, spec, n)
@@ -123,7 +123,7 @@ def launch_workers(cfg: Config, job: str, stage: int) -> float:
             except Exception as e:
                 e.add_note(f"stage {stage}: {job} worker {w} of {n} failed past its retries")
                 raise
-    if finalizer(job)(spec) is None:
+    if finalize(spec) is None:
         missing = missing_workers(store, cfg.run.id, stage, job, n)
         raise RuntimeError(f"stage {stage}: {job} workers {missing} of {n} exited 0 but have no worker manifest")
     return time.monotonic() - t0
@@ -204,8 +204,8 @@ def segment_flow(config: dict[str, Any], first: int, count: int) -> list[dict[st
     """Run (or resume) stages ``first .. first + count - 1`` warm, as one segment job launched through the same
     launcher task as the cold jobs; its progress lines update a Prefect progress artifact while it runs, and each
     stage it commits gets the stage flow's summary artifact. Returns the stage manifests."""
-    from mugrpo.jobs.segment import SegmentSpec
     from mugrpo.layout import RunLayout
+    from mugrpo.warm import SegmentSpec
 
     cfg = config_from_dict(config, source="segment_flow(config)")
     logger = get_run_logger()

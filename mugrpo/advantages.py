@@ -15,10 +15,9 @@ Estimators
 ``dr_grpo``
     A_i = r_i - mean(r_group), no division by std (Dr. GRPO, arXiv 2503.20783, Sec. 3.1: the std
     normalisation biases updates towards too-easy and too-hard questions).
-``agpo``
-    A_i = (r_i - mean(r_group)) / max(disp(r_group), 1e-8) with disp the ``dispersion`` measure: sample std,
-    MAD x 1.4826 or IQR / 1.349 (AGPO, arXiv 2605.20722; a robust measure that is ~0 while rewards differ falls
-    back to the std, as in the released code).
+
+An algorithm package may register its own estimator (AGPO's dispersion-normalized ``agpo``,
+:mod:`mugrpo.algorithms.agpo.advantages`).
 
 Zero-variance groups get advantage exactly 0 under every estimator (set explicitly: with floats,
 ``r - mean`` of equal rewards can be ~1e-17, which ``/ (0 + eps)`` would blow up to ~1e-11 or worse),
@@ -34,7 +33,6 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from mugrpo.adaptive.stats import robust_dispersion
 from mugrpo.registry import Registry
 
 if TYPE_CHECKING:
@@ -108,6 +106,8 @@ class GroupStats:
     """int64 number of responses in the group."""
     zero_variance: np.ndarray
     """bool: every reward of the group is equal (or the group has one response)."""
+    group: np.ndarray
+    """int64 index of the response's group (groups numbered in sorted group id order)."""
 
 
 def _to_numpy(values: ArrayLike) -> np.ndarray:
@@ -160,6 +160,7 @@ def group_stats(rewards: ArrayLike, group_ids: ArrayLike, ddof: int = 1) -> Grou
         std=stds[inverse],
         size=counts[inverse].astype(np.int64),
         zero_variance=zero_var[inverse],
+        group=inverse.astype(np.int64),
     )
 
 
@@ -185,30 +186,6 @@ def dr_grpo_advantages(
     """
     stats = group_stats(rewards, group_ids, ddof=config.std_ddof)
     adv = stats.rewards - stats.mean
-    adv[stats.zero_variance] = 0.0
-    return adv.astype(np.float32), stats.zero_variance
-
-
-#: AGPO's floor on the advantage denominator (released code).
-AGPO_MIN_DISPERSION = 1e-8
-
-
-@ADVANTAGE_ESTIMATORS.register("agpo")
-def agpo_advantages(rewards: ArrayLike, group_ids: ArrayLike, config: AdvantageConfig) -> tuple[np.ndarray, np.ndarray]:
-    """AGPO's dispersion-normalized advantage A_i = (r_i - mean) / max(disp, 1e-8) (arXiv 2605.20722), disp
-    being ``config.dispersion`` of the response's (training) group.
-
-    Zero-variance groups get A = 0. Shapes: rewards [N], group_ids [N] -> advantages [N] float32,
-    zero_variance [N] bool.
-    """
-    stats = group_stats(rewards, group_ids, ddof=1)
-    ids = _to_numpy(group_ids)
-    _, inverse = np.unique(ids, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    disp = np.empty(inverse.max() + 1)
-    for g in range(disp.size):
-        disp[g] = robust_dispersion(stats.rewards[inverse == g], config.dispersion)
-    adv = (stats.rewards - stats.mean) / np.maximum(disp[inverse], AGPO_MIN_DISPERSION)
     adv[stats.zero_variance] = 0.0
     return adv.astype(np.float32), stats.zero_variance
 

@@ -343,9 +343,10 @@ def extract_answer_loose(response_text: str) -> str:
 
     Order: the strict answer (:func:`extract_answer`: the last run of boxes, else the text after the last
     ``####``), else the last number (commas removed), else the whole response with whitespace collapsed. The key is
-    lower-cased and stripped, so that two responses with the same final answer share a key. Unlike AGPO's released
-    code (the last box only, without nested braces), nested braces are kept (``\\boxed{\\frac{1}{2}}`` ->
-    ``\\frac{1}{2}``) and several final boxes form one key.
+    lower-cased and stripped, so that two responses with the same final answer share a key. Where a response has a
+    graded answer the key is that answer, which differs from AGPO's released code on nested braces, ``\\fbox``,
+    runs of final boxes, empty and unclosed boxes, and ``####`` lines (each case and its reason:
+    docs/algorithms/agpo.md, "The vote key").
 
     Returns:
         Always a string (possibly ``""`` for an empty response).

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import typer
 from rich.console import Console
+
+from mugrpo.cli_support import storage_guard
 
 app = typer.Typer(
     help=(
@@ -34,24 +34,6 @@ OverridesArg = typer.Argument(None, help="Dotted overrides applied after the fil
 StorageOptionsOpt = typer.Option(
     None, "--storage-option", "-o", help="fsspec option KEY=VALUE (e.g. endpoint_url=http://127.0.0.1:9000)."
 )
-
-
-@contextmanager
-def storage_guard(url: str, storage_options: dict | None = None) -> Iterator[None]:
-    """Turn a storage fault a user can fix (endpoint, credentials, bucket) into one line and exit code 2."""
-    from mugrpo.storage_errors import StorageUnavailable, explain_storage_error
-
-    try:
-        yield
-    except StorageUnavailable as e:
-        err.print(f"Error: {e}", markup=False, highlight=False)
-        raise typer.Exit(2) from None
-    except Exception as e:
-        message = explain_storage_error(e, url, storage_options)
-        if message is None:
-            raise
-        err.print(f"Error: {message}", markup=False, highlight=False)
-        raise typer.Exit(2) from None
 
 
 def _storage_options(pairs: list[str] | None) -> dict:

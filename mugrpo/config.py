@@ -14,19 +14,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
-from mugrpo.adaptive.config import AGPOConfig
 from mugrpo.advantages import AdvantageConfig
+from mugrpo.algorithms import Settings, check_sections, section_fields, sections_of
 from mugrpo.config_keys import OPERATIONAL, SEMANTIC
 from mugrpo.data import DatasetConfig
 from mugrpo.engines.base import SamplingParams
 from mugrpo.layout import validate_run_id
 from mugrpo.losses.config import PolicyLossConfig
+from mugrpo.lr_schedule import LR_SCHEDULES
 from mugrpo.prompts import PromptConfig
-from mugrpo.replay.config import ReplayConfig
 from mugrpo.rewards import RewardConfig
-from mugrpo.schedules import StageScheduleConfig
+from mugrpo.schedules import ScheduleInputs, StageScheduleConfig, stage_sizes
 from mugrpo.storage import RetryBudget
 
 
@@ -120,7 +120,7 @@ class GenerationSection(_Section):
         json_schema_extra=OPERATIONAL,
         description="Generation workers per stage: the stage flow launches this many generate jobs at once (N "
         "processes locally, N Kubernetes Jobs, each with its own GPU request); worker w samples shards w, w + N, ... "
-        "(mugrpo.jobs.fanout). Per-shard seeds make the rollouts independent of N with the transformers engine. "
+        "(mugrpo.fanout). Per-shard seeds make the rollouts independent of N with the transformers engine. "
         "Generation is embarrassingly parallel (one frozen behavior policy per stage, Mu-GRPO arXiv 2605.17570), "
         "so N is bounded by the shards of a stage and the GPUs of the pool; AGPO's probes need N = 1.",
     )
@@ -155,7 +155,7 @@ class TrainSection(_Section):
     lr_schedule: str = Field(
         "constant",
         description="After warmup: 'constant', 'cosine' (SGDR, arXiv 1608.03983, to 0 at the last update of the run) "
-        "or 'linear' (to 0), or any multiplier registered in mugrpo.trainer.optim.LR_SCHEDULES.",
+        "or 'linear' (to 0), or any multiplier registered in mugrpo.lr_schedule.LR_SCHEDULES.",
     )
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient-norm clipping threshold.")
     checkpoint_every: int = Field(4, ge=1, description="Updates between checkpoints (and one at the end).")
@@ -190,8 +190,6 @@ class TrainSection(_Section):
     @field_validator("lr_schedule")
     @classmethod
     def _known_lr_schedule(cls, name: str) -> str:
-        from mugrpo.trainer.optim import LR_SCHEDULES
-
         LR_SCHEDULES[name]  # raises UnknownNameError (a ValueError) listing the registered names
         return name
 
@@ -224,7 +222,7 @@ class EvalSection(_Section):
         ge=1,
         json_schema_extra=OPERATIONAL,
         description="Evaluation workers: the benchmarks are split round-robin over this many eval jobs run at once "
-        "(at most one worker per benchmark; mugrpo.jobs.fanout).",
+        "(at most one worker per benchmark; mugrpo.fanout).",
     )
     python: str | None = Field(
         None,
@@ -269,7 +267,7 @@ class OrchestrationSection(_Section):
         "per segment of `segment_stages` consecutive stages keeps the policy, the optimizer, the rollout engine and "
         "the verifier pool loaded and syncs weights in memory, as TRL's and verl's GRPO do: the fair way to run "
         "standard GRPO's many short stages (mu = 4). Both commit the same files; on CPU they give the same rollouts "
-        "and weights (mugrpo.jobs.segment).",
+        "and weights (mugrpo.warm).",
     )
     segment_stages: int = Field(
         16,
@@ -333,8 +331,8 @@ class TrackingSection(_Section):
         return sinks
 
 
-class Config(_Section):
-    """The whole run configuration; saved resolved as ``run.json`` at the run root."""
+class _CoreSections(_Section):
+    """The sections every run has; :data:`Config` adds the algorithms' sections to them."""
 
     run: RunSection = Field(default_factory=RunSection)
     model: ModelSection = Field(default_factory=ModelSection)
@@ -347,12 +345,6 @@ class Config(_Section):
     eval: EvalSection = Field(default_factory=EvalSection)
     orchestration: OrchestrationSection = Field(default_factory=OrchestrationSection, json_schema_extra=OPERATIONAL)
     tracking: TrackingSection = Field(default_factory=TrackingSection, json_schema_extra=OPERATIONAL)
-    replay: ReplayConfig = Field(default_factory=ReplayConfig)
-    agpo: AGPOConfig | None = Field(
-        None,
-        description="AGPO (arXiv 2605.20722): probe each prompt at tau_base and sample it at an adaptive "
-        "temperature; with loss.name=agpo, clip each group at an adaptive eps. None = off.",
-    )
 
     @field_validator("loss")
     @classmethod
@@ -373,29 +365,41 @@ class Config(_Section):
         return generation
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> Config:
-        from mugrpo.schedules import stage_sizes
-
+    def _cross_checks(self) -> _CoreSections:
         if self.train.micro_batch_size > self.train.rollouts_per_update:
             raise ValueError(
                 f"train.micro_batch_size ({self.train.micro_batch_size}) must be <= train.rollouts_per_update "
                 f"({self.train.rollouts_per_update})"
             )
-        check_replay(self.replay, self.train, self.loss)
         _check_eval_interpreter(self.generation, self.eval)
         stage_sizes(self)  # raises ValueError naming the run.stage_schedule field that cannot size a stage
         _check_loss_inputs(self)
-        if self.generation.workers > 1 and self.agpo is not None and self.agpo.probe:
-            raise ValueError(
-                f"generation.workers = {self.generation.workers} with agpo.probe: AGPO's temperature controller steps "
-                "prompt by prompt in shard order, so its probes need generation.workers = 1"
-            )
+        check_sections(sections_of(self), self.algorithm_settings())
         if self.generation.workers > 1 and self.orchestration.execution == "warm":
             raise ValueError(
                 "generation.workers > 1 needs orchestration.execution = cold: a warm segment is one process that "
                 "generates with the trainer's live policy"
             )
         return self
+
+    def schedule_inputs(self) -> ScheduleInputs:
+        """What the stage schedule reads of this config (:func:`mugrpo.schedules.stage_plan`)."""
+        return ScheduleInputs(
+            schedule=self.run.stage_schedule,
+            num_stages=self.run.num_stages,
+            prompts_per_stage=self.generation.prompts_per_stage,
+            updates_per_stage=self.train.updates_per_stage,
+        )
+
+    def algorithm_settings(self) -> Settings:
+        """What the algorithms' checks see of this config (:meth:`mugrpo.algorithms.Algorithm.check`)."""
+        return Settings(
+            scope="run",
+            loss=self.loss,
+            recompute_behavior_logprobs=self.train.recompute_behavior_logprobs,
+            group_minibatches=self.train.group_minibatches,
+            generation_workers=self.generation.workers,
+        )
 
     def to_json_dict(self) -> dict[str, Any]:
         """JSON-safe dict for run.json (storage options that look like credentials are dropped)."""
@@ -404,24 +408,15 @@ class Config(_Section):
         return d
 
 
-def check_replay(replay: ReplayConfig, train: TrainSection, loss: PolicyLossConfig) -> None:
-    """Replay keeps each rollout's stored behavior log-probs and single-row draws (arXiv 2606.04560), so it cannot
-    be combined with recomputed behavior log-probs, truncated IS or whole-group minibatches.
-
-    Raises:
-        ValueError: naming the conflicting field.
-    """
-    if not replay.enabled:
-        return
-    if train.recompute_behavior_logprobs:
-        raise ValueError(
-            "replay.enabled needs train.recompute_behavior_logprobs: false (replayed rollouts keep "
-            "their stored behavior log-probs)"
-        )
-    if loss.tis_cap is not None:
-        raise ValueError("replay.enabled needs loss.tis_cap: null (no trainer behavior log-probs for replayed rows)")
-    if train.group_minibatches:
-        raise ValueError("replay.enabled needs train.group_minibatches: false (the replay unit is one rollout)")
+#: The whole run configuration (saved resolved as ``run.json`` at the run root): the core sections, then one section
+#: per registered algorithm (:func:`mugrpo.algorithms.section_fields`), so an algorithm package brings its own keys.
+Config = create_model(
+    "Config",
+    __base__=_CoreSections,
+    __module__=__name__,
+    __doc__="The whole run configuration; saved resolved as ``run.json`` at the run root.",
+    **section_fields(),
+)
 
 
 def _check_eval_interpreter(generation: GenerationSection, evaluation: EvalSection) -> None:
@@ -439,21 +434,15 @@ def _check_eval_interpreter(generation: GenerationSection, evaluation: EvalSecti
         )
 
 
-def _check_loss_inputs(cfg: Config) -> None:
-    """What the policy loss needs from training and rewards (ConSPO: whole groups, a correctness component).
+def _check_loss_inputs(cfg: _CoreSections) -> None:
+    """What the policy loss needs from training and rewards (e.g. whole groups, a correctness component).
 
     Raises:
         ValueError: naming the config key to set.
     """
-    from mugrpo.losses import check_trainer_settings, loss_requirements
-    from mugrpo.losses.conspo import CORRECTNESS_COMPONENT
+    from mugrpo.losses import CORRECTNESS_COMPONENT, check_trainer_settings, loss_requirements
 
     check_trainer_settings(cfg.loss, group_minibatches=cfg.train.group_minibatches)
-    if cfg.loss.name == "agpo" and (cfg.agpo is None or not cfg.agpo.probe):
-        raise ValueError(
-            "loss.name=agpo clips each group at an eps computed from its probe statistics: add an agpo section "
-            "with agpo.probe=true"
-        )
     needs_labels = loss_requirements(cfg.loss.name).positive_labels
     if needs_labels and cfg.loss.positive_rule == "correctness" and CORRECTNESS_COMPONENT not in cfg.reward.components:
         raise ValueError(

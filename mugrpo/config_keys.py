@@ -57,13 +57,7 @@ def section_model(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def _root() -> type[BaseModel]:
-    from mugrpo.config import Config
-
-    return Config
-
-
-def key_class(key: str, model: type[BaseModel] | None = None) -> str:
+def key_class(key: str, model: type[BaseModel]) -> str:
     """The class of dotted ``key`` (e.g. ``generation.workers``): the nearest class declared on it or a section
     above it, else semantic. A key below a field that is not a section (``run.storage_options.endpoint_url``) takes
     that field's class.
@@ -71,7 +65,7 @@ def key_class(key: str, model: type[BaseModel] | None = None) -> str:
     Raises:
         KeyError: ``key`` names no config key.
     """
-    current: type[BaseModel] | None = model or _root()
+    current: type[BaseModel] | None = model
     cls = SEMANTIC_CLASS
     for i, part in enumerate(key.split(".")):
         if current is None:  # inside a dict-valued field: its entries share its class
@@ -116,13 +110,11 @@ def _show(value: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def config_changes(
-    old: dict[str, Any], new: dict[str, Any], model: type[BaseModel] | None = None
-) -> list[ConfigChange]:
+def config_changes(old: dict[str, Any], new: dict[str, Any], model: type[BaseModel]) -> list[ConfigChange]:
     """Every key whose value differs between two JSON config dicts (``Config.to_json_dict()``), with its class, in
     the order of the config tree. Sections are compared key by key (also an optional section such as ``agpo`` when
     both sides have it); any other value (a list, a dict such as ``run.storage_options``) as a whole."""
-    return list(_changes(old, new, model or _root(), "", SEMANTIC_CLASS))
+    return list(_changes(old, new, model, "", SEMANTIC_CLASS))
 
 
 def _changes(old: Any, new: Any, model: type[BaseModel], prefix: str, inherited: str):

@@ -32,6 +32,8 @@ from typing import Any, Literal
 import fsspec
 from pydantic import BaseModel, Field
 
+from mugrpo.refusals import plural
+
 TRAIN_ROLE = "data.train"
 WEIGHTS_ROLE = "model.weights"
 TOKENIZER_ROLE = "model.tokenizer"
@@ -239,3 +241,24 @@ def run_inputs(cfg: Any, previous: dict[str, InputFingerprint] | None = None) ->
     for fp in model_fingerprints(cfg.model.source, previous):
         out[fp.role] = fp
     return out
+
+
+def changed_inputs_message(run_id: str, uri: str, changed: list[tuple[InputFingerprint, InputFingerprint]]) -> str:
+    by_file: dict[str, list[tuple[InputFingerprint, InputFingerprint]]] = {}
+    for old, new in changed:  # a GGUF file is both the weights and the tokenizer: name it once
+        by_file.setdefault(new.where, []).append((old, new))
+    lines = [f"run {run_id!r} at {uri} cannot continue: {plural(changed, 'input')} changed since the run started:"]
+    for where, pairs in by_file.items():
+        old, new = pairs[0]
+        lines.append(f"  {', '.join(o.role for o, _ in pairs)}: {where}")
+        lines.append(f"    recorded sha256 {old.sha256}" + _size(old))
+        lines.append(f"    current  sha256 {new.sha256}" + _size(new))
+    lines.append(
+        "Nothing was changed. Restore the input as it was when the run started (its sha256 must match the "
+        "recorded one, kept in run.json's inputs), or start a new run with another run.id on the new input."
+    )
+    return "\n".join(lines)
+
+
+def _size(fp: InputFingerprint) -> str:
+    return f" ({sum(f.bytes for f in fp.files)} bytes)" if fp.files else ""

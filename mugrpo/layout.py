@@ -1,4 +1,4 @@
-"""The storage layout of a run: the one place that builds paths (design.md, "Storage layout under the run root").
+"""The storage layout of a run: the one place that builds paths (docs/design.md, "Storage layout under the run root").
 
 Every path here is relative to the store's root URL (see :class:`mugrpo.storage.Store`). Folders use Hive-style
 ``key=value`` names so DuckDB and pyarrow read ``stage`` as a column. No other module formats these paths by hand.
@@ -59,11 +59,6 @@ class RunLayout:
         """The run lease (:mod:`mugrpo.lease`): who may write the run now."""
         return self._p("_lease.json")
 
-    @property
-    def controllers_json(self) -> str:
-        """State of adaptive controllers (AGPO temperature / clip range) that persists across stages."""
-        return self._p("controllers.json")
-
     # per stage
     def policy_dir(self, stage: int) -> str:
         """HF-format model dir: the behavior policy of stage ``stage`` (stage K = final policy)."""
@@ -76,22 +71,24 @@ class RunLayout:
         return self._p("rollouts", f"stage={stage}", f"shard={shard:05d}.parquet")
 
     def train_steps_dir(self, stage: int) -> str:
-        return self._p("train_steps", f"stage={stage}")
+        return self.table_dir("train_steps", stage)
 
     def train_steps_part(self, stage: int, part: int) -> str:
-        return self._p("train_steps", f"stage={stage}", f"part-{part:05d}.parquet")
+        return self.table_part("train_steps", stage, part)
 
-    def replay_dir(self, stage: int) -> str:
-        """The ``replay`` audit table of a stage: which rollout each update used (fresh or replayed)."""
-        return self._p("replay", f"stage={stage}")
+    def table_dir(self, table: str, stage: int) -> str:
+        """The folder of a table the trainer writes in parts per stage: ``train_steps``, or an algorithm's audit
+        table (e.g. ``replay``: which rollout each update used)."""
+        return self._p(table, f"stage={stage}")
 
-    def replay_part(self, stage: int, part: int) -> str:
+    def table_part(self, table: str, stage: int, part: int) -> str:
         """Rows of the updates up to stage update ``part``, written with that update's checkpoint."""
-        return self._p("replay", f"stage={stage}", f"part-{part:05d}.parquet")
+        return self._p(table, f"stage={stage}", f"part-{part:05d}.parquet")
 
-    def replay_buffer(self, stage: int) -> str:
-        """The replay buffer's state after the last update of ``stage`` (written at the stage's train commit)."""
-        return self._p("replay_buffer", f"stage={stage}", "buffer.parquet")
+    def stage_state(self, name: str, stage: int, file: str) -> str:
+        """State file ``file`` of algorithm ``name`` after the last update of ``stage`` (written at the stage's
+        train commit, listed in its job manifest), e.g. ``replay_buffer/stage=k/buffer.parquet``."""
+        return self._p(name, f"stage={stage}", file)
 
     def checkpoints_dir(self, stage: int) -> str:
         return self._p("checkpoints", f"stage={stage}")

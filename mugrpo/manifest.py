@@ -1,10 +1,12 @@
-"""Stage manifests: written last, the commit point of a stage; reading through one verifies every file."""
+"""Commit points of a run: stage manifests (written last, the commit point of a stage; reading through one verifies
+every file), job manifests (the commit point of a job), and which checkpoints of a stage are committed (a
+checkpoint folder is committed once its ``_COMPLETE`` marker is written)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from mugrpo.layout import RunLayout
+from mugrpo.layout import RunLayout, parse_checkpoint_step
 from mugrpo.lease import check_fence
 from mugrpo.storage import ChecksumError, Store
 from mugrpo.version import code_version
@@ -72,6 +74,8 @@ def new_manifest(run_id: str, stage: int, files: list[FileRecord], **fields) -> 
 
 __all__ = [
     "ChecksumError",
+    "checkpoint_steps",
+    "latest_checkpoint",
     "new_manifest",
     "read_job_manifest",
     "read_manifest",
@@ -79,3 +83,20 @@ __all__ = [
     "write_job_manifest",
     "write_manifest",
 ]
+
+
+def checkpoint_steps(store: Store, layout: RunLayout, stage: int, *, complete: bool = True) -> list[int]:
+    """Sorted stage updates of the checkpoints of ``stage`` that are committed (or, with complete=False, not)."""
+    folder = layout.checkpoints_dir(stage)
+    steps = []
+    for name in store.listdir(folder):
+        step = parse_checkpoint_step(name)
+        if step is not None and store.is_complete_dir(layout.checkpoint_dir(stage, step)) == complete:
+            steps.append(step)
+    return sorted(steps)
+
+
+def latest_checkpoint(store: Store, layout: RunLayout, stage: int) -> int | None:
+    """The stage update of the latest committed checkpoint of ``stage``, or None."""
+    steps = checkpoint_steps(store, layout, stage)
+    return steps[-1] if steps else None

@@ -1,4 +1,4 @@
-"""Job progress that reads well in a terminal and in a log.
+"""Job output that reads well in a terminal and in a log: the jobs' console and their progress bars.
 
 In a terminal, a rich progress bar. Anywhere else (a job's output piped into Prefect's logs, a Kubernetes pod log, a
 file) a bar would be redrawn as hundreds of frames, so :class:`PlainProgress` prints a few plain lines instead: at
@@ -16,6 +16,9 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+#: The console every job prints its log lines to (stderr; lines are not cut at 80 columns when piped).
+console = Console(stderr=True, soft_wrap=True)
 
 
 def quiet_library_bars(stream=None) -> bool:

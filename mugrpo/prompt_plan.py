@@ -27,10 +27,16 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from mugrpo.fingerprint import TRAIN_ROLE, InputFingerprint, dataset_fingerprint
+from mugrpo.fingerprint import (
+    TRAIN_ROLE,
+    InputFingerprint,
+    changed_inputs_message,
+    dataset_fingerprint,
+    problems_digest,
+)
 from mugrpo.layout import RunLayout
 from mugrpo.lease import check_fence
-from mugrpo.resume import InputChangedError, changed_inputs_message
+from mugrpo.refusals import InputChangedError
 from mugrpo.storage import Store
 from mugrpo.version import code_version
 
@@ -125,7 +131,6 @@ def stage_prompts(store: Store, spec: Any, problems: list, select: Callable[...,
     changed = _training_set_changed(store, spec)
     if changed is not None:
         raise PlanError(changed)
-    from mugrpo.fingerprint import problems_digest
 
     chosen = select(problems, spec.seed, spec.prompt_start, spec.num_prompts)
     plan = PromptPlan(

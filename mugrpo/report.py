@@ -149,89 +149,101 @@ def _table(headers: list[str], rows: list[list]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def render(data: ReportData) -> str:
-    """The report's HTML for collected data."""
+@dataclass
+class _Axes:
+    """What the table and the plots of a report share: per-stage timings, benchmarks, accuracies, the policies
+    evaluated, each policy's wall clock and optimizer updates."""
+
+    timing: dict[int, dict]
+    benches: list[str]
+    acc: dict[tuple[int, str], dict]
+    policies: list[int]
+    clock: dict[int, float]
+    updates: dict[int, int]
+    per_stage_updates: float
+
+    def policy_updates(self, k: int) -> float:
+        return self.updates.get(k, k * self.per_stage_updates)
+
+
+def _axes(data: ReportData) -> _Axes:
     timing = {s["stage"]: s for s in data.stages}
-    benches = sorted({e["benchmark"] for e in data.evals})
-    acc = {(e["stage"], e["benchmark"]): e for e in data.evals}
-    policies = sorted({e["stage"] for e in data.evals} | set(timing))
     # Cumulative wall clock: the policy of stage k exists once stages 0..k-1 are done.
     clock, t = {}, 0.0
     for k in sorted(timing):
         clock[k] = t
         t += timing[k]["t_total"] or 0.0
     clock.setdefault(max(timing) + 1 if timing else 0, t)
-    updates = {r["stage"]: r["policy_version"] for r in data.rollouts_by_stage}
-    per_stage_updates = (max(s["update"] for s in data.steps) / max(len(timing), 1)) if data.steps else 0
+    return _Axes(
+        timing=timing,
+        benches=sorted({e["benchmark"] for e in data.evals}),
+        acc={(e["stage"], e["benchmark"]): e for e in data.evals},
+        policies=sorted({e["stage"] for e in data.evals} | set(timing)),
+        clock=clock,
+        updates={r["stage"]: r["policy_version"] for r in data.rollouts_by_stage},
+        per_stage_updates=(max(s["update"] for s in data.steps) / max(len(timing), 1)) if data.steps else 0,
+    )
 
-    def policy_updates(k: int) -> float:
-        return updates.get(k, k * per_stage_updates)
 
-    table1 = []
-    for k in policies:
-        tm = timing.get(k, {})
-        row = [f"stage {k}" if k in timing else f"final (policy {k})"]
-        for b in benches:
-            e = acc.get((k, b))
+def _stage_table(ax: _Axes) -> str:
+    """Mu-GRPO's Table 1: accuracy per benchmark and timings of each stage's policy."""
+    rows = []
+    for k in ax.policies:
+        tm = ax.timing.get(k, {})
+        row = [f"stage {k}" if k in ax.timing else f"final (policy {k})"]
+        for b in ax.benches:
+            e = ax.acc.get((k, b))
             row.append(e["avg_at_k"] if e else "-")
         row += [tm.get("t_gen", "-"), tm.get("t_train", "-"), tm.get("t_switch", "-"), tm.get("t_total", "-")]
-        table1.append(row)
-    head1 = ["policy"] + [f"{b} avg@k" for b in benches] + ["T_gen s", "T_train s", "T_switch s", "T_total s"]
+        rows.append(row)
+    head = ["policy"] + [f"{b} avg@k" for b in ax.benches] + ["T_gen s", "T_train s", "T_switch s", "T_total s"]
+    return _table(head, rows)
 
-    rs = data.rollouts_by_stage
-    plots = [
+
+def _accuracy_series(ax: _Axes, x) -> list:
+    return [
+        (
+            b,
+            [x(k) for k in ax.policies if (k, b) in ax.acc],
+            [ax.acc[(k, b)]["avg_at_k"] for k in ax.policies if (k, b) in ax.acc],
+        )
+        for b in ax.benches
+    ]
+
+
+def _plots(data: ReportData, ax: _Axes) -> list[str]:
+    """Reward and accuracy against wall clock and updates, E[ratio | A<0], the veto fraction, response lengths."""
+    rs, steps = data.rollouts_by_stage, data.steps
+    updates = [s["update"] for s in steps]
+    return [
         _plot(
             "Training reward vs wall clock",
-            [("mean reward", [clock.get(r["stage"], 0) for r in rs], [r["mean_reward"] for r in rs])],
+            [("mean reward", [ax.clock.get(r["stage"], 0) for r in rs], [r["mean_reward"] for r in rs])],
             "seconds",
             "reward",
         ),
         _plot(
             "Training reward vs updates",
             [
-                ("rollouts (per stage)", [policy_updates(r["stage"]) for r in rs], [r["mean_reward"] for r in rs]),
-                ("minibatch", [s["update"] for s in data.steps], [s["mean_reward"] for s in data.steps]),
+                ("rollouts (per stage)", [ax.policy_updates(r["stage"]) for r in rs], [r["mean_reward"] for r in rs]),
+                ("minibatch", updates, [s["mean_reward"] for s in steps]),
             ],
             "optimizer updates",
             "reward",
         ),
-        _plot(
-            "Accuracy vs wall clock",
-            [
-                (
-                    b,
-                    [clock.get(k, 0) for k in policies if (k, b) in acc],
-                    [acc[(k, b)]["avg_at_k"] for k in policies if (k, b) in acc],
-                )
-                for b in benches
-            ],
-            "seconds",
-            "avg@k",
-        ),
-        _plot(
-            "Accuracy vs updates",
-            [
-                (
-                    b,
-                    [policy_updates(k) for k in policies if (k, b) in acc],
-                    [acc[(k, b)]["avg_at_k"] for k in policies if (k, b) in acc],
-                )
-                for b in benches
-            ],
-            "optimizer updates",
-            "avg@k",
-        ),
+        _plot("Accuracy vs wall clock", _accuracy_series(ax, lambda k: ax.clock.get(k, 0)), "seconds", "avg@k"),
+        _plot("Accuracy vs updates", _accuracy_series(ax, ax.policy_updates), "optimizer updates", "avg@k"),
         _plot(
             "E[ratio | A<0] vs updates",
-            [("E[ratio | A<0]", [s["update"] for s in data.steps], [s["ratio_mean_neg_adv"] for s in data.steps])],
+            [("E[ratio | A<0]", updates, [s["ratio_mean_neg_adv"] for s in steps])],
             "optimizer updates",
             "ratio",
         ),
         _plot(
             "Veto fraction vs updates",
             [
-                ("tokens", [s["update"] for s in data.steps], [s["veto_token_frac"] for s in data.steps]),
-                ("responses", [s["update"] for s in data.steps], [s["veto_response_frac"] for s in data.steps]),
+                ("tokens", updates, [s["veto_token_frac"] for s in steps]),
+                ("responses", updates, [s["veto_response_frac"] for s in steps]),
             ],
             "optimizer updates",
             "fraction vetoed",
@@ -246,36 +258,29 @@ def render(data: ReportData) -> str:
             "tokens",
         ),
     ]
+
+
+#: Columns of the rollouts table (header, rollouts_by_stage key).
+_LENGTH_COLUMNS = [
+    ("stage", "stage"),
+    ("rollouts", "rollouts"),
+    ("mean reward", "mean_reward"),
+    ("boxed rate", "boxed_rate"),
+    ("accuracy", "accuracy"),
+    ("mean len", "mean_len"),
+    ("p50", "p50_len"),
+    ("p90", "p90_len"),
+    ("max", "max_len"),
+    ("truncated", "truncated"),
+    ("zero-var groups", "zero_var_frac"),
+]
+
+
+def render(data: ReportData) -> str:
+    """The report's HTML for collected data."""
+    ax = _axes(data)
     lengths = _table(
-        [
-            "stage",
-            "rollouts",
-            "mean reward",
-            "boxed rate",
-            "accuracy",
-            "mean len",
-            "p50",
-            "p90",
-            "max",
-            "truncated",
-            "zero-var groups",
-        ],
-        [
-            [
-                r["stage"],
-                r["rollouts"],
-                r["mean_reward"],
-                r["boxed_rate"],
-                r["accuracy"],
-                r["mean_len"],
-                r["p50_len"],
-                r["p90_len"],
-                r["max_len"],
-                r["truncated"],
-                r["zero_var_frac"],
-            ]
-            for r in rs
-        ],
+        [h for h, _ in _LENGTH_COLUMNS], [[r[k] for _, k in _LENGTH_COLUMNS] for r in data.rollouts_by_stage]
     )
     files = "".join(f"<li><code>{html.escape(f)}</code></li>" for f in data.files)
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -288,9 +293,9 @@ report generated {now}.</p>
 <h2>Per-stage summary (Mu-GRPO Table 1 style)</h2>
 <p>Accuracy (avg@k) of the behavior policy of each stage and of the final policy; T_gen is the generation wall
 time (the paper's T_roll), T_switch the job start, engine start and weight-load overhead inside all the jobs.</p>
-{_table(head1, table1)}
+{_stage_table(ax)}
 <h2>Plots</h2>
-<div class="plots">{"".join(plots)}</div>
+<div class="plots">{"".join(_plots(data, ax))}</div>
 <h2>Rollouts and response lengths</h2>
 {lengths}
 <h2>Parquet files</h2>

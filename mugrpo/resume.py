@@ -22,27 +22,20 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from mugrpo.config import Config, apply_overrides, config_from_dict
 from mugrpo.config_keys import ConfigChange, config_changes, format_changes
-from mugrpo.fingerprint import InputFingerprint, run_inputs
+from mugrpo.fingerprint import InputFingerprint, changed_inputs_message, run_inputs
 from mugrpo.layout import RunLayout
-from mugrpo.storage import ChecksumError, Store
+from mugrpo.refusals import InputChangedError as InputChangedError  # re-exported: callers catch it from here
+from mugrpo.refusals import RunRefused as RunRefused
+from mugrpo.refusals import plural as _n
+from mugrpo.storage import Store
 from mugrpo.version import code_version
-
-
-class RunRefused(RuntimeError):
-    """A run cannot start or continue as asked. The message is one block naming what differs and the way out;
-    nothing was written. The command line prints it once and exits 2."""
 
 
 class ConfigMismatchError(RunRefused):
     """A run id already exists with a config that differs in a semantic key; the message lists the changed keys
     by class."""
-
-
-class InputChangedError(RunRefused, ChecksumError):
-    """An input of the run (training set, eval set, initial weights, tokenizer) differs from its fingerprint in
-    run.json, or is gone; the message names the file, both sha256 and the way out. A job that meets one exits 2
-    without retries (:func:`mugrpo.jobs.common.refuse_untrusted` treats it as a tampered input)."""
 
 
 @dataclass
@@ -72,7 +65,6 @@ def stored_config(store: Store, run_id: str) -> dict[str, Any]:
     Raises:
         mugrpo.config.ConfigError: the stored config no longer validates (a key was removed); names key and file.
     """
-    from mugrpo.config import config_from_dict
 
     rel = RunLayout(run_id).run_json
     return config_from_dict(store.read_json(rel)["config"], source=store.uri(rel)).to_json_dict()
@@ -91,7 +83,7 @@ def check_resume(store: Store, cfg: Any) -> ResumeCheck:
     if not store.exists(layout.run_json):
         return ResumeCheck(doc=None, inputs=_fingerprints(cfg, {}, uri, starting=True))
     doc = store.read_json(layout.run_json)
-    changes = config_changes(stored_config(store, cfg.run.id), cfg.to_json_dict())
+    changes = config_changes(stored_config(store, cfg.run.id), cfg.to_json_dict(), Config)
     semantic = [c for c in changes if c.semantic]
     if semantic:
         raise ConfigMismatchError(
@@ -115,10 +107,6 @@ def check_resume(store: Store, cfg: Any) -> ResumeCheck:
     )
 
 
-def _n(items: list, noun: str) -> str:
-    return f"{len(items)} {noun}{'' if len(items) == 1 else 's'}"
-
-
 def _fingerprints(cfg: Any, recorded: dict[str, InputFingerprint], uri: str, *, starting: bool):
     try:
         return run_inputs(cfg, recorded)
@@ -130,27 +118,6 @@ def _fingerprints(cfg: Any, recorded: dict[str, InputFingerprint], uri: str, *, 
             "Nothing was changed. Restore it where the run's config names it (run.json holds its recorded "
             "sha256), or start a new run with another run.id."
         ) from None
-
-
-def changed_inputs_message(run_id: str, uri: str, changed: list[tuple[InputFingerprint, InputFingerprint]]) -> str:
-    by_file: dict[str, list[tuple[InputFingerprint, InputFingerprint]]] = {}
-    for old, new in changed:  # a GGUF file is both the weights and the tokenizer: name it once
-        by_file.setdefault(new.where, []).append((old, new))
-    lines = [f"run {run_id!r} at {uri} cannot continue: {_n(changed, 'input')} changed since the run started:"]
-    for where, pairs in by_file.items():
-        old, new = pairs[0]
-        lines.append(f"  {', '.join(o.role for o, _ in pairs)}: {where}")
-        lines.append(f"    recorded sha256 {old.sha256}" + _size(old))
-        lines.append(f"    current  sha256 {new.sha256}" + _size(new))
-    lines.append(
-        "Nothing was changed. Restore the input as it was when the run started (its sha256 must match the "
-        "recorded one, kept in run.json's inputs), or start a new run with another run.id on the new input."
-    )
-    return "\n".join(lines)
-
-
-def _size(fp: InputFingerprint) -> str:
-    return f" ({sum(f.bytes for f in fp.files)} bytes)" if fp.files else ""
 
 
 def record_resume(store: Store, cfg: Any, check: ResumeCheck) -> dict[str, Any]:
@@ -190,13 +157,12 @@ def resume_config(stored: Any, overrides: list[str], uri: str) -> Any:
         mugrpo.config.ConfigError: an override is malformed, names no key or gives an invalid value.
         ConfigMismatchError: an override changes a semantic key (the message lists every override by class).
     """
-    from mugrpo.config import apply_overrides, config_from_dict
 
     if not overrides:
         return stored
     data = apply_overrides(stored.model_dump(mode="json"), list(overrides))
     new = config_from_dict(data, source=f"{uri}/run.json", overrides=list(overrides))
-    changes = config_changes(stored.to_json_dict(), new.to_json_dict())
+    changes = config_changes(stored.to_json_dict(), new.to_json_dict(), Config)
     semantic = [c for c in changes if c.semantic]
     if semantic:
         raise ConfigMismatchError(

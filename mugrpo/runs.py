@@ -90,7 +90,7 @@ def publishes_policy(cfg: Config, stage: int) -> bool:
 
 
 def behavior_policy_dir(store: Store, cfg: Config, stage: int) -> str:
-    """Store path of the behavior policy of stage ``stage`` (a folder :func:`mugrpo.jobs.common.local_policy_dir`
+    """Store path of the behavior policy of stage ``stage`` (a folder :func:`mugrpo.policies.local_policy_dir`
     reads): ``policies/stage={stage}`` when published, else the final checkpoint of the stage before (a
     ``checkpoints/stage=j/step=n`` folder holding the policy in ``model/``), going back over stages that made no
     update (their policy is their behavior policy).
@@ -98,7 +98,7 @@ def behavior_policy_dir(store: Store, cfg: Config, stage: int) -> str:
     Raises:
         FileNotFoundError: neither exists (the previous stage has not committed its training).
     """
-    from mugrpo.trainer.checkpoint import latest_checkpoint
+    from mugrpo.manifest import latest_checkpoint
 
     layout = RunLayout(cfg.run.id)
     for k in range(stage, -1, -1):
@@ -126,8 +126,8 @@ def build_job_specs(cfg: Config, stage: int, *, with_eval: bool | None = None) -
     The behavior policy is resolved with :func:`behavior_policy_dir`, so stage ``stage - 1`` must have committed
     its training.
     """
-    from mugrpo.jobs.eval import EvalSpec
-    from mugrpo.jobs.generate import GenerateSpec
+    from mugrpo.evaluation import EvalSpec
+    from mugrpo.generation import GenerateSpec
     from mugrpo.trainer.spec import TrainSpec
 
     store = open_store(cfg)
@@ -158,7 +158,7 @@ def write_job_specs(cfg: Config, stage: int, *, with_eval: bool | None = None) -
 
 def write_final_eval_spec(cfg: Config) -> str | None:
     """Spec of the evaluation of the final policy (stage K); None when no benchmark is configured."""
-    from mugrpo.jobs.eval import EvalSpec
+    from mugrpo.evaluation import EvalSpec
 
     if not cfg.eval.benchmarks:
         return None
@@ -213,8 +213,8 @@ def prune_stage_checkpoints(store: Store, cfg: Config, stage: int) -> list[str]:
     """Once stage ``stage`` has committed, delete the checkpoints of earlier stages except the one that holds the
     behavior policy of stage ``stage + 1`` (checkpoints carry the resume; published policies stay). Returns the
     deleted folders. Markers go first, so an interrupted deletion leaves folders that nothing reads."""
+    from mugrpo.manifest import checkpoint_steps
     from mugrpo.storage import COMPLETE_MARKER
-    from mugrpo.trainer.checkpoint import checkpoint_steps
 
     layout = RunLayout(cfg.run.id)
     keep = behavior_policy_dir(store, cfg, stage + 1) if stage + 1 <= cfg.run.num_stages else None

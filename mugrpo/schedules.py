@@ -10,21 +10,19 @@ from it here, in one place, by :func:`stage_plan` and :func:`total_updates`.
 - ``per_stage``: explicit lists ``run.stage_schedule.prompts`` and ``run.stage_schedule.updates``, one entry per
   stage (an empty list falls back to the constant value). Use it for staleness ablations, e.g. a large first stage.
 
-Add a schedule with ``@STAGE_SCHEDULES.register("name")`` on ``fn(config, stage) -> StageSize``.
+Add a schedule with ``@STAGE_SCHEDULES.register("name")`` on ``fn(inputs, stage) -> StageSize``; it reads the
+run's :class:`ScheduleInputs`, which the run config gives (:meth:`mugrpo.config.Config.schedule_inputs`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from mugrpo.registry import Registry
-
-if TYPE_CHECKING:
-    from mugrpo.config import Config
 
 
 class StageScheduleConfig(BaseModel):
@@ -74,31 +72,54 @@ class StagePlan:
     updates: int
 
 
-StageScheduleFn = Callable[["Config", int], StageSize]
-"""``fn(config, stage) -> StageSize``; must raise ValueError naming the config field when it cannot size a stage."""
+@dataclass(frozen=True)
+class ScheduleInputs:
+    """What a stage schedule reads of a run config.
+
+    Attributes:
+        schedule: ``run.stage_schedule``.
+        num_stages: ``run.num_stages``.
+        prompts_per_stage: ``generation.prompts_per_stage``.
+        updates_per_stage: ``train.updates_per_stage``.
+    """
+
+    schedule: StageScheduleConfig
+    num_stages: int
+    prompts_per_stage: int
+    updates_per_stage: int
+
+
+class Scheduled(Protocol):
+    """A run config, as far as the stage plan needs it (:class:`mugrpo.config.Config` is one)."""
+
+    def schedule_inputs(self) -> ScheduleInputs: ...
+
+
+StageScheduleFn = Callable[[ScheduleInputs, int], StageSize]
+"""``fn(inputs, stage) -> StageSize``; must raise ValueError naming the config field when it cannot size a stage."""
 
 STAGE_SCHEDULES: Registry[StageScheduleFn] = Registry("stage schedule")
 """Stage schedules by ``run.stage_schedule.name``."""
 
 
 @STAGE_SCHEDULES.register("constant")
-def constant_schedule(cfg: Config, stage: int) -> StageSize:
+def constant_schedule(inputs: ScheduleInputs, stage: int) -> StageSize:
     """Every stage the same size (Mu-GRPO, arXiv 2605.17570: K stages x mu updates)."""
-    return StageSize(cfg.generation.prompts_per_stage, cfg.train.updates_per_stage)
+    return StageSize(inputs.prompts_per_stage, inputs.updates_per_stage)
 
 
 @STAGE_SCHEDULES.register("per_stage")
-def per_stage_schedule(cfg: Config, stage: int) -> StageSize:
+def per_stage_schedule(inputs: ScheduleInputs, stage: int) -> StageSize:
     """Sizes from ``run.stage_schedule.prompts`` / ``.updates``, one entry per stage.
 
     Raises:
         ValueError: a list is non-empty but its length is not ``run.num_stages``, or an entry is < 1.
     """
-    sched, k = cfg.run.stage_schedule, cfg.run.num_stages
+    sched, k = inputs.schedule, inputs.num_stages
     sizes = []
     for field, values, default in (
-        ("prompts", sched.prompts, cfg.generation.prompts_per_stage),
-        ("updates", sched.updates, cfg.train.updates_per_stage),
+        ("prompts", sched.prompts, inputs.prompts_per_stage),
+        ("updates", sched.updates, inputs.updates_per_stage),
     ):
         if values and len(values) != k:
             raise ValueError(
@@ -110,18 +131,19 @@ def per_stage_schedule(cfg: Config, stage: int) -> StageSize:
     return StageSize(*sizes)
 
 
-def stage_sizes(cfg: Config) -> list[StageSize]:
+def stage_sizes(cfg: Scheduled) -> list[StageSize]:
     """The size of every stage of ``cfg`` (length ``run.num_stages``).
 
     Raises:
         UnknownNameError: ``run.stage_schedule.name`` is not registered.
         ValueError: the schedule cannot size a stage (the message names the config field).
     """
-    fn = STAGE_SCHEDULES[cfg.run.stage_schedule.name]
-    return [fn(cfg, k) for k in range(cfg.run.num_stages)]
+    inputs = cfg.schedule_inputs()
+    fn = STAGE_SCHEDULES[inputs.schedule.name]
+    return [fn(inputs, k) for k in range(inputs.num_stages)]
 
 
-def stage_plan(cfg: Config, stage: int) -> StagePlan:
+def stage_plan(cfg: Scheduled, stage: int) -> StagePlan:
     """Stage ``stage`` of ``cfg``: its prompt range, behavior-policy version and update count.
 
     ``stage`` may be ``run.num_stages`` (the final evaluation's policy): then ``num_prompts`` and ``updates`` are 0
@@ -144,6 +166,6 @@ def stage_plan(cfg: Config, stage: int) -> StagePlan:
     )
 
 
-def total_updates(cfg: Config) -> int:
+def total_updates(cfg: Scheduled) -> int:
     """Optimizer updates of the whole run (the horizon of the LR schedule)."""
     return sum(s.updates for s in stage_sizes(cfg))

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import io
+import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mugrpo.storage import Store
+from mugrpo.layout import RunLayout
+from mugrpo.storage import Store, sha256_bytes
 from schemas import META_TABLE, META_VERSION, OLDER_DEFAULTS, OLDER_SCHEMAS, SCHEMA_VERSIONS, TABLES, FileRecord
 
 
 class SchemaError(ValueError):
     """A Parquet file does not carry the expected mugrpo table, schema or version."""
+
+
+class RolloutDataError(ValueError):
+    """The committed rollouts cannot be trained on (missing manifest, bad row, nothing left to train on)."""
 
 
 def _stamp(table: pa.Table, name: str) -> pa.Table:
@@ -106,3 +112,46 @@ def read_table(store: Store, rel: str, name: str, *, expected_sha256: str | None
         table = table.append_column(missing, column)
     table = table.select(TABLES[name].names)
     return table
+
+
+# Tables written in parts per stage (``train_steps``, an algorithm's audit table such as ``replay``): the rows of
+# updates (n_prev, n] go to ``{table}/stage=k/part-{n:05d}.parquet`` just before the checkpoint of update n is
+# committed. A resume deletes the parts after its checkpoint and rewrites them, so no row is ever duplicated.
+
+
+def write_part(store: Store, layout: RunLayout, table: str, stage: int, part: int, rows: list[dict]) -> FileRecord:
+    """Write ``rows`` as part ``part`` (the stage update of the checkpoint it belongs to) of ``table``, atomically."""
+    rel = layout.table_part(table, stage, part)
+    return write_table(store, rel, table_from_rows(rows, table), table, run_rel=layout.rel(rel))
+
+
+def part_numbers(store: Store, layout: RunLayout, table: str, stage: int) -> list[int]:
+    """Sorted part numbers present under ``{table}/stage=k``."""
+    parts = []
+    for name in store.listdir(layout.table_dir(table, stage)):
+        m = re.fullmatch(r"part-(\d{5,})\.parquet", name)
+        if m:
+            parts.append(int(m.group(1)))
+    return sorted(parts)
+
+
+def delete_parts_after(store: Store, layout: RunLayout, table: str, stage: int, step: int) -> list[int]:
+    """Delete the parts of ``table`` of updates after ``step`` (left by a run killed before their checkpoint
+    committed); returns their numbers."""
+    doomed = [p for p in part_numbers(store, layout, table, stage) if p > step]
+    for part in doomed:
+        store.delete(layout.table_part(table, stage, part))
+    return doomed
+
+
+def read_parts(store: Store, layout: RunLayout, table: str, stage: int) -> tuple[list[pa.Table], list[FileRecord]]:
+    """Every part of ``table`` of a stage, in part order, each verified as that table, with a FileRecord (sha256)."""
+    tables, records = [], []
+    for part in part_numbers(store, layout, table, stage):
+        rel = layout.table_part(table, stage, part)
+        data = store.read_bytes(rel)
+        digest = sha256_bytes(data)
+        t = read_table(store, rel, table, expected_sha256=digest)
+        tables.append(t)
+        records.append(FileRecord(path=layout.rel(rel), sha256=digest, bytes=len(data), rows=t.num_rows))
+    return tables, records

@@ -1,4 +1,4 @@
-"""The stage manifest: written last, it is the commit point of a stage (design.md, "Storage layout")."""
+"""The stage manifest: written last, it is the commit point of a stage (docs/design.md, "Commits")."""
 
 from __future__ import annotations
 

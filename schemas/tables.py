@@ -1,4 +1,4 @@
-"""Arrow schemas for the rollout, train-step and eval tables (design.md, "Rollout row")."""
+"""Arrow schemas for the rollout, train-step and eval tables (docs/design.md, "The rollout row")."""
 
 from __future__ import annotations
 

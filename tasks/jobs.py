@@ -12,7 +12,7 @@ fixed by running the same job again (:func:`is_transient`): an exit code in
 :data:`~tasks.launchers.NON_RETRYABLE_EXIT_CODES` (a usage or spec error) or an error raised before any job
 started. Retrying is cheap because every job resumes from what it committed to object storage.
 
-No result is persisted and nothing is cached: object storage, not Prefect, decides what is done (design.md).
+No result is persisted and nothing is cached: object storage, not Prefect, decides what is done (docs/design.md).
 """
 
 from __future__ import annotations

@@ -295,17 +295,18 @@ async def ensure_job(
     return name
 
 
-async def ensure_service(api: Any, manifest: dict, retry: ApiRetry, on_line: LineSink) -> None:
+async def ensure_service(
+    api: Any, manifest: dict, service_for: Callable[[str | None], dict], retry: ApiRetry, on_line: LineSink
+) -> None:
     """Create the headless rendezvous Service of the multi-node Job ``manifest`` (already created or re-attached:
     the Service is owned by it, so it goes when the Job goes); one that exists already (409) is kept.
+    ``service_for(job_uid)`` builds the Service's manifest (:func:`tasks.kubernetes.build_rendezvous_service`).
 
     Raises:
         JobLaunchError: the API refused the Service or kept failing.
     """
     from kubernetes_asyncio.client import BatchV1Api, CoreV1Api
     from kubernetes_asyncio.client.exceptions import ApiException
-
-    from tasks.kubernetes import build_rendezvous_service
 
     meta = manifest["metadata"]
     namespace, name = meta["namespace"], meta["name"]
@@ -314,7 +315,7 @@ async def ensure_service(api: Any, manifest: dict, retry: ApiRetry, on_line: Lin
         f"read Job {namespace}/{name}",
         lambda: fetch(batch.read_namespaced_job(name, namespace, _preload_content=False)),
     )
-    service = build_rendezvous_service(manifest, owner_uid=job["metadata"].get("uid"))
+    service = service_for(job["metadata"].get("uid"))
 
     async def create() -> Any:
         try:

@@ -22,6 +22,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tasks.k8s_watch import (
+    CONTAINER,
+    TEMPLATE_HASH_ANNOTATION,
+    ApiRetry,
+    JobWatch,
+    WatchSettings,
+    delete_job,
+    ensure_job,
+    ensure_service,
+)
 from tasks.launchers import JobLaunchError, JobRequest, Launcher, LaunchOutcome, LineSink, register_launcher
 
 #: Environment variable holding a JSON object of :class:`KubernetesJobSettings` fields (set on the flow's pod).
@@ -389,8 +399,6 @@ def build_job_manifest(request: JobRequest, settings: KubernetesJobSettings, nam
     Raises:
         ValueError: no image for the job kind, or a malformed resource quantity.
     """
-    from tasks.k8s_watch import CONTAINER, TEMPLATE_HASH_ANNOTATION
-
     kind = request.kind
     name = name or job_name(request)
     gpus = settings.gpus_for(kind)
@@ -569,8 +577,6 @@ class KubernetesLauncher(Launcher):
             raise
 
     def _timing(self) -> Any:
-        from tasks.k8s_watch import WatchSettings
-
         s = self.settings
         return WatchSettings(
             poll_interval_s=s.poll_interval_s,
@@ -581,21 +587,18 @@ class KubernetesLauncher(Launcher):
         )
 
     def _retry(self, request: JobRequest, on_line: LineSink) -> Any:
-        from tasks.k8s_watch import ApiRetry
-
         s = self.settings
         return ApiRetry(window_s=s.api_retry_window_s, max_s=s.api_backoff_max_s, kind=request.kind, on_line=on_line)
 
     async def _launch(self, request: JobRequest, manifest: dict, on_line: LineSink, attached: dict) -> LaunchOutcome:
-        from tasks.k8s_watch import JobWatch, ensure_job, ensure_service
-
         timing, retry = self._timing(), self._retry(request, on_line)
         selector = f"{SPEC_LABEL}={manifest['metadata']['labels'][SPEC_LABEL]}"
         async with await api_client() as api:
             attached["name"] = await ensure_job(api, manifest, selector, retry, timing, on_line)
             if manifest["spec"].get("completionMode") == "Indexed":  # multi-node: the rendezvous DNS
+                named = {**manifest, "metadata": {**manifest["metadata"], "name": attached["name"]}}
                 await ensure_service(
-                    api, {**manifest, "metadata": {**manifest["metadata"], "name": attached["name"]}}, retry, on_line
+                    api, named, lambda uid: build_rendezvous_service(named, owner_uid=uid), retry, on_line
                 )
             watch = JobWatch(
                 api=api,
@@ -615,8 +618,6 @@ class KubernetesLauncher(Launcher):
                     task.cancel()
 
     async def _delete(self, request: JobRequest, name: str, on_line: LineSink) -> None:
-        from tasks.k8s_watch import ApiRetry, delete_job
-
         retry = ApiRetry(window_s=10.0, max_s=2.0, kind=request.kind, on_line=on_line)
         async with await api_client() as api:
             try:

@@ -1,7 +1,7 @@
 """Launchers: start one job (a process with a CLI entry point), stream its output lines, wait for it, report.
 
 A job is ``python -m mugrpo.jobs.{kind} SPEC_URL``: it imports no Prefect and talks only through files in object
-storage (design.md). A launcher decides *where* the process runs:
+storage (docs/design.md). A launcher decides *where* the process runs:
 
 - ``subprocess``: a child process of the flow, in its own session (process group); on timeout, cancellation or
   death of the flow process the whole group is killed, so a resumed run never races a stale job.
@@ -407,8 +407,3 @@ class SubprocessLauncher(Launcher):
             self._drain(lines, on_line, wait_s=0.1)
         _signal_group(proc.pid, signal.SIGKILL)
         proc.wait()
-
-
-# The kubernetes launcher lives in its own module; importing it registers it (it imports this module's names, all
-# defined by now).
-from tasks import kubernetes as _kubernetes  # noqa: E402, F401

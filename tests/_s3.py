@@ -15,7 +15,7 @@ def moto_server():
 
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-    # Region via the environment: client_kwargs={"region_name": ...} breaks bucket creation with s3fs (design.md).
+    # Region via the environment: client_kwargs={"region_name": ...} breaks bucket creation with s3fs (docs/design.md).
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()

@@ -1,4 +1,17 @@
-"""Shared fixtures: policies on disk.
+"""Test tiers and shared fixtures.
+
+Tiers (README, "Tests"): a test's tier is the folder it sits in, set as a marker on each test here:
+
+- ``tests/unit``: in-process tests of one module (hand-computed math, configs, schemas, the tiny policy in memory);
+- ``tests/integration``: one component with the real processes and servers around it (job subprocesses, a local
+  Prefect server, the moto S3 server, headless Chromium, torchrun);
+- ``tests/e2e``: whole runs (``mugrpo run`` through Prefect, cold/warm stages, SIGKILL-and-resume, chaos).
+
+``make test`` runs ``-m "not slow"``: the unit tier and the ``smoke`` e2e test (one tiny ``mugrpo run``); every
+integration and e2e test but the smoke one is marked ``slow`` here, as is a heavy test of the unit tier by hand.
+``make test-all`` runs everything.
+
+Fixtures: policies on disk.
 
 - ``tiny_model_dir``: a tiny random Llama policy (2 layers, hidden 64) with the REAL SmolLM2 tokenizer and chat
   template, built once per test session. Most tests use it. Treat it as read-only.
@@ -12,6 +25,7 @@ subprocesses set their own.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from pathlib import Path
@@ -36,6 +50,25 @@ def import_or_fail(module: str):
         return importlib.import_module(module)
     except ImportError as err:
         skip_or_fail(f"{module} is not installed ({err})")
+
+
+TESTS_DIR = Path(__file__).resolve().parent
+#: The tier folders under tests/ (each test's marker); tests/unit/test_layout.py reports a test module outside them.
+TIERS = ("unit", "integration", "e2e")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with its tier (its folder), and ``slow`` unless it is a unit or a ``smoke`` test."""
+    for item in items:
+        try:
+            tier = item.path.resolve().relative_to(TESTS_DIR).parts[0]
+        except ValueError:  # collected from outside tests/
+            continue
+        if tier not in TIERS:
+            continue
+        item.add_marker(tier)
+        if tier != "unit" and item.get_closest_marker("smoke") is None:
+            item.add_marker("slow")
 
 
 #: The shared datasets (GSM8K, MATH-500, AIME24, AMC23), beside the checkout: /work/shared/data, or ../shared/data.
@@ -84,7 +117,10 @@ def smollm2_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider: convert per session
     cache_root = Path(cache.mkdir("mugrpo-smollm2-hf")) if cache else tmp_path_factory.mktemp("smollm2-hf")
     model_dir, key_file = cache_root / "model", cache_root / "source.json"
-    if not (key_file.is_file() and json.loads(key_file.read_text()) == key and (model_dir / "config.json").is_file()):
-        convert_to_hf_dir(gguf, model_dir)
-        key_file.write_text(json.dumps(key))
+    with open(cache_root / ".lock", "w") as lock:  # pytest-xdist workers share the cache: one converts, the rest wait
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cached = key_file.is_file() and json.loads(key_file.read_text()) == key
+        if not (cached and (model_dir / "config.json").is_file()):
+            convert_to_hf_dir(gguf, model_dir)
+            key_file.write_text(json.dumps(key))
     return model_dir

@@ -1,6 +1,7 @@
 """Fill bench/gpu/carry/ (git-ignored, a few MiB) with what bench/gpu/run.py needs on a machine without network:
 the pure-Python and binary wheels of pydantic, math-verify, pebble, rich and pyyaml for CPython 3.10-3.13 on
-x86-64 Linux, and the SmolLM2 tokenizer (no hub there). Then run the GPU script with `carry: ["bench/gpu/carry"]`.
+x86-64 Linux, and the SmolLM2 tokenizer (no hub there). Then copy the checkout, bench/gpu/carry/ included, to the
+GPU machine and run the GPU script there.
 
     python bench/gpu/prepare.py
 """

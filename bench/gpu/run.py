@@ -1,8 +1,8 @@
 """Ready for an accelerator: training MFU, generation throughput and a short Mu-GRPO vs GRPO-warm comparison.
 
-    python bench/gpu/prepare.py                  # here, once: wheels + tokenizer into bench/gpu/carry/ (ignored)
-    python bench/gpu/run.py                      # on the GPU machine (carry bench/gpu/carry); tables to $OUT
-    python bench/gpu/run.py --tiny --out DIR     # CPU, tiny sizes (CI: tests/test_bench_gpu.py)
+    python bench/gpu/prepare.py                  # with network, once: wheels + tokenizer into bench/gpu/carry/
+    python bench/gpu/run.py                      # on the GPU machine, bench/gpu/carry/ copied along; tables to $OUT
+    python bench/gpu/run.py --tiny --out DIR     # CPU, tiny sizes (CI: tests/e2e/test_bench_arms.py)
 
 The GPU machine has torch, transformers, accelerate, pyarrow and fsspec but not pydantic, math-verify, pebble or
 rich: run.py installs them from bench/gpu/carry/wheels (no network) when they are missing. No hub: the model is a

@@ -122,8 +122,8 @@ class VLLMEngine(ClosingEngine):
         under V1 multiprocessing), and the worker's ``model_runner.model.load_weights(weights=...)`` is the loader
         vLLM itself uses for checkpoints; ``LLM.reset_prefix_cache()`` then drops KV blocks computed with the old
         weights. Tensor parallelism > 1 is not supported (every worker would receive full tensors).
-        NOT RUN in this project's CI or sessions: the main virtualenv has no vLLM and no GPU was available; the
-        transformers engine's warm path is the tested one.
+        Not yet run: CI's virtualenv has no vLLM and no GPU; the transformers engine's warm path is the tested
+        one.
 
         Raises:
             RuntimeError: the engine is closed.

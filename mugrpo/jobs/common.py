@@ -1,59 +1,31 @@
-"""What every job shares: its spec file, the store, the behavior policy on local disk, timing and console output."""
+"""What every job entry point shares: its command line, reading its spec, exit codes, and the process start time.
+
+The libraries the jobs call (:mod:`mugrpo.trainer`, :mod:`mugrpo.generation`, :mod:`mugrpo.evaluation`,
+:mod:`mugrpo.warm`) never import this module: a job module parses its spec, calls the library and turns the
+library's errors into exit codes.
+"""
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import fsspec
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from rich.console import Console
+from pydantic import ValidationError
 
-from mugrpo.storage import RetryBudget, Store
+from mugrpo.jobspec import JobSpec
+from mugrpo.progress import console
 
 #: Process start as seen by the job (set at import of this module, i.e. right after the interpreter started).
 PROCESS_START = time.monotonic()
 
-console = Console(stderr=True, soft_wrap=True)  # log lines are not cut at 80 columns when piped
-
-S = TypeVar("S", bound="JobSpec")
-
-
-class JobSpec(BaseModel):
-    """Fields every job spec carries: where the run lives and which stage the job works on."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    root: str = Field(description="Run root URL (local folder or s3://...).")
-    storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options (no secrets).")
-    storage_retry: RetryBudget = Field(default_factory=RetryBudget, description="Retry budget of S3 requests.")
-    run_id: str
-    stage: int = Field(ge=0)
-    seed: int = 0
-
-    def store(self) -> Store:
-        return Store(self.root, self.storage_options, self.storage_retry)
-
-    @staticmethod
-    def run_fields(cfg, stage: int) -> dict[str, Any]:
-        """The fields above, taken from a run config (:class:`mugrpo.config.Config`) for stage ``stage``."""
-        return {
-            "root": cfg.run.root,
-            "storage_options": cfg.run.storage_options,
-            "storage_retry": cfg.run.storage_retry,
-            "run_id": cfg.run.id,
-            "stage": stage,
-            "seed": cfg.run.seed,
-        }
+S = TypeVar("S", bound=JobSpec)
 
 
 def spec_argument(argv: list[str] | None, module: str, spec_cls: type[JobSpec], doc: str | None) -> str:
@@ -94,54 +66,6 @@ def load_spec(url: str, cls: type[S]) -> S:
     except ValidationError as e:
         console.print(f"[red]invalid job spec {url}:\n{e}[/red]")
         raise SystemExit(2) from None
-
-
-def derive_seed(*parts: Any) -> int:
-    """A 63-bit seed derived from ``parts`` (e.g. run seed, stage, shard) with sha256: stable across processes."""
-    digest = hashlib.sha256("/".join(str(p) for p in parts).encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
-
-
-def local_policy_dir(store: Store, rel: str) -> Path:
-    """A local folder holding the committed HF policy at ``rel``: the folder itself on a local store, else a
-    verified download into a cache folder keyed by the store URL and path.
-
-    ``rel`` is a committed HF dir (``policies/stage=k``) or a committed training checkpoint
-    (``checkpoints/stage=k/step=n``), whose ``model/`` subfolder is then returned: the behavior policy of a stage
-    whose policy was not published (``orchestration.publish_policy_every > 1``).
-
-    Raises:
-        FileNotFoundError: the policy folder was never committed (no ``_COMPLETE`` marker).
-        mugrpo.storage.ChecksumError: a file of it differs from its marker's sha256 (names the file).
-    """
-    if not store.is_complete_dir(rel):
-        raise FileNotFoundError(f"policy {store.uri(rel)} is not committed (no _COMPLETE marker)")
-    local = store.local_path(rel)
-    if local is not None:
-        verify_committed_dir(store, rel)
-    else:
-        cache_root = Path(os.environ.get("MUGRPO_CACHE", Path(tempfile.gettempdir()) / "mugrpo-cache"))
-        key = hashlib.sha256(store.uri(rel).encode()).hexdigest()[:16]
-        local = cache_root / key
-        if not (local / ".verified").exists():
-            store.download_dir(rel, local)
-            (local / ".verified").touch()
-    if not (local / "config.json").exists() and (local / "model" / "config.json").exists():
-        return local / "model"  # a training checkpoint: its HF policy dir
-    return local
-
-
-def verify_committed_dir(store: Store, rel: str) -> None:
-    """Re-hash (streamed) every file of the committed folder ``rel`` against its ``_COMPLETE`` marker.
-
-    Raises:
-        mugrpo.storage.ChecksumError: names the first file that differs.
-        FileNotFoundError: a listed file is missing.
-    """
-    from mugrpo.storage import COMPLETE_MARKER
-
-    for name, digest in store.read_json(f"{rel}/{COMPLETE_MARKER}")["files"].items():
-        store.verify_file(f"{rel}/{name}", digest)
 
 
 @contextmanager

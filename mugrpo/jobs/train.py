@@ -1,5 +1,5 @@
 """The training job: ``train.updates_per_stage`` optimizer updates of the policy on a stage's static rollouts,
-with checkpoints and exact resume (design.md, second half of a stage).
+with checkpoints and exact resume (docs/design.md, second half of a stage).
 
     python -m mugrpo.jobs.train SPEC      # SPEC: path or fsspec URL of a TrainSpec JSON (jobs/stage=k/train.spec.json)
 
@@ -39,7 +39,7 @@ from __future__ import annotations
 import torch
 from transformers.utils import logging as hf_logging
 
-from mugrpo.jobs.common import fail, load_spec, refuse_untrusted, spec_argument
+from mugrpo.jobs.common import PROCESS_START, fail, load_spec, refuse_untrusted, spec_argument
 from mugrpo.progress import quiet_library_bars
 from mugrpo.tables import SchemaError
 from mugrpo.trainer.data import RolloutDataError
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_flush_denormal(True)
     try:
         with refuse_untrusted("train", spec.stage):  # tampered checkpoint/optimizer/rollouts: exit 2, file named
-            run_training(spec)
+            run_training(spec, origin=PROCESS_START)
     except (RolloutDataError, SchemaError) as e:
         fail(f"train stage {spec.stage}: bad rollouts: {e}", 2)
     except NonFiniteError as e:

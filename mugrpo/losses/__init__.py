@@ -1,4 +1,4 @@
-"""Policy losses: pure tensor functions registered by name (design.md, "Algorithms").
+"""Policy losses: pure tensor functions registered by name (docs/design.md, "Algorithms").
 
 Usage::
 
@@ -9,16 +9,16 @@ Usage::
                               context=LossContext(global_num_tokens=tokens_in_update))
     out.loss.backward()
 
-Built-in losses: ``grpo``, ``mu_grpo``, ``gspo``, ``conspo``, ``agpo``.
-Add one with ``@POLICY_LOSSES.register("name")``.
+Built-in losses: ``grpo``, ``mu_grpo``, ``gspo``, ``conspo``. An algorithm package may register its own loss
+(:mod:`mugrpo.algorithms`): add one with ``@POLICY_LOSSES.register("name")``.
 """
 
-from mugrpo.losses import agpo, clipped, conspo, gspo  # noqa: F401  (importing registers the built-in losses)
+from mugrpo.losses import clipped, conspo, gspo  # noqa: F401  (importing registers the built-in losses)
 from mugrpo.losses.aggregation import AGGREGATIONS, aggregate_token_values
-from mugrpo.losses.agpo import agpo_loss, kl_step_per_response
 from mugrpo.losses.clipped import clipped_surrogate, grpo_loss, mu_grpo_loss
 from mugrpo.losses.config import AggMode, KLEstimator, PolicyLossConfig, VetoScope
 from mugrpo.losses.conspo import (
+    CORRECTNESS_COMPONENT,
     PositiveLabeler,
     conspo_loss,
     count_valid_groups,
@@ -28,9 +28,9 @@ from mugrpo.losses.conspo import (
     training_progress,
 )
 from mugrpo.losses.gspo import gspo_loss, sequence_log_ratio
-from mugrpo.losses.interface import LossContext, LossOutput, PolicyLossFn
+from mugrpo.losses.interface import LossContext, LossOutput, PolicyLossFn, reduce_metrics
 from mugrpo.losses.kl import KL_ESTIMATORS, kl_estimate
-from mugrpo.losses.metrics import MetricStat, merge_stats, reduce_metrics
+from mugrpo.losses.metrics import MetricStat, merge_stats
 from mugrpo.losses.pipeline import (
     PreparedBatch,
     TokenSurrogate,
@@ -51,8 +51,7 @@ from mugrpo.losses.registry import (
 from mugrpo.losses.veto import VETO_SCOPES, VetoInfo, negative_advantage_veto_mask
 
 __all__ = [
-    "agpo_loss",
-    "kl_step_per_response",
+    "CORRECTNESS_COMPONENT",
     "AGGREGATIONS",
     "KL_ESTIMATORS",
     "POLICY_LOSSES",

@@ -15,7 +15,7 @@ PositiveRule = Literal["correctness", "reward_threshold"]
 class PolicyLossConfig(BaseModel):
     """Hyper-parameters of a policy loss; ``name`` selects the loss from the registry.
 
-    Unpublished choices (papers.md, "What is not published") and how they are settled here:
+    Unpublished choices (docs/papers.md, "Mu-GRPO" and "ConSPO") and how they are settled here:
 
     * ``veto_delta``: Mu-GRPO (arXiv 2605.17570) gives rho < 1e-4 only as an example; 1e-4 is the default.
     * ``veto_scope``: the paper compares four scopes and reports that suffix (S_kappa), non-trigger suffix
@@ -73,7 +73,7 @@ class PolicyLossConfig(BaseModel):
         gt=1.0,
         description="Dual-clip constant c > 1 (Ye et al. 2020, arXiv 1912.09729): for A < 0 the per-token loss "
         "is capped at -c * A, bounding the push-down of tokens with a huge ratio. None disables it. The replay "
-        "buffer re-implementation (papers.md) uses c = 10. Applies to grpo and mu_grpo.",
+        "buffer re-implementation (docs/papers.md) uses c = 10. Applies to grpo and mu_grpo.",
     )
     veto_enabled: bool | None = Field(
         default=None,

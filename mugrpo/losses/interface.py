@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
 from mugrpo.losses.config import PolicyLossConfig
-from mugrpo.losses.metrics import MetricStat
+from mugrpo.losses.metrics import MetricStat, merge_stats
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ class LossOutput:
         loss: scalar tensor to call ``backward()`` on (policy surrogate + ``kl_coef`` * KL penalty).
         stats: metric name -> :class:`MetricStat` (a detached total, a count and how to reduce them). Keeping
             totals and counts, not ratios, lets a trainer combine micro-batches and ranks exactly: see
-            :func:`mugrpo.losses.metrics.reduce_metrics`.
+            :func:`reduce_metrics`.
     """
 
     loss: torch.Tensor
@@ -82,8 +83,21 @@ class LossOutput:
         return {name: stat.value() for name, stat in self.stats.items()}
 
 
+def reduce_metrics(outputs: Iterable[LossOutput]) -> dict[str, torch.Tensor]:
+    """Metric values of a whole optimizer update from the outputs of its micro-batches.
+
+    Args:
+        outputs: the :class:`LossOutput` of each micro-batch (on one rank; for several ranks, all-reduce the
+            merged totals and counts first, see :class:`MetricStat`).
+
+    Returns:
+        name -> 0-d float64 tensor, e.g. ``clip_frac_high`` over all tokens of all micro-batches.
+    """
+    return {name: stat.value() for name, stat in merge_stats(out.stats for out in outputs).items()}
+
+
 class PolicyLossFn(Protocol):
-    """Signature every registered policy loss implements (design.md, "Algorithms")."""
+    """Signature every registered policy loss implements (docs/design.md, "Algorithms")."""
 
     def __call__(
         self,

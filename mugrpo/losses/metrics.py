@@ -5,12 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
-
-if TYPE_CHECKING:
-    from mugrpo.losses.interface import LossOutput
 
 Reduction = Literal["mean", "sum", "max"]
 _STAT_DTYPE = torch.float64
@@ -88,16 +85,3 @@ def merge_stats(stats: Iterable[dict[str, MetricStat]]) -> dict[str, MetricStat]
         for name, stat in one.items():
             merged[name] = merged[name].merge(stat) if name in merged else stat
     return merged
-
-
-def reduce_metrics(outputs: Iterable[LossOutput]) -> dict[str, torch.Tensor]:
-    """Metric values of a whole optimizer update from the outputs of its micro-batches.
-
-    Args:
-        outputs: the :class:`LossOutput` of each micro-batch (on one rank; for several ranks, all-reduce the
-            merged totals and counts first, see :class:`MetricStat`).
-
-    Returns:
-        name -> 0-d float64 tensor, e.g. ``clip_frac_high`` over all tokens of all micro-batches.
-    """
-    return {name: stat.value() for name, stat in merge_stats(out.stats for out in outputs).items()}

@@ -225,7 +225,7 @@ def _no_veto(mask: torch.Tensor) -> VetoInfo:
 def _standard_stats(
     batch: PreparedBatch, surrogate: TokenSurrogate, keep: torch.Tensor, veto: VetoInfo
 ) -> dict[str, MetricStat]:
-    """The metrics every loss reports (design.md, "Algorithms").
+    """The metrics every loss reports (docs/design.md, "Algorithms").
 
     Token fractions are over response tokens; clip fractions count only kept (non-vetoed) tokens. Ratio metrics
     are over all response tokens, vetoed ones included, since they describe the policy, not the loss.

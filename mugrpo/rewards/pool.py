@@ -8,8 +8,8 @@ terminated and replaced, and a worker that dies mid-task fails only its own task
 code). A worker that dies mid-item is an accident of the machine (OOM killer, a SIGKILL), not a property of the
 item, so the item is retried on a fresh worker (``died_retries`` times) before its death becomes its result: a
 reward committed to a rollout never depends on which worker happened to die (bench/chaos.py kills them). It
-replaced our own 240-line pool (issue 10) after passing the same tests: hang, raise, crash, timeout,
-parallelism, clean shutdown (tests/test_rewards.py).
+replaced our own 240-line pool after passing the same tests: hang, raise, crash, timeout,
+parallelism, clean shutdown (tests/unit/test_rewards.py).
 
 Workers are started with ``spawn`` or ``forkserver`` (never ``fork``: the parent may hold torch thread pools or
 CUDA state). :meth:`TimeoutPool.wait_ready` runs no-op tasks until every worker has answered one, so that the

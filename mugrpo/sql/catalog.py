@@ -59,7 +59,7 @@ RUNS_SCHEMA = pa.schema(
 )
 
 #: Every view a catalog defines, in the order ``.tables`` lists them.
-VIEWS = ("rollouts", "train_steps", "evals", "replay", "stages", "runs")
+VIEWS = (*TABLE_FILES, "stages", "runs")
 #: Prefix of the registered Arrow tables behind the manifest views and empty placeholders. The database holds no
 #: base table at all, so even a data-modifying CTE (``WITH x AS (INSERT ...) SELECT``) has nothing to write to.
 _INTERNAL = "_mugrpo"

@@ -169,7 +169,7 @@ def sql_command(
     if fmt not in FORMATS:
         raise typer.BadParameter(f"{fmt!r} is not one of {', '.join(sorted(FORMATS))}", param_hint="--format")
     options = {**(_config_options(config) if config else {}), **parse_storage_options(storage_option)}
-    from mugrpo.cli import storage_guard
+    from mugrpo.cli_support import storage_guard
     from mugrpo.storage import Store
     from mugrpo.storage_errors import check_store
 

@@ -18,6 +18,7 @@ import fsspec
 
 from mugrpo.layout import RunLayout, parse_shard, validate_run_id
 from mugrpo.storage import Store
+from schemas import TABLES
 
 #: Entries whose presence directly under a folder makes it a run.
 RUN_MARKERS = ("rollouts", "train_steps", "stages", "run.json")
@@ -36,9 +37,14 @@ def _rollout_file(layout: RunLayout, stage: int, name: str) -> str | None:
     return None if shard is None else layout.rollout_shard(stage, shard)
 
 
-def _train_steps_file(layout: RunLayout, stage: int, name: str) -> str | None:
-    m = _PART.fullmatch(name)
-    return None if m is None else layout.train_steps_part(stage, int(m.group(1)))
+def _part_file(table: str) -> Callable[[RunLayout, int, str], str | None]:
+    """A table written in parts per stage (``train_steps``, an algorithm's audit table): ``part-NNNNN.parquet``."""
+
+    def path(layout: RunLayout, stage: int, name: str) -> str | None:
+        m = _PART.fullmatch(name)
+        return None if m is None else layout.table_part(table, stage, int(m.group(1)))
+
+    return path
 
 
 def _eval_file(layout: RunLayout, stage: int, name: str) -> str | None:
@@ -47,17 +53,10 @@ def _eval_file(layout: RunLayout, stage: int, name: str) -> str | None:
     return layout.eval_file(stage, name[: -len(".parquet")])
 
 
-def _replay_file(layout: RunLayout, stage: int, name: str) -> str | None:
-    m = _PART.fullmatch(name)
-    return None if m is None else layout.replay_part(stage, int(m.group(1)))
-
-
 #: Parquet table -> rebuilds the layout path of a file named ``name`` in stage ``stage`` (None if the name is foreign).
+#: Every table of ``schemas.TABLES`` other than rollouts and evals is written in parts per stage.
 TABLE_FILES: dict[str, Callable[[RunLayout, int, str], str | None]] = {
-    "rollouts": _rollout_file,
-    "train_steps": _train_steps_file,
-    "evals": _eval_file,
-    "replay": _replay_file,
+    table: {"rollouts": _rollout_file, "evals": _eval_file}.get(table) or _part_file(table) for table in TABLES
 }
 
 

@@ -16,12 +16,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mugrpo.layout import RunLayout
-from mugrpo.manifest import read_job_manifest, read_manifest
+from mugrpo.manifest import latest_checkpoint, read_job_manifest, read_manifest
 from mugrpo.storage import Store
-from mugrpo.tables import read_table
+from mugrpo.tables import part_numbers, read_table
 from mugrpo.tracking.base import STAGE_CURSOR_KEY, TRAIN_CURSOR_KEY, Cursor, Event
-from mugrpo.trainer.checkpoint import latest_checkpoint
-from mugrpo.trainer.records import part_numbers
 
 #: train_steps columns that are bookkeeping, not metrics.
 _NOT_METRICS = {"run_id", "stage", "update", "created_at"}
@@ -41,7 +39,7 @@ def committed_train_events(store: Store, layout: RunLayout, stage: int, after_up
     if not done and limit is None:
         return []
     events = []
-    for part in part_numbers(store, layout, stage):
+    for part in part_numbers(store, layout, "train_steps", stage):
         if limit is not None and part > limit:
             continue  # written before a checkpoint that never committed: not part of the run (yet)
         for row in read_table(store, layout.train_steps_part(stage, part), "train_steps").to_pylist():

@@ -1,7 +1,8 @@
 """MLflow sink: one MLflow run per mugrpo run, found again by tag on resume.
 
 - Tracking URI: ``tracking.mlflow_tracking_uri``, else ``MLFLOW_TRACKING_URI``, else a SQLite file in the tracking
-  folder (MLflow 3 keeps its file store in maintenance mode and recommends a database).
+  folder (MLflow 3 keeps its file store in maintenance mode and recommends a database). With that default, artifacts
+  go to ``mlflow-artifacts/`` beside it: MLflow's own default artifact root is ``./mlruns`` in the current directory.
 - Run: experiment ``tracking.project``; the run carries the tag ``mugrpo.run_uri`` (unique across roots) and the run
   id as its name; a resumed mugrpo run finds it by that tag and logs into it.
 - Cursor: the metric history of the cursor keys, read back through ``MlflowClient``. Each sync is one
@@ -39,6 +40,14 @@ def tracking_uri(ctx: SinkContext) -> str:
     return f"sqlite:///{Path(ctx.local_dir).resolve() / 'mlflow.db'}"
 
 
+def artifact_location(ctx: SinkContext) -> str | None:
+    """Artifact root of a new experiment: ``{tracking dir}/mlflow-artifacts`` when the tracking URI is our default
+    SQLite file, else None (the tracking server's or the user's URI decides)."""
+    if ctx.options.get("mlflow_tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI"):
+        return None
+    return (Path(ctx.local_dir).resolve() / "mlflow-artifacts").as_uri()
+
+
 class MlflowSink:
     name = "mlflow"
 
@@ -47,7 +56,10 @@ class MlflowSink:
 
         self.client = MlflowClient(tracking_uri=tracking_uri(ctx))
         exp = self.client.get_experiment_by_name(ctx.project)
-        exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(ctx.project)
+        if exp is not None:
+            exp_id = exp.experiment_id
+        else:
+            exp_id = self.client.create_experiment(ctx.project, artifact_location=artifact_location(ctx))
         found = self.client.search_runs([exp_id], filter_string=f"tags.`{RUN_TAG}` = '{ctx.run_uri}'", max_results=1)
         if found:
             self.run_id = found[0].info.run_id

@@ -1,8 +1,26 @@
 """The trainer: many optimizer updates of a policy on a stage's static rollout set (Mu-GRPO, arXiv 2605.17570).
 
-Modules, one job each: :mod:`~mugrpo.trainer.spec` (the job spec), :mod:`~mugrpo.trainer.data` (rollouts through
-the generation manifest, deterministic minibatch order), :mod:`~mugrpo.trainer.batch` (right-padded collation),
-:mod:`~mugrpo.trainer.forward` (token log-probs via the chunked log-softmax), :mod:`~mugrpo.trainer.optim`
-(AdamW, LR schedules), :mod:`~mugrpo.trainer.step` (one update), :mod:`~mugrpo.trainer.checkpoint`,
-:mod:`~mugrpo.trainer.records` (the train_steps table) and :mod:`~mugrpo.trainer.loop` (the job).
+Modules, one job each, in the order a stage uses them:
+
+==============  ======================================================================================
+module          what
+==============  ======================================================================================
+``spec``        :data:`~mugrpo.trainer.spec.TrainSpec`, the job's spec
+``data``        rollouts through the generation manifest; the deterministic minibatch order
+``loop``        :class:`~mugrpo.trainer.loop.Trainer`: the stage lifecycle (setup, resume, algorithms' state)
+``stage``       what the steps of a stage share (the live policy, the stage being trained)
+``updates``     the update loop: compose, per-rollout inputs, step, record
+``batch``       right-padded collation of rollouts into token tensors
+``forward``     token log-probs of the policy via the chunked log-softmax
+``step``        one optimizer update (micro-batches, clipping, the NaN/inf guard)
+``optim``       AdamW and the LR schedule
+``commit``      checkpoints, the published policy and the job manifest
+``checkpoint``  the checkpoint folder format (atomic write, no-pickle read)
+``records``     the train_steps table
+``precision``   bf16 autocast helpers and the fp32-master check
+==============  ======================================================================================
+
+The algorithms that are more than a loss (:mod:`mugrpo.algorithms`) plug in through
+:class:`~mugrpo.algorithms.TrainHooks`, called by ``loop``, ``updates`` and ``commit``; none of these modules names
+an algorithm.
 """

@@ -1,7 +1,7 @@
 """Collation of rollouts into right-padded token tensors for one forward pass.
 
 Masks come from lengths, never from token values: SmolLM2's pad token is its EOS (id 2), and the EOS that ends a
-response is a real response token with a behavior log-prob and a loss (design.md, "Pitfalls").
+response is a real response token with a behavior log-prob and a loss (docs/design.md, "Implementation notes").
 """
 
 from __future__ import annotations
@@ -31,8 +31,10 @@ class TokenBatch:
         truncations: B min-p / top-k / top-p settings of each row's behavior distribution.
         group_index: [B] int64 index of each row's group in the rollout set.
         prompt_ids: B prompt ids (for error reports).
-        positive: [B] bool positive/negative label of each row (ConSPO), or None when the rollouts carry none.
-        clip_eps: [B] float32 clip range of each row's group (AGPO), set by the trainer before the update, or None.
+        positive: [B] bool positive/negative label of each row (a loss that needs labels), or None when the
+            rollouts carry none.
+        clip_eps: [B] float32 clip range of each row's group, set before the update from an algorithm's
+            :class:`~mugrpo.algorithms.UpdateInputs`, or None.
     """
 
     input_ids: torch.Tensor

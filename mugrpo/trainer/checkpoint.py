@@ -26,8 +26,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from mugrpo.layout import RunLayout, parse_checkpoint_step
+from mugrpo.layout import RunLayout
 from mugrpo.lease import check_fence
+from mugrpo.manifest import checkpoint_steps
 from mugrpo.storage import COMPLETE_MARKER, Store
 
 MODEL_DIR = "model"
@@ -103,7 +104,7 @@ def write_checkpoint(
         trainer_state: JSON-able dict.
         rng_states: per-rank :func:`capture_rng_state` dicts (rank order).
         tmp_root: parent of the local temporary folder (default: the system temp dir).
-        extra_files: more files of the checkpoint, {name: bytes} (e.g. the replay buffer state), covered by the
+        extra_files: more files of the checkpoint, {name: bytes} (e.g. an algorithm's state), covered by the
             marker like the others.
 
     Returns:
@@ -169,23 +170,6 @@ def read_checkpoint(store: Store, rel: str, local_dir: Path) -> LoadedCheckpoint
         trainer_state=state,
         rng_states=rng_states,
     )
-
-
-def checkpoint_steps(store: Store, layout: RunLayout, stage: int, *, complete: bool = True) -> list[int]:
-    """Sorted stage updates of the checkpoints of ``stage`` that are committed (or, with complete=False, not)."""
-    folder = layout.checkpoints_dir(stage)
-    steps = []
-    for name in store.listdir(folder):
-        step = parse_checkpoint_step(name)
-        if step is not None and store.is_complete_dir(layout.checkpoint_dir(stage, step)) == complete:
-            steps.append(step)
-    return sorted(steps)
-
-
-def latest_checkpoint(store: Store, layout: RunLayout, stage: int) -> int | None:
-    """The stage update of the latest committed checkpoint of ``stage``, or None."""
-    steps = checkpoint_steps(store, layout, stage)
-    return steps[-1] if steps else None
 
 
 def prune_checkpoints(store: Store, layout: RunLayout, stage: int, keep: int) -> list[int]:

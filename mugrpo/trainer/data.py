@@ -1,7 +1,7 @@
 """The trainer's data source: committed rollouts read through the generation job's manifest, and a deterministic
 order of minibatches over them.
 
-Minibatch order (design.md, "Resume semantics": same seed -> same data order): the sampling units (single
+Minibatch order (docs/design.md, "Resume semantics": same seed -> same data order): the sampling units (single
 responses, or whole groups with ``group_minibatches``) are shuffled once per epoch with a permutation seeded by
 (seed, epoch), and each epoch is cut into ``len(units) // units_per_update`` minibatches (the remainder of an
 epoch is left out, like ``drop_last``; a different remainder each epoch). Update ``u`` therefore draws a
@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mugrpo.layout import RunLayout
-from mugrpo.losses.conspo import PositiveLabeler, count_valid_groups
+from mugrpo.losses import PositiveLabeler, count_valid_groups
 from mugrpo.manifest import read_job_manifest
 from mugrpo.storage import Store
-from mugrpo.tables import read_table
+from mugrpo.tables import RolloutDataError, read_table
 from mugrpo.truncation import Truncation
 
 #: Rollout columns the trainer reads.
@@ -49,10 +49,6 @@ ROLLOUT_COLUMNS = [
 ]
 
 
-class RolloutDataError(ValueError):
-    """The committed rollouts cannot be trained on (missing manifest, bad row, nothing left to train on)."""
-
-
 @dataclass(frozen=True)
 class Rollout:
     """One response of a group, as the trainer needs it.
@@ -61,9 +57,10 @@ class Rollout:
     sampling temperature, or 1.0 for greedy rollouts (T = 0), whose engines report the T = 1 policy
     (:mod:`mugrpo.engines.base`). ``truncation`` is the min-p / top-k / top-p the engine sampled with (none for
     greedy rows); the trainer computes its log-probs under the same truncation (:mod:`mugrpo.truncation`).
-    ``positive`` is the row's positive/negative label for losses that need one (ConSPO), from the loss's
-    ``positive_rule``; None when the loss needs none. ``probe`` is the (sigma, vote entropy, skew) of the prompt's
-    AGPO probe (arXiv 2605.20722), None for rollouts generated without AGPO.
+    ``positive`` is the row's positive/negative label for losses that need one
+    (:attr:`mugrpo.losses.LossRequirements.positive_labels`), from the loss's ``positive_rule``; None when the loss
+    needs none. ``probe`` is the (sigma, vote entropy, skew) of the probe group its prompt was planned with
+    (columns ``probe_*``, written by an algorithm's shard plan), None for rollouts sampled without one.
     """
 
     stage: int
@@ -164,7 +161,7 @@ def _to_rollout(row: dict, where: str, positive_label: PositiveLabeler | None = 
 
 
 def _probe_stats(row: dict) -> tuple[float, float, float] | None:
-    """(sigma, vote entropy, skew) of the row's AGPO probe, or None (no probe; a row from before schema v2)."""
+    """(sigma, vote entropy, skew) of the row's probe group, or None (no probe; a row from before schema v3)."""
     if row.get("probe_sigma") is None:
         return None
     return (row["probe_sigma"], row["probe_vote_entropy"], row["probe_skew"])
@@ -180,10 +177,11 @@ def load_rollouts(
 ) -> RolloutSet:
     """Read the committed rollouts of ``stages`` through each stage's generation job manifest.
 
-    With ``positive_label`` (:func:`mugrpo.losses.conspo.positive_labeler`), every rollout is labeled positive or
+    With ``positive_label`` (:func:`mugrpo.losses.positive_labeler`), every rollout is labeled positive or
     negative from its row's reward and reward components, and the rule is part of the data fingerprint.
 
-    AGPO's probe rows (``is_probe``) are never trained on: they are left out here (counted as ``probe_rows``).
+    Probe rows (``is_probe``: sampled to plan a shard) are never trained on: they are left out here (counted as
+    ``probe_rows``).
 
     Every file is checked against the sha256 the manifest recorded and against the rollout schema and version
     (:func:`mugrpo.tables.read_table`).
@@ -245,7 +243,8 @@ def load_rollouts(
 
 def valid_groups_in(indices: list[int], data: RolloutSet) -> int | None:
     """Groups of the rollouts ``indices`` (a whole minibatch) with a positive and a negative non-empty response:
-    ConSPO's normalizer, known before the forward pass. None when the rollouts carry no labels."""
+    the normalizer of a group-wise loss with labels, known before the forward pass. None when the rollouts carry
+    no labels."""
     if any(data.rollouts[i].positive is None for i in indices):
         return None
     group_of = {i: g for g, members in enumerate(data.groups) for i in members}
@@ -297,8 +296,8 @@ def make_minibatch_order(
     """The minibatch order of a training job.
 
     With ``group_minibatches`` the units are whole groups and a minibatch holds
-    ``max(1, rollouts_per_update // G)`` groups (G the largest group size), as group-wise losses need (ConSPO,
-    arXiv 2605.12969); otherwise the units are single responses.
+    ``max(1, rollouts_per_update // G)`` groups (G the largest group size), as group-wise losses need
+    (:attr:`mugrpo.losses.LossRequirements.whole_groups`); otherwise the units are single responses.
     """
     if group_minibatches:
         largest = max((len(g) for g in data.groups), default=1)

@@ -19,7 +19,8 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from mugrpo.logprobs import token_logprobs_from_hidden
-from mugrpo.trainer.batch import TokenBatch
+from mugrpo.trainer.batch import TokenBatch, collate
+from mugrpo.trainer.data import RolloutSet
 from mugrpo.trainer.precision import batch_invariant_attention
 
 
@@ -73,7 +74,7 @@ class PolicyTokenLogprobs(nn.Module):
                 return_entropy=return_entropy,
             )
             return logprobs, entropy.detach() if entropy is not None else None
-        # Rows sampled with different temperatures (AGPO's per-prompt temperature) or truncations: one call each.
+        # Rows sampled with different temperatures (per-prompt temperatures) or truncations: one call each.
         logprobs = response_hidden.new_zeros(batch.response_ids.shape, dtype=torch.float32)
         entropy = torch.zeros_like(logprobs) if return_entropy else None
         for key in sorted(set(keys), key=repr):
@@ -91,3 +92,18 @@ class PolicyTokenLogprobs(nn.Module):
             if entropy is not None:
                 entropy = entropy.index_copy(0, rows, ent.detach())
         return logprobs, entropy
+
+
+@torch.no_grad()
+def recompute_logprobs(
+    model: PolicyTokenLogprobs, data: RolloutSet, batch_size: int, pad_token_id: int, device: torch.device
+) -> list[torch.Tensor]:
+    """Teacher-forced log-probs of every rollout's response under ``model`` (one [num_tokens] fp32 CPU tensor each):
+    the trainer's own behavior log-probs, for ``recompute_behavior_logprobs`` and truncated IS (``loss.tis_cap``)."""
+    out: list[torch.Tensor] = []
+    for start in range(0, len(data.rollouts), batch_size):
+        chunk = data.rollouts[start : start + batch_size]
+        batch = collate(chunk, [0] * len(chunk), pad_token_id).to(device)
+        logprobs, _ = model(batch, return_entropy=False)
+        out.extend(logprobs[i, : r.num_tokens].float().cpu() for i, r in enumerate(chunk))
+    return out

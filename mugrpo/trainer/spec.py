@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field, create_model, model_validator
 
-from mugrpo.adaptive.config import AGPOConfig
-from mugrpo.config import Config, TrainSection, check_replay
-from mugrpo.jobs.common import JobSpec
+from mugrpo.algorithms import Settings, check_sections, section_fields, sections_of
+from mugrpo.config import Config, TrainSection
+from mugrpo.jobspec import JobSpec
 from mugrpo.layout import RunLayout
 from mugrpo.losses.config import PolicyLossConfig
 from mugrpo.losses.registry import check_trainer_settings
-from mugrpo.replay.config import ReplayConfig
 from mugrpo.schedules import stage_plan, total_updates
 
 
-class TrainSpec(JobSpec):
-    """The training job of one stage (design.md, "Shape"): many optimizer updates on a static rollout set.
+class _TrainSpecCore(JobSpec):
+    """The training job of one stage (docs/design.md, "Shape"): many optimizer updates on a static rollout set.
 
     Staleness (Mu-GRPO, arXiv 2605.17570: mu = updates per rollout refresh) of stage update u (1-based) is the
     number of optimizer updates between the policy that sampled a rollout and the policy being updated:
@@ -64,15 +63,9 @@ class TrainSpec(JobSpec):
     keep_checkpoints: int = Field(1, ge=1, description="Complete checkpoints kept per stage (older ones deleted).")
     train: TrainSection = Field(default_factory=TrainSection)
     loss: PolicyLossConfig = Field(default_factory=PolicyLossConfig)
-    replay: ReplayConfig = Field(
-        default_factory=ReplayConfig, description="The rollout-level replay buffer (arXiv 2606.04560); off by default."
-    )
-    agpo: AGPOConfig | None = Field(
-        None, description="AGPO's clip-range controller settings (arXiv 2605.20722); required by loss.name=agpo."
-    )
 
     @model_validator(mode="after")
-    def _defaults(self) -> TrainSpec:
+    def _defaults(self) -> _TrainSpecCore:
         layout = RunLayout(self.run_id)
         if not self.rollout_stages:
             self.rollout_stages = [self.stage]
@@ -93,9 +86,13 @@ class TrainSpec(JobSpec):
                 f"({self.train.rollouts_per_update})"
             )
         check_trainer_settings(self.loss, group_minibatches=self.train.group_minibatches)
-        check_replay(self.replay, self.train, self.loss)
-        if self.loss.name == "agpo" and self.agpo is None:
-            raise ValueError("loss.name=agpo needs the agpo section (its clip-range controller settings)")
+        settings = Settings(
+            scope="train",
+            loss=self.loss,
+            recompute_behavior_logprobs=self.train.recompute_behavior_logprobs,
+            group_minibatches=self.train.group_minibatches,
+        )
+        check_sections(sections_of(self, "train"), settings)
         if self.train.mixed_precision == "fp16":
             raise ValueError(
                 "train.mixed_precision=fp16 is not supported: fp16 loss scaling meets inf gradients by design and "
@@ -109,7 +106,7 @@ class TrainSpec(JobSpec):
         return self
 
     @classmethod
-    def from_config(cls, cfg: Config, stage: int, policy_version: int) -> TrainSpec:
+    def from_config(cls, cfg: Config, stage: int, policy_version: int) -> _TrainSpecCore:
         """The training spec of stage ``stage`` of run config ``cfg``; the LR schedule spans all stages.
 
         ``train.updates_per_stage`` is this stage's update count from ``run.stage_schedule``.
@@ -122,6 +119,12 @@ class TrainSpec(JobSpec):
             total_updates=total_updates(cfg),
             train=cfg.train.model_copy(update={"updates_per_stage": updates}),
             loss=cfg.loss,
-            replay=cfg.replay,
-            agpo=cfg.agpo,
+            **sections_of(cfg, "train"),
         )
+
+
+#: The training job's spec: the fields above, then the config section of each registered algorithm the trainer runs
+#: (:func:`mugrpo.algorithms.section_fields`).
+TrainSpec = create_model(
+    "TrainSpec", __base__=_TrainSpecCore, __module__=__name__, __doc__=_TrainSpecCore.__doc__, **section_fields("train")
+)

@@ -10,6 +10,7 @@ wrappers (DDP, FSDP) average gradients over the W ranks, so each rank's loss is 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -104,8 +105,8 @@ def train_update(
         reference: frozen reference policy wrapper, required when ``loss_config.kl_coef > 0``.
         trainer_behavior_logprobs: per micro-batch [B, R] trainer-recomputed behavior log-probs (TIS), or None.
         global_num_valid_groups: groups of the whole minibatch over all ranks with a positive and a negative
-            response (ConSPO's normalizer), or None.
-        progress: training progress lambda_t in [0, 1] of this update (ConSPO's margin), or None.
+            response (the normalizer of a group-wise loss), or None.
+        progress: training progress lambda_t in [0, 1] of this update (a loss's schedule input), or None.
 
     Returns:
         :class:`UpdateResult`.
@@ -116,41 +117,16 @@ def train_update(
     """
     start = time.perf_counter()
     world = accelerator.num_processes
-    outputs: list[LossOutput] = []
-    loss_sum = torch.zeros((), dtype=torch.float64, device=accelerator.device)
-    for i, cpu_batch in enumerate(micro_batches):
-        batch = cpu_batch.to(accelerator.device)
-        last = i == len(micro_batches) - 1
-        sync = contextlib.nullcontext() if last else accelerator.no_sync(model)
-        with sync:
-            with accelerator.autocast():  # bf16 autocast (train.mixed_precision) or nothing; log-probs are fp32
-                logprobs, entropy = model(batch)
-                ref_logprobs = None
-                if reference is not None:
-                    with torch.no_grad():
-                        ref_logprobs, _ = reference(batch, return_entropy=False)
-            tis = trainer_behavior_logprobs[i].to(accelerator.device) if trainer_behavior_logprobs else None
-            context = LossContext(
-                global_num_tokens=float(max(global_num_tokens, 1)),
-                global_num_seqs=float(max(global_num_seqs, 1)),
-                max_response_len=max_response_len,
-                ref_logprobs=ref_logprobs,
-                entropy=entropy,
-                trainer_behavior_logprobs=tis,
-                group_index=batch.group_index,
-                positive=batch.positive,
-                global_num_valid_groups=(
-                    None if global_num_valid_groups is None else float(max(global_num_valid_groups, 1))
-                ),
-                progress=progress,
-                clip_eps=batch.clip_eps,
-            )
-            out = compute_policy_loss(
-                logprobs, batch.behavior_logprobs, batch.advantages, batch.response_mask, loss_config, context=context
-            )
-            accelerator.backward(out.loss * world)
-        loss_sum += out.loss.detach().double()
-        outputs.append(LossOutput(loss=out.loss.detach(), stats=out.stats))
+    context = LossContext(
+        global_num_tokens=float(max(global_num_tokens, 1)),
+        global_num_seqs=float(max(global_num_seqs, 1)),
+        max_response_len=max_response_len,
+        global_num_valid_groups=None if global_num_valid_groups is None else float(max(global_num_valid_groups, 1)),
+        progress=progress,
+    )
+    outputs, loss_sum = _backward_micro_batches(
+        accelerator, model, micro_batches, loss_config, context, reference, trainer_behavior_logprobs
+    )
 
     prompt_ids = sorted({p for b in micro_batches for p in b.prompt_ids})
     total_loss = float(accelerator.reduce(loss_sum, reduction="sum")) if world > 1 else float(loss_sum)
@@ -171,3 +147,66 @@ def train_update(
         num_sequences=global_num_seqs,
         seconds=time.perf_counter() - start,
     )
+
+
+def _backward_micro_batches(
+    accelerator: Accelerator,
+    model: torch.nn.Module,
+    micro_batches: list[TokenBatch],
+    loss_config: PolicyLossConfig,
+    update_context: LossContext,
+    reference: torch.nn.Module | None,
+    trainer_behavior_logprobs: list[torch.Tensor] | None,
+) -> tuple[list[LossOutput], torch.Tensor]:
+    """Forward and backward of each micro-batch, gradients accumulated (synchronized across ranks on the last one
+    only). ``update_context`` holds the update's normalizers; each micro-batch adds its own tensors. Returns the
+    detached loss outputs and the sum of the micro-batch losses (float64)."""
+    world = accelerator.num_processes
+    outputs: list[LossOutput] = []
+    loss_sum = torch.zeros((), dtype=torch.float64, device=accelerator.device)
+    for i, cpu_batch in enumerate(micro_batches):
+        batch = cpu_batch.to(accelerator.device)
+        last = i == len(micro_batches) - 1
+        sync = contextlib.nullcontext() if last else accelerator.no_sync(model)
+        with sync:
+            with accelerator.autocast():  # bf16 autocast (train.mixed_precision) or nothing; log-probs are fp32
+                logprobs, entropy = model(batch)
+                ref_logprobs = None
+                if reference is not None:
+                    with torch.no_grad():
+                        ref_logprobs, _ = reference(batch, return_entropy=False)
+            tis = trainer_behavior_logprobs[i].to(accelerator.device) if trainer_behavior_logprobs else None
+            context = dataclasses.replace(
+                update_context,
+                ref_logprobs=ref_logprobs,
+                entropy=entropy,
+                trainer_behavior_logprobs=tis,
+                group_index=batch.group_index,
+                positive=batch.positive,
+                clip_eps=batch.clip_eps,
+            )
+            out = compute_policy_loss(
+                logprobs, batch.behavior_logprobs, batch.advantages, batch.response_mask, loss_config, context=context
+            )
+            accelerator.backward(out.loss * world)
+        loss_sum += out.loss.detach().double()
+        outputs.append(LossOutput(loss=out.loss.detach(), stats=out.stats))
+    return outputs, loss_sum
+
+
+@torch.no_grad()
+def token_mean_entropy(accelerator: Accelerator, model: torch.nn.Module, batches: list[TokenBatch]) -> float:
+    """Token-mean entropy (nats) of the policy ``model`` over the response tokens of ``batches`` on every rank (a
+    no-grad forward pass under the training autocast; a collective with several processes)."""
+    total = torch.zeros((), dtype=torch.float64, device=accelerator.device)
+    count = torch.zeros((), dtype=torch.float64, device=accelerator.device)
+    for cpu_batch in batches:
+        batch = cpu_batch.to(accelerator.device)
+        with accelerator.autocast():
+            _, entropy = model(batch)
+        total += torch.where(batch.response_mask, entropy.double(), 0.0).sum()
+        count += batch.response_mask.sum()
+    if accelerator.num_processes > 1:
+        total = accelerator.reduce(total, reduction="sum")
+        count = accelerator.reduce(count, reduction="sum")
+    return float(total / count.clamp_min(1))

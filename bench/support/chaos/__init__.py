@@ -1,0 +1,35 @@
+"""Chaos harness (docs/reliability.md): SIGKILL random processes of a real local run, resume, and check the resume
+invariants against an uninterrupted run. ``bench/chaos.py`` is its command line; ``tests/e2e/test_chaos.py`` runs
+its quick mode. No Prefect import here: the harness drives ``mugrpo run`` as a subprocess."""
+
+from bench.support.chaos.harness import (
+    ARM_ROLES,
+    QUICK,
+    ChaosReport,
+    ChaosSettings,
+    Moment,
+    draw_moments,
+    run_chaos,
+    tiny_config,
+)
+from bench.support.chaos.invariants import RunCheck, check_run, rollout_keys, train_updates
+from bench.support.chaos.procs import ROLES, Proc, kill, process_tree
+
+__all__ = [
+    "ARM_ROLES",
+    "QUICK",
+    "ROLES",
+    "ChaosReport",
+    "ChaosSettings",
+    "Moment",
+    "Proc",
+    "RunCheck",
+    "check_run",
+    "draw_moments",
+    "kill",
+    "process_tree",
+    "rollout_keys",
+    "run_chaos",
+    "tiny_config",
+    "train_updates",
+]

@@ -1,0 +1,502 @@
+"""The chaos harness (docs/reliability.md): SIGKILL a random process of a real local run at N moments drawn from a seed,
+resume after each, then check the run against an uninterrupted one (:mod:`bench.support.chaos.invariants`).
+
+A run here is the real thing: ``python -m mugrpo.cli run CONFIG`` (the flow process, Prefect flows on a local
+Prefect server), job subprocesses, verifier workers, a tiny random policy with the real SmolLM2 tokenizer, real
+GSM8K rows, Parquet files in a local store. Two arms share the moments: **cold** execution (generate, train and eval
+jobs per stage) and **warm** execution (one segment job for all stages, then the final eval job).
+
+A moment is (arm, delay, pick), drawn from the seed. ``delay`` x max_delay_s seconds after a job process is first
+seen alive since the flow (re)started or the previous kill (a flow starting under load can take longer than a whole
+job, so the clock starts with work, not with the flow), the harness lists the run's process tree by role (the flow,
+a generate/train/eval/segment job, a verifier worker), adds ``tree`` (the flow and everything under it), chooses one
+role uniformly with ``pick`` and SIGKILLs a process of it. Choosing among the roles alive at that instant means every
+moment kills something while the run is going and the run cannot race ahead of the moments; the draws are
+reproducible, what they hit depends on the machine's speed (each kill is printed). Then the run is resumed the way
+a user does it, by running ``mugrpo run CONFIG`` again, unless it is still going (a killed verifier worker is
+replaced inside its job). Processes a killed job leaves behind (its verifier workers, which a pod would take down
+with it) are killed before the resume.
+
+Each arm also has a **data-edit moment** (``ChaosSettings.data_edit``): after the first kill that stops the run (or
+after the last moment), the training file (a copy in the work folder) is reversed in place, as ``tac`` does, and the
+run is re-run: it must be refused before anything starts (exit 2, one block naming the file and both sha256,
+:mod:`mugrpo.resume`). The file is then restored and the run resumes; the invariants also check every stage's
+prompt plan (no prompt scheduled in two stages of an epoch, rollouts of exactly the planned prompts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from bench.support.chaos.invariants import RunCheck, check_run
+from bench.support.chaos.procs import JOB_ROLES, alive, kill, process_tree
+
+__all__ = ["ARM_ROLES", "QUICK", "ChaosReport", "ChaosSettings", "Moment", "draw_moments", "run_chaos", "tiny_config"]
+
+RUN_ID = "chaos"
+#: Victim roles each arm can meet. Warm execution has no per-stage generate/train/eval jobs: its segment job does
+#: all three (only the final evaluation is an eval job).
+ARM_ROLES = {
+    "cold": ("flow", "generate", "train", "eval", "verifier", "tree"),
+    "warm": ("flow", "segment", "eval", "verifier", "tree"),
+}
+
+
+@dataclass(frozen=True)
+class ChaosSettings:
+    """Size of the tiny run and of the chaos. ``moments`` >= 20 for a full run, >= 5 for CI's quick mode."""
+
+    data_dir: Path
+    model_dir: Path
+    moments: int = 20
+    seed: int = 0
+    arms: tuple[str, ...] = ("cold", "warm")
+    num_stages: int = 3
+    prompts_per_stage: int = 4
+    group_size: int = 2
+    max_new_tokens: int = 6
+    updates_per_stage: int = 3
+    max_delay_s: float | None = None
+    """A kill comes U(0, max_delay_s) seconds after a job is seen alive; None: the arm's uninterrupted wall time
+    divided by its moments, so that the moments spread over the run on a fast or a loaded machine alike."""
+    data_edit: bool = True
+    """Each arm edits its training file once between a kill and the resume and expects the resume refused."""
+    eval_every_stage: bool = True
+    """Evaluate every stage's policy (an eval job per stage in cold execution); False: the final policy only."""
+    shared_reference: bool = False
+    """One uninterrupted run is the reference of every arm: a warm one (fewer job starts, so the faster) when warm
+    is an arm. Cold and warm execution commit bitwise-equal files (tests/test_warm.py), so the cold arm is then
+    checked against warm execution too. False: each arm its own."""
+
+
+#: CI's quick mode (``bench/chaos.py --quick``, tests/test_chaos.py): 6 moments on a 2-stage run, the final policy
+#: evaluated only, one shared reference run; it fits in 5 minutes on a quiet 2-core machine (docs/reliability.md).
+QUICK = {"moments": 6, "num_stages": 2, "eval_every_stage": False, "shared_reference": True}
+
+
+@dataclass(frozen=True)
+class Moment:
+    """One kill: in ``arm``, ``delay`` x max_delay_s seconds after a job is seen alive (since the flow's (re)start
+    or the previous kill), of the role at ``pick`` (in [0, 1)) among the roles then alive (sorted, plus ``tree``)."""
+
+    index: int
+    arm: str
+    delay: float
+    pick: float
+
+    def role(self, alive_roles: set[str]) -> str:
+        """The victim role among ``alive_roles`` (``tree`` is always a choice)."""
+        choices = sorted(alive_roles | {"tree"})
+        return choices[int(self.pick * len(choices))]
+
+
+@dataclass
+class ArmResult:
+    """One arm: what each moment did, the uninterrupted run's wall time, the invariants' outcome."""
+
+    arm: str
+    reference_s: float = 0.0
+    chaos_s: float = 0.0
+    events: list[str] = field(default_factory=list)
+    killed: int = 0
+    not_reached: int = 0
+    completed: bool = False
+    check: RunCheck | None = None
+    data_edit: str | None = None  # what the data-edit moment saw; None: it did not run
+    data_edit_refused: bool = False
+
+
+@dataclass
+class ChaosReport:
+    """Every arm's result; :attr:`summary` is the line the harness prints."""
+
+    seed: int
+    moments: int
+    arms: list[ArmResult]
+
+    @property
+    def resumed(self) -> int:
+        """Kills after which the run resumed and completed."""
+        return sum(a.killed for a in self.arms if a.completed)
+
+    @property
+    def ok(self) -> bool:
+        """Every moment was reached and resumed, every arm completed and every invariant holds."""
+        edits = all(a.data_edit_refused for a in self.arms if a.data_edit is not None)
+        return self.resumed == self.moments and edits and all(a.completed and a.check and a.check.ok for a in self.arms)
+
+    @property
+    def summary(self) -> str:
+        """``N/N resumed, 0 lost, 0 duplicated, weights equal``, or what differed."""
+        checks = [a.check for a in self.arms if a.check is not None]
+        lost, dup = sum(c.lost for c in checks), sum(c.duplicated for c in checks)
+        equal = len(checks) == len(self.arms) and all(c.weights_equal for c in checks)
+        line = f"{self.resumed}/{self.moments} resumed, {lost} lost, {dup} duplicated, "
+        line += "weights equal" if equal else "weights DIFFER"
+        edits = [a for a in self.arms if a.data_edit is not None]
+        if edits:
+            line += f", {sum(a.data_edit_refused for a in edits)}/{len(edits)} data edits refused"
+        problems = [f"  {a.arm}: {p}" for a in self.arms for p in (a.check.problems if a.check else ["no check"])]
+        problems += [f"  {a.arm}: data edit NOT refused: {a.data_edit}" for a in edits if not a.data_edit_refused]
+        problems += [f"  {a.arm}: run did not complete" for a in self.arms if not a.completed]
+        problems += [f"  {a.arm}: {a.not_reached} moments not reached" for a in self.arms if a.not_reached]
+        return "\n".join([line, *problems])
+
+
+def train_file(work: Path, arm: str) -> Path:
+    """The arm's copy of the training rows in the harness's work folder (the data-edit moment edits it)."""
+    return work / f"{arm}-train.jsonl"
+
+
+def tiny_config(s: ChaosSettings, root: Path, arm: str) -> dict:
+    """The tiny multi-stage run of ``arm`` (cold or warm execution), rooted at ``root``; it trains on the arm's copy
+    of the first GSM8K rows (:func:`train_file`)."""
+    return {
+        "run": {"id": RUN_ID, "root": str(root), "seed": s.seed, "num_stages": s.num_stages},
+        "model": {"source": str(s.model_dir), "max_context": 512},
+        "data": {
+            "train": {
+                "name": "gsm8k",
+                "path": str(train_file(root.parent, arm)),
+                "answer_kind": "gsm8k",
+                "limit": s.num_stages * s.prompts_per_stage,
+            }
+        },
+        "generation": {
+            "prompts_per_stage": s.prompts_per_stage,
+            "shard_size": 2,
+            "engine_kwargs": {"num_threads": 1},
+            "sampling": {"temperature": 1.0, "max_new_tokens": s.max_new_tokens, "n": s.group_size},
+        },
+        "reward": {"components": {"math_correctness": 1.0, "format": 0.5}, "num_workers": 1},
+        "train": {
+            "updates_per_stage": s.updates_per_stage,
+            "rollouts_per_update": s.prompts_per_stage * s.group_size // 2,
+            "micro_batch_size": 2,
+            "checkpoint_every": 1,
+            "skip_zero_variance_groups": False,
+            "lr": 1e-3,
+        },
+        "eval": {
+            "every_stage": s.eval_every_stage,
+            "benchmarks": [
+                {
+                    "dataset": {"name": "gsm8k", "path": str(s.data_dir / "gsm8k/test.jsonl"), "answer_kind": "gsm8k"},
+                    "num_prompts": 2,
+                    "max_new_tokens": 4,
+                }
+            ],
+        },
+        # retries 0: every kill of a job ends the flow, so every moment is followed by a user's resume
+        "orchestration": {
+            "retries": 0,
+            "execution": arm,
+            **({"segment_stages": s.num_stages} if arm == "warm" else {}),
+        },
+        "tracking": {"sinks": []},
+    }
+
+
+def draw_moments(s: ChaosSettings) -> list[Moment]:
+    """``s.moments`` moments from ``s.seed``: arms in turn (equal shares), delay fraction and pick uniform in [0, 1).
+    The same seed gives the same moments."""
+    rng = random.Random(s.seed)
+    return [Moment(i, s.arms[i % len(s.arms)], rng.random(), rng.random()) for i in range(s.moments)]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def prefect_server(home: Path, start_timeout_s: float = 180.0) -> Iterator[str]:
+    """A local ``prefect server start`` (SQLite in ``home``) for the harness's flow processes; yields its API URL.
+
+    Raises:
+        RuntimeError: the server exited or did not answer /api/health within ``start_timeout_s``.
+    """
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(
+        PREFECT_HOME=str(home),
+        PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{home / 'prefect.db'}",
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_UI_ENABLED="false",
+    )
+    cli = str(Path(sys.executable).with_name("prefect"))
+    log = open(home / "server.log", "wb")  # noqa: SIM115  (closed below)
+    proc = subprocess.Popen(
+        [cli, "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui", "--analytics-off"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}/api"
+    try:
+        deadline = time.monotonic() + start_timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"prefect server exited with {proc.returncode}: see {home / 'server.log'}")
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
+                    if r.status == 200 and json.loads(r.read()) is True:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"prefect server did not answer within {start_timeout_s:.0f} s")
+            time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(proc.pid, 15)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+        log.close()
+
+
+class RunProcess:
+    """``mugrpo run CONFIG`` as a child process (the flow process), its output appended to ``log``."""
+
+    def __init__(self, config: Path, env: dict[str, str], log: Path) -> None:
+        self.config, self.env, self.log = config, env, log
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        """Start (or resume: the same command) the run."""
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "mugrpo.cli", "run", str(self.config)],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        self.starts += 1
+
+    def running(self) -> bool:
+        """Whether the flow process is alive."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait(self, timeout_s: float) -> int | None:
+        """The flow's exit code, or None if it is still running after ``timeout_s``."""
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def tail(self, n: int = 30) -> str:
+        """The last ``n`` lines of the run's output."""
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+
+
+def _job_alive(run: RunProcess) -> bool:
+    return any(p.role in JOB_ROLES for p in process_tree(run.proc.pid))
+
+
+def _kill_moment(run: RunProcess, m: Moment, max_delay_s: float) -> str | None:
+    """Kill per ``m``: ``m.delay * max_delay_s`` seconds after a job is seen alive.
+
+    Returns:
+        What was killed, or None when the run completed first.
+
+    Raises:
+        RuntimeError: the run failed three times without being killed (a real failure, not chaos).
+    """
+    failures = 0
+    delay_s = m.delay * max_delay_s
+    while True:
+        if not run.running():
+            run.start()
+        while run.running() and not _job_alive(run):
+            time.sleep(0.02)
+        deadline = time.monotonic() + delay_s
+        while run.running() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        tree = process_tree(run.proc.pid) if run.running() else []
+        if not tree:  # the flow exited before the moment
+            if run.proc.wait() == 0:
+                return None
+            failures += 1
+            if failures >= 3:
+                raise RuntimeError(f"the run failed {failures} times without a kill:\n{run.tail()}")
+            continue  # it failed on its own (kept in the log): resume, as a user would
+        role = m.role({p.role for p in tree} - {"other"})
+        victims = [p.pid for p in tree] if role == "tree" else [next(p.pid for p in tree if p.role == role)]
+        hit = kill(victims)
+        if not hit:  # it ended between the listing and the kill: try again
+            continue
+        if role != "verifier":
+            run.wait(timeout_s=300)  # a killed job fails its task, and the flow (retries 0) exits
+            kill([p.pid for p in tree if p.pid not in hit and alive(p.pid)])  # orphans (a pod takes them down)
+        return f"moment {m.index:2d}: {role} (pid {hit[0]}) killed {delay_s:5.1f} s after a job was seen"
+
+
+def _data_edit_moment(run: RunProcess, train: Path) -> tuple[bool, str]:
+    """Reverse the training file in place (``tac``), re-run the stopped run and expect the refusal: exit 2 before
+    Prefect starts, one block naming the file and its recorded and current sha256. Restores the file.
+
+    Returns:
+        (refused as expected, what happened).
+    """
+    original = train.read_bytes()
+    train.write_bytes(b"".join(reversed(original.splitlines(keepends=True))))
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "mugrpo.cli", "run", str(run.config)],
+            env=run.env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    finally:
+        train.write_bytes(original)
+    text = out.stdout + out.stderr
+    refused = (
+        out.returncode == 2
+        and text.count("changed since the run started") == 1
+        and f"data.train: {train}" in text
+        and "recorded sha256" in text
+        and "Traceback" not in text
+    )
+    tail = " | ".join(text.strip().splitlines()[-6:])
+    return refused, f"exit {out.returncode}: {tail}"
+
+
+def _write_train_file(s: ChaosSettings, work: Path, arm: str) -> None:
+    rows = (s.data_dir / "gsm8k/train.jsonl").read_text().splitlines(keepends=True)
+    train_file(work, arm).write_text("".join(rows[: max(40, s.num_stages * s.prompts_per_stage)]))
+
+
+def _reference(arm: str, s: ChaosSettings, work: Path, env: dict[str, str], say) -> tuple[Path, float]:
+    """Run ``arm``'s config uninterrupted; returns its root and wall seconds.
+
+    Raises:
+        RuntimeError: the run failed (with the tail of its output).
+    """
+    root = work / f"{arm}-reference"
+    root.mkdir(parents=True, exist_ok=True)
+    _write_train_file(s, work, arm)
+    (work / f"{root.name}.yaml").write_text(yaml.safe_dump(tiny_config(s, root, arm)))
+    t0 = time.monotonic()
+    ref = RunProcess(work / f"{root.name}.yaml", env, work / f"{root.name}.log")
+    ref.start()
+    if ref.wait(timeout_s=1800) != 0:
+        raise RuntimeError(f"the uninterrupted {arm} run failed:\n{ref.tail()}")
+    seconds = time.monotonic() - t0
+    say(f"[{arm}] uninterrupted run: {seconds:.0f} s")
+    return root, seconds
+
+
+def _run_arm(
+    arm: str,
+    moments: list[Moment],
+    s: ChaosSettings,
+    work: Path,
+    env: dict[str, str],
+    say,
+    reference: tuple[Path, float] | None = None,
+) -> ArmResult:
+    """Run ``arm`` under chaos and check it against ``reference`` (root, seconds) or its own uninterrupted run."""
+    result = ArmResult(arm)
+    ref_root, result.reference_s = reference or _reference(arm, s, work, env, say)
+    root = work / f"{arm}-chaos"
+    root.mkdir(parents=True, exist_ok=True)
+    _write_train_file(s, work, arm)
+    (work / f"{root.name}.yaml").write_text(yaml.safe_dump(tiny_config(s, root, arm)))
+
+    t0 = time.monotonic()
+    run = RunProcess(work / f"{arm}-chaos.yaml", env, work / f"{arm}-chaos.log")
+    max_delay_s = s.max_delay_s or result.reference_s / max(len(moments), 1)
+    say(f"[{arm}] kills come U(0, {max_delay_s:.0f}) s after a job is seen alive")
+    for m in moments:
+        event = _kill_moment(run, m, max_delay_s)
+        if event is None:
+            result.not_reached += 1
+            event = f"moment {m.index:2d}: not reached (the run had completed)"
+        else:
+            result.killed += 1
+        result.events.append(event)
+        say(f"[{arm}] {event}")
+        if s.data_edit and result.data_edit is None and result.killed and not run.running():
+            _edit_data(result, run, train_file(work, arm), say)
+    if s.data_edit and result.data_edit is None:  # no kill stopped the run: edit before the last (re)start
+        if run.running():
+            run.wait(timeout_s=1800)
+        _edit_data(result, run, train_file(work, arm), say)
+    if not run.running():
+        run.start()
+    code = run.wait(timeout_s=1800)
+    result.completed = code == 0
+    if not result.completed:
+        say(f"[{arm}] final resume ended with {code}:\n{run.tail()}")
+    result.chaos_s = time.monotonic() - t0
+    result.check = check_run(root / RUN_ID, ref_root / RUN_ID, s.num_stages)
+    say(f"[{arm}] {result.killed} kills, {run.starts} starts, {result.chaos_s:.0f} s; invariants ok: {result.check.ok}")
+    return result
+
+
+def _edit_data(result: ArmResult, run: RunProcess, train: Path, say) -> None:
+    result.data_edit_refused, result.data_edit = _data_edit_moment(run, train)
+    verdict = "refused as expected" if result.data_edit_refused else "NOT REFUSED"
+    say(
+        f"[{result.arm}] data edit: {train.name} reversed between a kill and the resume: {verdict} ({result.data_edit})"
+    )
+
+
+def run_chaos(
+    s: ChaosSettings, work: Path | None = None, api_url: str | None = None, say: Callable[[str], None] = print
+) -> ChaosReport:
+    """Draw the moments, run each arm uninterrupted and under chaos, and check the invariants.
+
+    Args:
+        s: settings (model dir, data dir, moments, seed).
+        work: folder for the runs and logs (default: a new temporary folder, kept).
+        api_url: a running Prefect server's API URL (default: start one for the harness).
+        say: progress sink (one line per moment).
+
+    Raises:
+        RuntimeError: an uninterrupted reference run failed, or the Prefect server did not start.
+    """
+    work = Path(work or tempfile.mkdtemp(prefix="mugrpo-chaos-"))
+    work.mkdir(parents=True, exist_ok=True)
+    moments = draw_moments(s)
+    with _server(api_url, work) as url:
+        # the run slot (flows/exclusive.py) of a SIGKILLed flow frees only after its >= 60 s lease: off here
+        env = {**os.environ, "PREFECT_API_URL": url, "PYTHONUNBUFFERED": "1", "MUGRPO_RUN_SLOT": "off"}
+        first = "warm" if "warm" in s.arms else s.arms[0]
+        shared = _reference(first, s, work, env, say) if s.shared_reference else None
+        arms = [_run_arm(a, [m for m in moments if m.arm == a], s, work, env, say, shared) for a in s.arms]
+    return ChaosReport(s.seed, s.moments, arms)
+
+
+@contextmanager
+def _server(api_url: str | None, work: Path) -> Iterator[str]:
+    if api_url is not None:
+        yield api_url
+        return
+    home = work / "prefect-home"
+    home.mkdir(exist_ok=True)
+    with prefect_server(home) as url:
+        yield url

@@ -1,0 +1,60 @@
+"""Algorithms that are more than a loss: each one is a package here with its config section, its state and its code,
+behind the hook points of :mod:`mugrpo.algorithms.base` that the trainer and the generation worker call.
+
+Built in: ``replay`` (rollout-level replay-buffer GRPO, :mod:`.replay`) and ``agpo`` (AGPO, :mod:`.agpo`).
+Importing this package registers them in :data:`ALGORITHMS` (with the losses and advantage estimators they bring).
+docs/algorithms/adding.md walks through adding one.
+"""
+
+from mugrpo.algorithms import agpo, replay  # noqa: F401  (importing registers the built-in algorithms)
+from mugrpo.algorithms.base import (
+    ALGORITHMS,
+    Algorithm,
+    CheckpointAt,
+    CommitRecord,
+    GenerationHooks,
+    GenerationStart,
+    ResumePoint,
+    RolloutRef,
+    SavedState,
+    Settings,
+    ShardPlan,
+    ShardToSample,
+    StageCommit,
+    StageStart,
+    StepRecord,
+    TrainHooks,
+    UpdateInputs,
+    UpdateRows,
+    check_sections,
+    make_generation_hooks,
+    make_train_hooks,
+    section_fields,
+    sections_of,
+)
+
+__all__ = [
+    "ALGORITHMS",
+    "Algorithm",
+    "CheckpointAt",
+    "CommitRecord",
+    "GenerationHooks",
+    "GenerationStart",
+    "ResumePoint",
+    "RolloutRef",
+    "SavedState",
+    "Settings",
+    "ShardPlan",
+    "ShardToSample",
+    "StageCommit",
+    "StageStart",
+    "StepRecord",
+    "TrainHooks",
+    "UpdateInputs",
+    "UpdateRows",
+    "check_sections",
+    "make_generation_hooks",
+    "make_train_hooks",
+    "section_fields",
+    "sections_of",
+]

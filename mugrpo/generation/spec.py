@@ -1,0 +1,90 @@
+"""The generation job's spec (:data:`GenerateSpec`) and its error."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, create_model, model_validator
+
+from mugrpo.advantages import AdvantageConfig
+from mugrpo.algorithms import Settings, check_sections, section_fields, sections_of
+from mugrpo.data import DatasetConfig
+from mugrpo.engines.base import SamplingParams
+from mugrpo.jobspec import JobSpec
+from mugrpo.layout import RunLayout
+from mugrpo.prompts import PromptConfig
+from mugrpo.rewards import RewardConfig
+from mugrpo.schedules import stage_plan
+
+
+class GenerationError(RuntimeError):
+    """A shard failed (engine exception, out of memory) or cannot be resumed; nothing was committed for it."""
+
+
+class _GenerateSpecCore(JobSpec):
+    """Everything the generation job of one stage needs."""
+
+    policy_version: int = Field(0, ge=0, description="Optimizer updates before this stage's behavior policy.")
+    policy_dir: str = Field(description="Store path of the behavior policy (HF dir), usually policies/stage={k}.")
+    dataset: DatasetConfig
+    prompt: PromptConfig = Field(default_factory=PromptConfig)
+    prompt_start: int = Field(0, ge=0, description="First index into the seed-shuffled prompt order.")
+    num_prompts: int = Field(ge=1, description="Prompts this stage samples (wrapping around the dataset).")
+    shard_size: int = Field(16, ge=1, description="Prompts per Parquet shard.")
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    temperatures: dict[str, float] | None = Field(
+        None, description="Per-prompt sampling temperature by prompt_id (None: sampling.temperature for all)."
+    )
+    engine: str = "transformers"
+    engine_kwargs: dict = Field(default_factory=dict)
+    dtype: str = "float32"
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
+    on_bad_prompt: Literal["skip", "error"] = "skip"
+    max_context: int | None = Field(None, description="Prompt + response token limit; None = the model's.")
+    workers: int = Field(1, ge=1, description="Generation workers of the stage (generation.workers).")
+    worker: int = Field(0, ge=0, description="This worker's index w: it samples shards w, w + workers, ...")
+
+    @model_validator(mode="after")
+    def _worker_in_range(self) -> _GenerateSpecCore:
+        if self.worker >= self.workers:
+            raise ValueError(f"worker {self.worker} of {self.workers}: the worker index must be < workers")
+        check_sections(sections_of(self, "generate"), Settings(scope="generate", generation_workers=self.workers))
+        return self
+
+    @classmethod
+    def from_config(cls, cfg, stage: int, policy_version: int) -> _GenerateSpecCore:
+        """The spec of stage ``stage`` of run config ``cfg`` (a :class:`mugrpo.config.Config`)."""
+        g = cfg.generation
+        plan = stage_plan(cfg, stage)
+        return cls(
+            **cls.run_fields(cfg, stage),
+            policy_version=policy_version,
+            policy_dir=RunLayout(cfg.run.id).policy_dir(stage),
+            dataset=cfg.data.train,
+            prompt=cfg.data.prompt,
+            prompt_start=plan.prompt_start,
+            num_prompts=plan.num_prompts,
+            shard_size=g.shard_size,
+            sampling=g.sampling,
+            engine=g.engine,
+            engine_kwargs=g.engine_kwargs,
+            dtype=cfg.model.dtype,
+            reward=cfg.reward,
+            advantage=cfg.advantage,
+            on_bad_prompt=cfg.data.on_bad_prompt,
+            max_context=cfg.model.max_context,
+            workers=g.workers,
+            **sections_of(cfg, "generate"),
+        )
+
+
+#: The generation job's spec: the fields above, then the config section of each registered algorithm the
+#: generation worker runs (:func:`mugrpo.algorithms.section_fields`).
+GenerateSpec = create_model(
+    "GenerateSpec",
+    __base__=_GenerateSpecCore,
+    __module__=__name__,
+    __doc__=_GenerateSpecCore.__doc__,
+    **section_fields("generate"),
+)

@@ -1,0 +1,41 @@
+"""What every job spec carries: where the run lives and which stage the job works on (:class:`JobSpec`).
+
+Each job's spec subclasses it (``TrainSpec``, ``GenerateSpec``, ``EvalSpec``, ``SegmentSpec``); the run flow writes
+the spec under ``{root}/{run_id}/jobs/stage={k}/`` and launches the job on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mugrpo.storage import RetryBudget, Store
+
+
+class JobSpec(BaseModel):
+    """Fields every job spec carries: where the run lives and which stage the job works on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    root: str = Field(description="Run root URL (local folder or s3://...).")
+    storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options (no secrets).")
+    storage_retry: RetryBudget = Field(default_factory=RetryBudget, description="Retry budget of S3 requests.")
+    run_id: str
+    stage: int = Field(ge=0)
+    seed: int = 0
+
+    def store(self) -> Store:
+        return Store(self.root, self.storage_options, self.storage_retry)
+
+    @staticmethod
+    def run_fields(cfg, stage: int) -> dict[str, Any]:
+        """The fields above, taken from a run config (:class:`mugrpo.config.Config`) for stage ``stage``."""
+        return {
+            "root": cfg.run.root,
+            "storage_options": cfg.run.storage_options,
+            "storage_retry": cfg.run.storage_retry,
+            "run_id": cfg.run.id,
+            "stage": stage,
+            "seed": cfg.run.seed,
+        }

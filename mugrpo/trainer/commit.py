@@ -1,0 +1,286 @@
+"""What a training job commits: the checkpoints, the published policy and the job manifest, in this order.
+
+    per checkpoint n:  train_steps part n  ->  the algorithms' parts  ->  checkpoints/stage=k/step=n (marker last)
+                       ->  prune older ones
+    at the end:        policies/stage=k+1 (marker last; only when the spec publishes)
+                       ->  jobs/stage=k/train.manifest.json (the job's commit)
+
+Each step's files are complete before the next one starts. The algorithms on in the stage
+(:mod:`mugrpo.algorithms`) add their state to every checkpoint (:meth:`~mugrpo.algorithms.TrainHooks.checkpoint`)
+and their files, counts and metrics to the job manifest (:meth:`~mugrpo.algorithms.TrainHooks.commit`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+from accelerate.utils import gather_object
+from rich.table import Table
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+from mugrpo.algorithms import CheckpointAt, CommitRecord, StageCommit, TrainHooks
+from mugrpo.layout import RunLayout
+from mugrpo.manifest import latest_checkpoint, write_job_manifest
+from mugrpo.progress import console
+from mugrpo.storage import COMPLETE_MARKER, Store
+from mugrpo.trainer.checkpoint import capture_rng_state, prune_checkpoints, write_checkpoint
+from mugrpo.trainer.data import RolloutSet
+from mugrpo.trainer.records import read_steps, write_steps_part
+from mugrpo.trainer.spec import TrainSpec
+from mugrpo.trainer.stage import LivePolicy, StageRun
+from mugrpo.trainer.step import NonFiniteError
+from schemas import FileRecord, JobManifest
+
+#: Full (unsharded, CPU) state dicts: what a checkpoint and a published policy hold, also under FSDP.
+FULL_STATE = StateDictOptions(full_state_dict=True, cpu_offload=True)
+_POLICY_PREFIX = "policy."
+#: train_steps columns summarized (first and last update) when a stage commits.
+_SUMMARY_COLUMNS = (
+    "loss",
+    "ratio_mean",
+    "ratio_max",
+    "clip_frac_high",
+    "veto_token_frac",
+    "approx_kl_behavior",
+    "entropy",
+    "grad_norm",
+    "lr",
+    "tokens_per_second",
+)
+
+
+def inner_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The real optimizer inside accelerate's AcceleratedOptimizer (or ``optimizer`` itself)."""
+    return getattr(optimizer, "optimizer", optimizer)
+
+
+def policy_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Full (unsharded, CPU) state dict of the wrapped policy with HF parameter names (collective under FSDP)."""
+    state = get_model_state_dict(model, options=FULL_STATE)
+    return {k[len(_POLICY_PREFIX) :]: v for k, v in state.items() if k.startswith(_POLICY_PREFIX)}
+
+
+def save_hf_dir(policy, state: dict[str, torch.Tensor], dest: Path, tokenizer=None) -> None:
+    """Write ``state`` as an HF model dir at ``dest`` (with the tokenizer when given)."""
+    policy.save_pretrained(dest, state_dict=state)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(dest)
+
+
+def nonfinite_report_path(layout: RunLayout, stage: int) -> str:
+    """Where a stopped job records the update and prompt ids of a NaN/inf minibatch."""
+    return layout.job_error(stage, "train", "nonfinite")
+
+
+def write_nonfinite_report(
+    store: Store, layout: RunLayout, spec: TrainSpec, stage_update: int, error: NonFiniteError, prompt_ids: list[str]
+) -> None:
+    """Record a NaN/inf update (:func:`nonfinite_report_path`): which update, what, the prompt ids of its
+    minibatch and the last checkpoint a re-run resumes from."""
+    store.write_json(
+        nonfinite_report_path(layout, spec.stage),
+        {
+            "stage": spec.stage,
+            "stage_update": stage_update,
+            "update": spec.policy_version + stage_update,
+            "what": error.what,
+            "value": str(error.value),
+            "prompt_ids": prompt_ids,
+            "last_checkpoint": latest_checkpoint(store, layout, spec.stage),
+            "created_at": datetime.now(UTC).isoformat(),
+        },
+    )
+
+
+def file_records(store: Store, layout: RunLayout, rel_dir: str) -> list[FileRecord]:
+    """FileRecords of the committed folder ``rel_dir``, from its marker."""
+    marker = store.read_json(f"{rel_dir}/{COMPLETE_MARKER}")
+    return [
+        FileRecord(path=layout.rel(f"{rel_dir}/{name}"), sha256=digest, bytes=store.size(f"{rel_dir}/{name}"))
+        for name, digest in sorted(marker["files"].items())
+    ]
+
+
+def write_stage_checkpoint(live: LivePolicy, run: StageRun, step: int, rows: list[dict]) -> None:
+    """Checkpoint: commit the train_steps part of the updates since the last checkpoint, then each algorithm's
+    part, then the checkpoint of ``step`` (weights, AdamW, LR schedule, RNG, the algorithms' state), then prune
+    older checkpoints. Collective under FSDP: every rank calls it."""
+    spec, store, layout, accelerator = run.spec, run.store, run.layout, live.accelerator
+    model_state = policy_state_dict(live.model)
+    optimizer_state = get_optimizer_state_dict(live.model, inner_optimizer(live.optimizer), options=FULL_STATE)
+    rng = capture_rng_state()
+    rng_states = gather_object([rng]) if accelerator.num_processes > 1 else [rng]
+    main = accelerator.is_main_process
+    if main:
+        write_steps_part(store, layout, spec.stage, step, rows)
+    at = CheckpointAt(store=store, layout=layout, stage=spec.stage, stage_update=step, is_main=main)
+    saved = {name: h.checkpoint(at) for name, h in run.hooks.items()}
+    if main:
+        write_checkpoint(
+            store,
+            layout.checkpoint_dir(spec.stage, step),
+            save_model=lambda dest: save_hf_dir(live.policy, model_state, dest, live.tokenizer),
+            optimizer_state=optimizer_state,
+            trainer_state={
+                "stage": spec.stage,
+                "stage_update": step,
+                "global_update": spec.policy_version + step,
+                "data_fingerprint": run.data.fingerprint,
+                "data_cursor": {"next_update": step + 1, "rollouts": len(run.data.rollouts)},
+                "lr_schedule": run.schedule.state_dict(),
+                **{name: s.state for name, s in saved.items() if s.state is not None},
+            },
+            rng_states=rng_states,
+            extra_files={file: raw for s in saved.values() for file, raw in s.files.items()},
+        )
+        prune_checkpoints(store, layout, spec.stage, spec.keep_checkpoints)
+    accelerator.wait_for_everyone()
+
+
+def publish_policy(live: LivePolicy, spec: TrainSpec) -> None:
+    """Publish: the trained policy at ``spec.output_policy_dir`` (marker last), when the spec asks for it.
+    Otherwise the stage's final checkpoint is the next stage's behavior policy
+    (:func:`mugrpo.runs.behavior_policy_dir`)."""
+    if not spec.publish_policy:
+        return
+    store = spec.store()
+    state = policy_state_dict(live.model)  # collective under FSDP
+    if live.accelerator.is_main_process and not store.is_complete_dir(spec.output_policy_dir):
+        with tempfile.TemporaryDirectory(prefix=f"mugrpo-publish-{spec.stage}-") as tmp:
+            out = Path(tmp) / "policy"
+            save_hf_dir(live.policy, state, out, live.tokenizer)
+            meta = {"stage": spec.stage + 1, "policy_version": spec.policy_version + spec.train.updates_per_stage}
+            store.upload_dir(out, spec.output_policy_dir, meta=meta)
+    live.accelerator.wait_for_everyone()
+
+
+def _merge(records: list[CommitRecord]) -> CommitRecord:
+    return CommitRecord(
+        files=[f for r in records for f in r.files],
+        counts={k: v for r in records for k, v in r.counts.items()},
+        metrics={k: v for r in records for k, v in r.metrics.items()},
+    )
+
+
+def commit_training(
+    spec: TrainSpec,
+    data: RolloutSet,
+    hooks: Mapping[str, TrainHooks],
+    *,
+    start_step: int,
+    timings: dict[str, float],
+    origin: float,
+) -> JobManifest:
+    """Commit (main process): check that train_steps hold updates 1..N exactly once, let each algorithm commit its
+    part, then write the job manifest listing everything. ``timings``: switch, train, recompute and checkpoint
+    seconds (recompute and checkpoint are parts of train, listed apart for the audit and bench/speedup.py's
+    T_ckpt); the total counts from ``origin`` (``time.monotonic()``).
+
+    Raises:
+        RuntimeError: train_steps do not hold updates 1..N exactly once.
+    """
+    store, layout, total = spec.store(), RunLayout(spec.run_id), spec.train.updates_per_stage
+    steps, part_records = read_steps(store, layout, spec.stage)
+    if steps.num_rows != total or steps.column("stage_update").to_pylist() != list(range(1, total + 1)):
+        raise RuntimeError(
+            f"train_steps of stage {spec.stage} hold updates {steps.column('stage_update').to_pylist()}, "
+            f"expected 1..{total}"
+        )
+    cols = steps.to_pydict()
+    policy_files = file_records(store, layout, spec.output_policy_dir) if spec.publish_policy else []
+    ctx = StageCommit(store=store, layout=layout, stage=spec.stage, steps=cols)
+    extra = _merge([h.commit(ctx) for h in hooks.values()])
+    timings = {**timings, "total": time.monotonic() - origin}
+    manifest = JobManifest(
+        run_id=spec.run_id,
+        stage=spec.stage,
+        job="train",
+        created_at=datetime.now(UTC),
+        files=part_records + policy_files + list(extra.files),
+        counts={
+            "updates": total,
+            "policy_version": spec.policy_version + total,
+            "tokens": int(sum(cols["num_tokens"])),
+            "resumed_from": start_step,
+            **data.counts,
+            **extra.counts,
+        },
+        metrics={
+            "final_loss": float(cols["loss"][-1]),
+            "mean_ratio_mean": float(sum(cols["ratio_mean"]) / total),
+            "max_ratio_max": float(max(cols["ratio_max"])),
+            "mean_veto_token_frac": float(sum(cols["veto_token_frac"]) / total),
+            "mean_tokens_per_second": float(sum(cols["num_tokens"]) / max(sum(cols["seconds"]), 1e-9)),
+            **extra.metrics,
+        },
+        timings=timings,
+    )
+    write_job_manifest(store, manifest)
+    print_summary(spec, steps, timings)
+    return manifest
+
+
+def finish_without_updates(
+    spec: TrainSpec, data: RolloutSet, hooks: Mapping[str, TrainHooks], origin: float
+) -> JobManifest:
+    """No trainable rollout (every group zero-variance): publish the behavior policy unchanged, let each algorithm
+    carry its state over unchanged, commit 0 updates."""
+    store, layout = spec.store(), RunLayout(spec.run_id)
+    console.print(
+        f"[yellow]train stage {spec.stage}: no trainable rollouts ({data.counts}); the policy is published "
+        "unchanged[/yellow]"
+    )
+    if spec.publish_policy and not store.is_complete_dir(spec.output_policy_dir):
+        _copy_committed_dir(
+            store,
+            spec.policy_dir,
+            spec.output_policy_dir,
+            meta={"stage": spec.stage + 1, "policy_version": spec.policy_version},
+        )
+    files = file_records(store, layout, spec.output_policy_dir) if spec.publish_policy else []
+    carried = _merge([h.carry_over(StageCommit(store=store, layout=layout, stage=spec.stage)) for h in hooks.values()])
+    manifest = JobManifest(
+        run_id=spec.run_id,
+        stage=spec.stage,
+        job="train",
+        created_at=datetime.now(UTC),
+        files=files + list(carried.files),
+        counts={"updates": 0, "policy_version": spec.policy_version, **data.counts, **carried.counts},
+        metrics=dict(carried.metrics),
+        timings={"switch": 0.0, "train": 0.0, "total": time.monotonic() - origin},
+    )
+    write_job_manifest(store, manifest)
+    return manifest
+
+
+def _copy_committed_dir(store: Store, src_rel: str, dest_rel: str, meta: dict) -> dict[str, str]:
+    """Re-commit the committed folder ``src_rel`` at ``dest_rel`` (files verified, marker last)."""
+    tmp = Path(tempfile.mkdtemp(prefix="mugrpo-copy-"))
+    try:
+        store.download_dir(src_rel, tmp)
+        return store.upload_dir(tmp, dest_rel, meta=meta)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def print_summary(spec: TrainSpec, steps, timings: Mapping[str, float]) -> None:
+    """First and last value of the main train_steps columns, and the stage's timings."""
+    table = Table(title=f"train stage {spec.stage}: {steps.num_rows} updates")
+    table.add_column("metric")
+    table.add_column("first", justify="right")
+    table.add_column("last", justify="right")
+    if steps.num_rows:
+        cols = steps.to_pydict()
+        for name in _SUMMARY_COLUMNS:
+            first, last = cols[name][0], cols[name][-1]
+            table.add_row(name, "-" if first is None else f"{first:.4g}", "-" if last is None else f"{last:.4g}")
+    console.print(table)
+    console.print(
+        f"timings: switch {timings['switch']:.1f}s, train {timings['train']:.1f}s, total {timings['total']:.1f}s"
+    )

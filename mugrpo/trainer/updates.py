@@ -1,0 +1,203 @@
+"""The update loop of a stage: updates ``start_step + 1 .. updates_per_stage``, each one composed, trained and
+recorded in this order, with a checkpoint every ``train.checkpoint_every`` updates and after the last one.
+
+    compose    the minibatch of the data order, plus the rollouts the algorithms add (TrainHooks.compose), each
+               added rollout its own group; cut into this rank's micro-batches and collated
+    inputs     per-rollout loss inputs from the algorithms (TrainHooks.before_update), e.g. clip ranges
+    step       one optimizer update (:func:`mugrpo.trainer.step.train_update`) at the LR schedule's lr
+    record     the algorithms' columns and metrics (TrainHooks.after_update), then the update's train_steps row
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from mugrpo.algorithms import TrainHooks, UpdateRows
+from mugrpo.losses import training_progress
+from mugrpo.progress import console, job_progress
+from mugrpo.trainer.batch import TokenBatch, collate
+from mugrpo.trainer.commit import write_nonfinite_report
+from mugrpo.trainer.data import Rollout, split_minibatch, valid_groups_in
+from mugrpo.trainer.records import train_step_row
+from mugrpo.trainer.stage import LivePolicy, StageRun
+from mugrpo.trainer.step import NonFiniteError, UpdateResult, token_mean_entropy, train_update
+
+
+@dataclass
+class Update:
+    """One update on this rank.
+
+    Attributes:
+        rows: what the algorithms see of it.
+        indices: row indices (into ``data.rollouts``) of its fresh minibatch.
+        num_rows: rollouts of the stage's data: an added rollout's row index is ``num_rows + j``.
+        rollouts: fresh then added rollouts (every rank's).
+        micro: this rank's micro-batches as row indices; added rollouts come after the stage's rows.
+        batches: the collated micro-batches.
+        tis: per micro-batch, the trainer's behavior log-probs [B, R] for truncated IS, or None.
+    """
+
+    rows: UpdateRows
+    indices: list[int]
+    num_rows: int
+    rollouts: list[Rollout]
+    micro: list[list[int]]
+    batches: list[TokenBatch]
+    tis: list[torch.Tensor] | None
+
+
+def _pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
+    padded = torch.zeros(len(rows), width, dtype=torch.float32)
+    for i, row in enumerate(rows):
+        padded[i, : row.numel()] = row
+    return padded
+
+
+def compose_update(live: LivePolicy, run: StageRun, u: int) -> Update:
+    """Stage update ``u``'s rollouts and this rank's micro-batches: the fresh minibatch of the data order plus the
+    rollouts the algorithms add (each its own group, with the behavior log-probs and advantage of its own row)."""
+    spec, data, acc = run.spec, run.data, live.accelerator
+    indices = run.order.minibatch(u - 1)
+    fresh = [data.rollouts[i] for i in indices]
+    rows = UpdateRows(update=spec.policy_version + u, stage_update=u, fresh=fresh)
+    extra = [r for hooks in run.hooks.values() for r in hooks.compose(rows)]
+    num_rows, num_groups = len(data.rollouts), len(data.groups)
+    micro = split_minibatch(
+        indices + list(range(num_rows, num_rows + len(extra))),
+        data,
+        micro_batch_size=spec.train.micro_batch_size,
+        rank=acc.process_index,
+        world_size=acc.num_processes,
+        keep_groups=spec.train.group_minibatches,
+    )
+    batches = [
+        collate(
+            [data.rollouts[i] if i < num_rows else extra[i - num_rows] for i in mb],
+            [run.group_of[i] if i < num_rows else num_groups + i - num_rows for i in mb],
+            live.pad_id,
+        )
+        for mb in micro
+    ]
+    tis = None
+    if run.trainer_behavior is not None:
+        tis = [
+            _pad_rows([run.trainer_behavior[i] for i in mb], b.response_ids.shape[1])
+            for mb, b in zip(micro, batches, strict=True)
+        ]
+    entropy = functools.partial(token_mean_entropy, acc, live.model, batches)  # computed if an algorithm asks
+    rows = UpdateRows(rows.update, u, fresh, extra, policy_entropy=entropy)
+    return Update(rows, indices, num_rows, fresh + extra, micro, batches, tis)
+
+
+def apply_update_inputs(hooks: Mapping[str, TrainHooks], update: Update) -> None:
+    """The algorithms' per-rollout loss inputs of the update, set on its micro-batches.
+
+    Raises:
+        ValueError: two algorithms set the same input, or one gives a value count other than the update's.
+    """
+    clip_eps = None
+    for name, h in hooks.items():
+        inputs = h.before_update(update.rows)
+        if inputs is None or inputs.clip_eps is None:
+            continue
+        if clip_eps is not None:
+            raise ValueError(f"algorithm {name} sets clip_eps, which another algorithm of the run sets too")
+        if len(inputs.clip_eps) != len(update.rollouts):
+            raise ValueError(
+                f"algorithm {name} gave {len(inputs.clip_eps)} clip_eps values for {len(update.rollouts)} rollouts"
+            )
+        clip_eps = list(inputs.clip_eps)
+    if clip_eps is None:
+        return
+    position = {i: p for p, i in enumerate(update.indices)}
+    for mb, batch in zip(update.micro, update.batches, strict=True):
+        at = [position[i] if i < update.num_rows else len(update.indices) + i - update.num_rows for i in mb]
+        batch.clip_eps = torch.tensor([clip_eps[p] for p in at], dtype=torch.float32)
+
+
+def run_update(live: LivePolicy, run: StageRun, update: Update) -> UpdateResult:
+    """The optimizer update (:func:`mugrpo.trainer.step.train_update`).
+
+    Raises:
+        NonFiniteError: NaN/inf loss or gradient; the main process first writes the nonfinite report
+            (:func:`mugrpo.trainer.commit.write_nonfinite_report`).
+    """
+    spec, u = run.spec, update.rows.stage_update
+    try:
+        return train_update(
+            live.accelerator,
+            live.model,
+            live.optimizer,
+            update.batches,
+            spec.loss,
+            global_num_tokens=sum(r.num_tokens for r in update.rollouts),
+            global_num_seqs=sum(1 for r in update.rollouts if r.num_tokens),
+            max_grad_norm=spec.train.max_grad_norm,
+            max_response_len=spec.max_response_len,
+            reference=run.reference,
+            trainer_behavior_logprobs=update.tis,
+            global_num_valid_groups=valid_groups_in(update.indices, run.data),
+            progress=training_progress(spec.policy_version + u - 1, spec.total_updates),
+        )
+    except NonFiniteError as e:
+        if live.accelerator.is_main_process:
+            prompt_ids = sorted({r.prompt_id for r in update.rollouts})
+            write_nonfinite_report(run.store, run.layout, spec, u, e, prompt_ids)
+        raise
+
+
+def record_update(run: StageRun, update: Update, result: UpdateResult, lr: float) -> dict:
+    """The algorithms record the update (their metrics join the loss's); returns its train_steps row."""
+    spec, fresh = run.spec, list(update.rows.fresh)
+    columns: dict = {}
+    for h in run.hooks.values():
+        record = h.after_update(update.rows, result.metrics)
+        columns.update(record.columns)
+        result.metrics.update(record.metrics)
+    return train_step_row(
+        run_id=spec.run_id,
+        stage=spec.stage,
+        stage_update=update.rows.stage_update,
+        policy_version=spec.policy_version,
+        metrics=result.metrics,
+        grad_norm=result.grad_norm,
+        lr=lr,
+        num_sequences=len(update.rollouts),
+        num_tokens=result.num_tokens,
+        seconds=result.seconds,
+        staleness=update.rows.update - 1 - min(r.policy_version for r in fresh),
+        mean_reward=sum(r.reward for r in fresh) / len(fresh),
+        columns=columns,
+    )
+
+
+def train_updates(live: LivePolicy, run: StageRun, checkpoint: Callable[[int, list[dict]], None]) -> float:
+    """Train: updates ``run.start_step + 1 .. updates_per_stage``; ``checkpoint(step, rows)`` commits the rows since
+    the last checkpoint with the checkpoint of ``step``. Returns the loop's seconds (``run.checkpoint_s`` gets
+    the checkpoints' share)."""
+    spec, main = run.spec, live.accelerator.is_main_process
+    total, every = spec.train.updates_per_stage, spec.train.checkpoint_every
+    run.group_of = {i: g for g, members in enumerate(run.data.groups) for i in members}
+    pending: list[dict] = []
+    t0 = time.monotonic()
+    fields = "loss {task.fields[loss]:+.4f}  {task.fields[tps]:.0f} tok/s"
+    with job_progress(f"train stage {spec.stage}", "updates", fields, console, disable=not main) as bar:
+        task = bar.add_task("train", total=total, completed=run.start_step, loss=0.0, tps=0.0)
+        for u in range(run.start_step + 1, total + 1):
+            update = compose_update(live, run, u)
+            lr = run.schedule.apply(live.optimizer, spec.policy_version + u)
+            apply_update_inputs(run.hooks, update)
+            result = run_update(live, run, update)
+            pending.append(record_update(run, update, result, lr))
+            bar.update(task, completed=u, loss=result.metrics.get("loss", 0.0), tps=pending[-1]["tokens_per_second"])
+            if u % every == 0 or u == total:
+                c0 = time.monotonic()
+                checkpoint(u, pending)
+                run.checkpoint_s += time.monotonic() - c0
+                pending = []
+    return time.monotonic() - t0

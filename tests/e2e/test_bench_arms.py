@@ -1,0 +1,120 @@
+"""The side-by-side benches (bench/speedup.py, vs_trl.py, ablation.py, gpu/run.py): equal budgets across arms,
+the Amdahl bound, and each bench's --quick / --tiny mode end to end (slow: real job processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench._arms import ARMS, GRPO_MU, Budget, amdahl_bound, arm_config
+from mugrpo.schedules import stage_plan, total_updates
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _shape(cfg) -> dict:
+    plans = [stage_plan(cfg, k) for k in range(cfg.run.num_stages)]
+    return {
+        "updates": total_updates(cfg),
+        "rollouts": sum(p.num_prompts for p in plans) * cfg.generation.sampling.n,
+        "rollouts_per_update": cfg.train.rollouts_per_update,
+        "prompts": (plans[0].prompt_start, plans[-1].prompt_start + plans[-1].num_prompts),
+        "G": cfg.generation.sampling.n,
+        "tokens": cfg.generation.sampling.max_new_tokens,
+        "seed": cfg.run.seed,
+        "model": cfg.model.source,
+        "lr": cfg.train.lr,
+    }
+
+
+def test_arms_share_the_budget_and_differ_in_staleness_and_execution(tmp_path):
+    b = Budget()
+    cfgs = {arm: arm_config(arm, tmp_path / arm, arm, b) for arm in ARMS}
+    shapes = {arm: _shape(cfg) for arm, cfg in cfgs.items()}
+    assert shapes["mu"] == shapes["grpo-warm"] == shapes["grpo-cold"] == shapes["mu-warm"]
+    assert shapes["mu"]["updates"] == b.updates == 32
+    assert cfgs["mu"].run.num_stages == 4 and cfgs["mu"].train.updates_per_stage == b.updates // 4
+    assert cfgs["grpo-warm"].train.updates_per_stage == GRPO_MU == cfgs["grpo-cold"].train.updates_per_stage
+    assert cfgs["mu"].loss.name == "mu_grpo" and cfgs["grpo-warm"].loss.name == "grpo"
+    assert [cfgs[a].orchestration.execution for a in ARMS] == ["cold", "warm", "cold", "warm"]
+    # mu-warm is Mu-GRPO's run exactly, only executed in one warm segment job
+    assert cfgs["mu-warm"].loss == cfgs["mu"].loss and cfgs["mu-warm"].run.num_stages == cfgs["mu"].run.num_stages
+    with pytest.raises(ValueError, match="unknown arm"):
+        arm_config("grpo", tmp_path / "x", "x", b)
+
+
+def test_budget_rejects_updates_the_arms_cannot_share():
+    with pytest.raises(ValueError, match="multiple"):
+        Budget(updates=18).check()
+    with pytest.raises(ValueError, match="whole groups"):
+        Budget(rollouts_per_update=6, group_size=4).check()
+
+
+def test_amdahl_bound():
+    assert amdahl_bound(0.0, 2.0) == pytest.approx(2.0)  # no training: the whole rollout ratio
+    assert amdahl_bound(1.0, 10.0) == pytest.approx(1.0)  # all training: nothing to gain
+    assert amdahl_bound(0.5, 1.82) == pytest.approx(1 / (0.5 + 0.5 / 1.82))
+    with pytest.raises(ValueError):
+        amdahl_bound(1.5, 2.0)
+
+
+def _bench(args: list[str], tmp_path: Path, timeout: int = 2400) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+@pytest.mark.slow
+def test_speedup_quick_runs_all_arms_to_equal_updates(tmp_path):
+    _bench(["bench/speedup.py", "--quick", "--out", str(tmp_path / "out")], tmp_path)
+    res = json.loads((tmp_path / "out" / "speedup.json").read_text())
+    assert set(res["results"]) == set(ARMS)
+    assert {arm: runs[0]["updates"] for arm, runs in res["results"].items()} == dict.fromkeys(res["results"], 8)
+    assert {arm: runs[0]["stages"] for arm, runs in res["results"].items()} == {
+        "mu": 4,
+        "grpo-warm": 2,
+        "grpo-cold": 2,
+        "mu-warm": 4,
+    }
+    for runs in res["results"].values():
+        r = runs[0]
+        assert r["t_total"] >= r["t_roll"] + r["t_train"] > 0
+    assert (tmp_path / "out" / "speedup_reward_vs_time.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_vs_trl_quick(tmp_path):
+    if not (REPO / ".venv-trl" / "bin" / "python").exists():
+        pytest.skip("no .venv-trl: create it with `make trl-venv`")
+    _bench(["bench/vs_trl.py", "--quick", "--out", str(tmp_path / "out")], tmp_path)
+    res = json.loads((tmp_path / "out" / "vs_trl.json").read_text())
+    assert set(res["s_per_update"]) == {"trl", "grpo-warm", "mu", "bare"}
+    assert all(v > 0 for v in res["s_per_update"].values())
+    assert res["results"]["trl"][0]["curve"], "TRL logged no reward"
+    assert len(res["results"]["bare"][0]["curve"]) == 8
+
+
+@pytest.mark.slow
+def test_ablation_quick(tmp_path):
+    _bench(["bench/ablation.py", "--quick", "--out", str(tmp_path / "out")], tmp_path)
+    res = json.loads((tmp_path / "out" / "ablation.json").read_text())
+    assert set(res["curves"]) == {"naive", "relaxed", "veto-trigger", "veto-suffix", "veto-non_trigger_suffix",
+                                  "veto-sequence"}  # fmt: skip
+    for curve in res["curves"].values():
+        assert curve["update"] == [1, 2, 3, 4]
+    assert (tmp_path / "out" / "ablation.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_gpu_script_tiny_on_cpu(tmp_path):
+    _bench(["bench/gpu/run.py", "--tiny", "--out", str(tmp_path / "out")], tmp_path)
+    res = json.loads((tmp_path / "out" / "gpu_bench.json").read_text())
+    assert res["bare_train"]["tokens_per_s"] > 0
+    assert {a: r["updates"] for a, r in res["arms"].items()} == {"mu": 8, "grpo-warm": 8}
+    assert "GRPO-warm / Mu-GRPO" in (tmp_path / "out" / "gpu_bench.md").read_text()

@@ -1,0 +1,141 @@
+"""The eval job runs in the interpreter of the engine it samples with (issue 17), and the default per-stage eval
+(``eval.every_stage: true``, the main config's setting) runs inside a real flow.
+
+Found following README's vLLM section: generation ran in ``generation.python`` (.venv-vllm), then the eval job,
+which samples with the same engine, was launched in the main interpreter and failed (``No module named 'vllm'``).
+Now ``eval.python`` follows ``generation.python`` and a conflicting value is refused at load, naming both keys.
+
+- config level: the derived interpreter and the refusal (no vLLM needed);
+- a real 1-stage flow (``mugrpo run``, real Prefect server, real job subprocesses) whose ``generation.python`` is a
+  wrapper around this interpreter that records each job it starts: the generate job and both eval jobs (stage 0's
+  per-stage eval and the final one) go through it, the train job does not, and both evals are committed;
+- the same flow with ``generation.engine: vllm`` in the vLLM virtualenv, skipped unless ``MUGRPO_VLLM_PYTHON``
+  names it (like tests/integration/test_vllm_engine.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from _prefect import prefect_api, prefect_server  # noqa: F401  (fixtures)
+from typer.testing import CliRunner
+
+from flows.stage import job_python
+from mugrpo.cli import app
+from mugrpo.config import ConfigError, load_config
+from mugrpo.manifest import read_job_manifest, read_manifest
+from mugrpo.storage import Store
+from tasks.kubernetes import KubernetesJobSettings
+
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+VLLM_PYTHON = os.environ.get("MUGRPO_VLLM_PYTHON")
+runner = CliRunner()
+
+
+def test_eval_job_runs_in_the_generation_interpreter_unless_set():
+    vllm = load_config(None, ["generation.engine=vllm", "generation.python=.venv-vllm/bin/python"])
+    assert job_python(vllm, "generate") == job_python(vllm, "eval") == ".venv-vllm/bin/python"
+    assert job_python(vllm, "train") is None  # the trainer stays in the main interpreter
+    same = load_config(None, ["generation.engine=vllm", "generation.python=/v/bin/python", "eval.python=/v/bin/python"])
+    assert job_python(same, "eval") == "/v/bin/python"
+    # transformers runs anywhere: an explicit eval.python is kept
+    other = load_config(None, ["generation.python=/gen/bin/python", "eval.python=/eval/bin/python"])
+    assert job_python(other, "eval") == "/eval/bin/python"
+    assert job_python(load_config(None, []), "eval") is None  # nothing set: this interpreter
+
+
+def test_a_vllm_eval_in_another_interpreter_is_refused_at_load_naming_both_keys():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["generation.engine=vllm", "generation.python=.venv-vllm/bin/python", "eval.python=python3"])
+    message = str(err.value)
+    assert "eval.python ('python3')" in message and "generation.python ('.venv-vllm/bin/python')" in message
+    with pytest.raises(ConfigError, match="generation.python \\(None\\)"):
+        load_config(None, ["generation.engine=vllm", "eval.python=.venv-vllm/bin/python"])
+
+
+def test_kubernetes_eval_job_gets_the_generation_image_and_gpus_unless_set():
+    settings = KubernetesJobSettings(
+        image="reg/mugrpo:cpu", images={"generate": "reg/mugrpo:vllm"}, gpus={"generate": 2, "train": 1}
+    )
+    assert (settings.image_for("eval"), settings.gpus_for("eval")) == ("reg/mugrpo:vllm", 2)
+    assert (settings.image_for("train"), settings.gpus_for("train")) == ("reg/mugrpo:cpu", 1)
+    own = KubernetesJobSettings(
+        image="reg/mugrpo:cpu", images={"generate": "reg/a", "eval": "reg/b"}, gpus={"generate": 2, "eval": 0}
+    )
+    assert (own.image_for("eval"), own.gpus_for("eval")) == ("reg/b", 0)
+
+
+def recording_interpreter(path: Path, real: str, log: Path) -> Path:
+    """An executable that appends its arguments to ``log``, then runs them with ``real``."""
+    path.write_text(f'#!/bin/sh\necho "$@" >> "{log}"\nexec "{real}" "$@"\n')
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def one_stage_overrides(root: Path, model_dir: Path, run_id: str) -> list[str]:
+    bench = {"name": "gsm8k", "path": str(DATA / "gsm8k/test.jsonl"), "answer_kind": "gsm8k"}
+    return [
+        f"run.root={root}",
+        f"run.id={run_id}",
+        "run.num_stages=1",
+        f"model.source={model_dir}",
+        "model.max_context=512",
+        f"data.train.path={DATA / 'gsm8k/train.jsonl'}",
+        "data.train.limit=8",
+        "generation.prompts_per_stage=2",
+        "generation.shard_size=2",
+        "generation.sampling.max_new_tokens=6",
+        "generation.sampling.n=2",
+        "train.updates_per_stage=1",
+        "train.rollouts_per_update=4",
+        "train.micro_batch_size=2",
+        f"eval.benchmarks=[{json.dumps({'dataset': bench, 'num_prompts': 2, 'max_new_tokens': 4})}]",
+        "orchestration.retries=0",
+        "tracking.sinks=[]",
+    ]
+
+
+def assert_both_evals_committed(root: Path, run_id: str) -> None:
+    store = Store(str(root))
+    for stage in (0, 1):  # stage 0's per-stage eval (eval.every_stage) and the final policy's
+        manifest = read_job_manifest(store, run_id, stage, "eval")
+        assert manifest is not None, f"no eval job manifest for policy {stage}"
+        assert pq.read_table(root / run_id / f"evals/stage={stage}/gsm8k.parquet").num_rows == 2
+    stage0 = read_manifest(store, run_id, 0)
+    assert any(k.startswith("eval/") for k in stage0.metrics), stage0.metrics
+
+
+def test_default_per_stage_eval_runs_in_a_flow_in_the_generation_interpreter(tmp_path, tiny_model_dir, prefect_api):
+    log = tmp_path / "interpreter.log"
+    wrapper = recording_interpreter(tmp_path / "gen-python", sys.executable, log)
+    overrides = [*one_stage_overrides(tmp_path, tiny_model_dir, "evalflow"), f"generation.python={wrapper}"]
+    cfg = load_config("configs/gsm8k-smollm2-quick.yaml", overrides)
+    assert cfg.eval.every_stage and cfg.eval.python is None  # the main config's default: evaluate every stage
+    result = runner.invoke(app, ["run", "configs/gsm8k-smollm2-quick.yaml", *overrides])
+    assert result.exit_code == 0, result.output
+    assert_both_evals_committed(tmp_path, "evalflow")
+    started = [line.split()[1] for line in log.read_text().splitlines()]  # "-m mugrpo.jobs.KIND SPEC"
+    assert started == ["mugrpo.jobs.generate", "mugrpo.jobs.eval", "mugrpo.jobs.eval"], started
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(
+    not VLLM_PYTHON,
+    reason="set MUGRPO_VLLM_PYTHON to the vLLM virtualenv's python (README, 'GPU generation with vLLM')",
+)
+def test_readme_vllm_config_runs_end_to_end(tmp_path, tiny_model_dir, prefect_api):
+    overrides = [
+        *one_stage_overrides(tmp_path, tiny_model_dir, "vllmflow"),
+        "generation.engine=vllm",
+        f"generation.python={VLLM_PYTHON}",
+        "generation.engine_kwargs={max_model_len: 512}",
+    ]
+    result = runner.invoke(app, ["run", "configs/gsm8k-smollm2-quick.yaml", *overrides])
+    assert result.exit_code == 0, result.output
+    assert_both_evals_committed(tmp_path, "vllmflow")

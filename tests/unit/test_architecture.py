@@ -1,0 +1,162 @@
+"""The house rules of the code base, checked on the source (no run): algorithms have one home, every module sits in a
+layer of the import contract, and the core path is written in functions that fit on a screen.
+
+- Outside the algorithm packages (``mugrpo/algorithms/``), the loss registry (``mugrpo/losses/``) and the stored data
+  contract (``schemas/``: column and table names written in every file so far), no module of the library, the flows
+  or the tasks names an algorithm in code: no identifier, import or one-word string (a key, a column, a registry
+  name) contains one. Prose (docstrings, comments, field descriptions) may cite the papers.
+- Every top-level module and package of ``mugrpo`` is in a layer of the import-linter contract that ``make lint``
+  checks (``.importlinter``), so a new module cannot skip the layering.
+- No function of the trainer, the generation library, the flows or ``mugrpo.report.render`` is over 80 lines.
+"""
+
+from __future__ import annotations
+
+import ast
+import configparser
+import io
+import re
+import tokenize
+from pathlib import Path
+
+import pytest
+
+from mugrpo.algorithms import ALGORITHMS, section_fields
+from mugrpo.config import Config
+from mugrpo.generation import GenerateSpec
+from mugrpo.losses import POLICY_LOSSES
+from mugrpo.trainer.spec import TrainSpec
+
+REPO = Path(__file__).resolve().parents[2]
+#: Where code may name an algorithm.
+HOMES = ("mugrpo/algorithms/", "mugrpo/losses/")
+#: The baseline every algorithm is a variant of: its name is everywhere (mugrpo, the grpo estimator).
+BASELINE = "grpo"
+MAX_FUNCTION_LINES = 80
+CORE_PATH = ("mugrpo/trainer", "mugrpo/generation", "flows")
+
+
+def algorithm_names() -> list[str]:
+    """Every registered algorithm and every registered loss but the baseline: agpo, conspo, gspo, mu_grpo, replay."""
+    return sorted((set(ALGORITHMS) | set(POLICY_LOSSES)) - {BASELINE})
+
+
+def _components(text: str) -> list[str]:
+    return [c for c in re.split(r"[_./=\-{}]+", text.lower()) if c]
+
+
+def _names(text: str, names: list[str]) -> str | None:
+    """The algorithm ``text`` names: one whose underscore-separated parts appear in a row among ``text``'s parts
+    (``agpo_u`` names agpo, ``mu_grpo_loss`` names mu_grpo; ``replayed``, ``mugrpo`` name none)."""
+    parts = _components(text)
+    for name in names:
+        want = name.split("_")
+        if any(parts[i : i + len(want)] == want for i in range(len(parts) - len(want) + 1)):
+            return name
+    return None
+
+
+def _string_body(token: str) -> str:
+    m = re.match(r"^[rRbBuUfF]*(\"\"\"|'''|\"|')", token)
+    if m is None:
+        return token
+    quote = m.group(1)
+    return token[m.end() : -len(quote)] if token.endswith(quote) else token[m.end() :]
+
+
+def code_mentions(source: str, names: list[str]) -> list[tuple[int, str, str]]:
+    """(line, token, algorithm) of every identifier and one-word string literal of ``source`` naming an algorithm."""
+    hits = []
+    fstring_middle = getattr(tokenize, "FSTRING_MIDDLE", None)
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.NAME:
+            hit = _names(tok.string, names)
+        elif tok.type in (tokenize.STRING, fstring_middle):
+            body = _string_body(tok.string) if tok.type == tokenize.STRING else tok.string
+            hit = _names(body, names) if re.fullmatch(r"[A-Za-z0-9_.\-/={}]+", body) else None
+        else:
+            continue
+        if hit:
+            hits.append((tok.start[0], tok.string, hit))
+    return hits
+
+
+def test_the_check_sees_what_it_must():
+    names = ["agpo", "mu_grpo", "replay"]
+    source = (
+        '"""Docstrings may cite AGPO and replay."""\n'
+        "from mugrpo.algorithms.replay import X  # comments may too\n"
+        'if loss.name == "agpo":\n'
+        "    row['agpo_u'] = mu_grpo_loss(f'{x}_replay_part')\n"
+        "self.replayed = mugrpo\n"
+        'raise ValueError("replay.enabled needs an agpo section")\n'
+    )
+    found = [(line, hit) for line, _, hit in code_mentions(source, names)]
+    assert found == [(2, "replay"), (3, "agpo"), (4, "agpo"), (4, "mu_grpo"), (4, "replay")]
+
+
+def test_no_module_outside_the_algorithm_homes_names_an_algorithm():
+    names = algorithm_names()
+    assert {"agpo", "conspo", "gspo", "mu_grpo", "replay"} <= set(names)
+    offenders = []
+    for root in ("mugrpo", "flows", "tasks"):
+        for path in sorted((REPO / root).rglob("*.py")):
+            rel = path.relative_to(REPO).as_posix()
+            if rel.startswith(HOMES):
+                continue
+            hits = code_mentions(path.read_text(), names)
+            offenders += [f"{rel}:{line}: {tok!r} names {hit}" for line, tok, hit in hits]
+    assert not offenders, "algorithm names outside their homes:\n" + "\n".join(offenders)
+
+
+def test_the_algorithm_homes_do_name_them():  # the check is not vacuous: the homes are where the names live
+    names = algorithm_names()
+    sources = [p.read_text() for home in HOMES for p in (REPO / home).rglob("*.py")]
+    named = {hit for source in sources for _, _, hit in code_mentions(source, names)}
+    assert named == set(names)
+
+
+def test_config_and_specs_carry_each_algorithm_section():
+    for name in ALGORITHMS:
+        algorithm = ALGORITHMS[name]
+        assert algorithm.name == name and name in Config.model_fields
+        assert (name in TrainSpec.model_fields) == ("train" in algorithm.jobs)
+        assert (name in GenerateSpec.model_fields) == ("generate" in algorithm.jobs)
+    assert set(section_fields()) == set(ALGORITHMS)
+
+
+def _contract_layers() -> list[set[str]]:
+    config = configparser.ConfigParser()
+    config.read(REPO / ".importlinter")
+    (layers,) = [config[s]["layers"] for s in config.sections() if config[s].get("type") == "layers"]
+    return [{m.strip() for m in re.split(r"[|:]", layer)} for layer in layers.split("\n") if layer.strip()]
+
+
+def test_every_top_level_module_is_in_a_layer():
+    listed = set().union(*_contract_layers())
+    package = REPO / "mugrpo"
+    modules = {f"mugrpo.{p.stem}" for p in package.glob("*.py") if p.stem != "__init__"}
+    modules |= {f"mugrpo.{p.name}" for p in package.iterdir() if (p / "__init__.py").is_file()}
+    modules |= {"flows", "tasks", "schemas"}
+    assert not modules - listed, f"add to a layer in .importlinter: {sorted(modules - listed)}"
+    assert not listed - modules, f"the contract lists modules that are gone: {sorted(listed - modules)}"
+
+
+def _long_functions(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    return [
+        f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+
+
+@pytest.mark.parametrize("root", CORE_PATH)
+def test_core_path_functions_fit_on_a_screen(root):
+    long = [f for path in sorted((REPO / root).rglob("*.py")) for f in _long_functions(path)]
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_report_render_fits_on_a_screen():
+    assert not [f for f in _long_functions(REPO / "mugrpo" / "report.py") if " render " in f]

@@ -1,0 +1,87 @@
+"""The three GSM8K configs (Mu-GRPO, standard GRPO, the naive high-staleness ablation) are one experiment: they
+differ only in the algorithm and the schedule, never in model, data, sampling, optimizer, reward or budget."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mugrpo.config import load_config
+from mugrpo.runs import evaluates_stage, policy_version
+from mugrpo.schedules import stage_plan, total_updates
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+#: Keys a baseline may change: the algorithm (the loss), the schedule and how the run is executed.
+SCHEDULE = {"run.num_stages", "generation.prompts_per_stage", "train.updates_per_stage", "eval.every_n_stages"}
+ALGORITHM_PREFIXES = ("loss.", "replay.")
+EXECUTION_PREFIXES = ("orchestration.",)
+
+
+def _flat(node, prefix: str = "") -> dict:
+    if isinstance(node, dict):
+        return {k: v for key, child in node.items() for k, v in _flat(child, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: node}
+
+
+def _diff(a, b) -> set[str]:
+    fa, fb = _flat(a.to_json_dict()), _flat(b.to_json_dict())
+    return {k for k in fa.keys() | fb.keys() if fa.get(k) != fb.get(k)} - {"run.id"}
+
+
+def _budget(cfg) -> dict:
+    k = cfg.run.num_stages
+    plans = [stage_plan(cfg, s) for s in range(k)]
+    return {
+        "updates": total_updates(cfg),
+        "rollouts": sum(p.num_prompts for p in plans) * cfg.generation.sampling.n,
+        "rollouts_per_update": cfg.train.rollouts_per_update,
+        "prompt_range": (plans[0].prompt_start, plans[-1].prompt_start + plans[-1].num_prompts),
+        "evaluated_versions": sorted({policy_version(cfg, s) for s in range(k) if evaluates_stage(cfg, s)})
+        + [total_updates(cfg)],
+    }
+
+
+def test_baselines_differ_from_the_main_config_only_in_algorithm_and_schedule():
+    main = load_config(CONFIGS / "gsm8k-smollm2.yaml")
+    grpo = load_config(CONFIGS / "gsm8k-smollm2-grpo.yaml")
+    naive = load_config(CONFIGS / "gsm8k-smollm2-naive.yaml")
+    replay = load_config(CONFIGS / "gsm8k-smollm2-replay.yaml")
+
+    extra = {
+        k for k in _diff(main, grpo) if k not in SCHEDULE and not k.startswith(ALGORITHM_PREFIXES + EXECUTION_PREFIXES)
+    }
+    assert not extra, f"gsm8k-smollm2-grpo.yaml differs from the main config outside algorithm/schedule: {extra}"
+    extra = {k for k in _diff(main, naive) if not k.startswith(ALGORITHM_PREFIXES)}
+    assert not extra, f"gsm8k-smollm2-naive.yaml differs from the main config outside the loss: {extra}"
+
+    # replay GRPO runs like the GRPO baseline; only the loss knobs and the replay section differ from it
+    # (and recompute_behavior_logprobs, which replay refuses: a replayed row keeps its birth behavior log-probs)
+    assert {k for k in _diff(grpo, replay) if not k.startswith(ALGORITHM_PREFIXES)} == {
+        "train.recompute_behavior_logprobs"
+    }
+    assert replay.replay.enabled and replay.orchestration == grpo.orchestration
+
+    # the budgets those keys leave: equal (replay: same FRESH rollouts per update and updates; replayed rollouts are
+    # extra compute per update, never extra generation)
+    assert _budget(main) == _budget(grpo) == _budget(naive) == _budget(replay)
+    assert _budget(main)["updates"] == 32 and _budget(main)["rollouts"] == 512
+
+    # and the algorithms are the ones the paper compares
+    assert main.loss.name == "mu_grpo" and main.train.updates_per_stage == 8
+    assert grpo.train.updates_per_stage == 4  # staleness mu = 4: standard GRPO
+    assert grpo.orchestration.execution == "warm" and main.orchestration.execution == "cold"
+    for baseline in (grpo, naive):
+        assert baseline.loss.name == "grpo" and (baseline.loss.eps_low, baseline.loss.eps_high) == (0.2, 0.2)
+    assert naive.run.num_stages == main.run.num_stages  # mu large, like Mu-GRPO
+    # the re-implementation's GRPO (arXiv 2606.04560): clip-higher 0.2/0.28, dual-clip 10, token-mean, no KL
+    assert (replay.loss.name, replay.loss.eps_low, replay.loss.eps_high) == ("grpo", 0.2, 0.28)
+    assert (replay.loss.dual_clip_c, replay.loss.agg_mode, replay.loss.kl_coef) == (10.0, "token-mean", 0.0)
+
+
+def test_the_budget_check_catches_a_changed_budget():
+    main = load_config(CONFIGS / "gsm8k-smollm2.yaml")
+    for override in ("train.lr=1e-5", "generation.sampling.max_new_tokens=128", "generation.sampling.n=4"):
+        other = load_config(CONFIGS / "gsm8k-smollm2-grpo.yaml", [override])
+        changed = {k for k in _diff(main, other) if k not in SCHEDULE and not k.startswith(("loss.", "orchestration."))}
+        assert changed == {override.split("=")[0]}
+    longer = load_config(CONFIGS / "gsm8k-smollm2-grpo.yaml", ["run.num_stages=16"])
+    assert _budget(longer) != _budget(main)  # a schedule key may change, the budget it implies may not
