@@ -265,6 +265,7 @@ SYN_ARMS = {
 
 def synthetic_runs(tmp: Path, model: Path) -> dict:
     """Train jobs on committed synthetic stages (see the module docstring), one run per arm."""
+    sys.path.insert(0, str(REPO))  # bench.support: the test and benchmark support package of this checkout
     try:
         from bench.support.synthetic import commit_rollouts, synthetic_rollout_rows
     except ImportError:  # a checkout from before the test support left the library
