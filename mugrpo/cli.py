@@ -66,7 +66,7 @@ def _load(config: Path | None, overrides: list[str] | None):
     try:
         return load_config(config, overrides or [])
     except ConfigError as e:
-        err.print(f"[red]{e}[/red]")
+        err.print(str(e), style="red", markup=False, highlight=False)  # "[gym]" in a pip command is no markup
         raise typer.Exit(2) from None
 
 
@@ -159,12 +159,18 @@ def _interrupt(signum: int, frame: object) -> None:
 def _execute(cfg) -> None:
     _prefect_env()
     from flows.run import run_flow
+    from mugrpo.gym import check_heldout_disjoint
     from mugrpo.lease import LeaseFenced, RunLeaseHeld, live_holder
     from mugrpo.runs import ConfigMismatchError, open_store
     from mugrpo.storage_errors import check_store, check_writable
     from mugrpo.verify import CorruptedRunError
     from tasks.launchers import JobError
 
+    try:  # reasoning-gym benchmarks of the training task: no question text shared with training (mugrpo.gym)
+        check_heldout_disjoint(cfg.data.train, [b.dataset for b in cfg.eval.benchmarks])
+    except ValueError as e:
+        err.print(f"Error: {e}", style="red", markup=False, highlight=False)
+        raise typer.Exit(2) from None
     store = open_store(cfg)
     uri = store.uri(cfg.run.id)
     with storage_guard(uri, cfg.run.storage_options):  # fail fast, before Prefect's server starts
@@ -255,6 +261,7 @@ def status_cmd(
         "shards",
         "ckpts",
         "reward",
+        "verify t/o",
         "gen tok",
         "probe tok",
         "T_gen",
@@ -276,6 +283,7 @@ def status_cmd(
             str(s.shards_written),
             str(s.checkpoints),
             f"{reward:.3f}" if reward is not None else "-",
+            str(m.counts.get("generate/reward_timeouts", "-")) if m else "-",
             *(str(m.counts[k]) if m and k in m.counts else "-" for k in ("generate/tokens", "generate/probe_tokens")),
             *((f"{getattr(t, f):.0f}s" if t else "-") for f in ("t_gen", "t_train", "t_eval")),
             f"{t.t_switch:.1f}s" if t else "-",
@@ -364,9 +372,11 @@ def report_cmd(
 
 
 def _register_subsystems() -> None:
+    from mugrpo.lab.cli import register_cli as register_lab
     from mugrpo.sql.cli import register_cli as register_sql
 
     register_sql(app)
+    register_lab(app)
 
 
 _register_subsystems()
