@@ -2,14 +2,15 @@
 
     policy_dir = ensure_lab_policy(LabRecipe())     # built once per recipe, then read from the cache
 
-The SFT teaches the product's answer format on the task's gold answers (``EXPRESSION = \\boxed{ANSWER}`` or
-``\\boxed{ANSWER}``, :class:`~mugrpo.lab.recipe.LabRecipe`), on prompts rendered exactly as the generation job renders
-them (the default instruction, the tokenizer's chat template). Every ``eval_every`` steps it samples the held-out
-problems at T = 1 and stops once their accuracy (the ``reasoning_gym`` reward's verdict) reaches
-``target_accuracy``: a policy that answers in format and is right sometimes, so that RL has a signal and room.
+The SFT teaches the product's answer format on the task's gold answers (a short worked line and a boxed answer,
+``7 - 2 = 5, 5 + 9 = \\boxed{14}``; :func:`sft_target`), on prompts rendered exactly as the generation job renders
+them with the recipe's prompt config and the tokenizer's chat template. Every ``eval_every`` steps it samples
+``eval_size`` held-out problems at T = 1, scores them with the ``reasoning_gym`` component, and stops once their
+accuracy reaches ``target_accuracy``: a policy that answers in format and is right sometimes, so that RL has a
+signal and room. The final figures (``lab.json``) are greedy and T = 1 accuracy on ``heldout_size`` held-out problems.
 
 Deterministic from the recipe: torch is seeded and pinned to ``num_threads`` threads, the data order comes from the
-seed, and the stop checks sample with the rollout engine's per-row seeded generators.
+seed, and every accuracy is sampled with the rollout engine's per-row seeded generators.
 """
 
 from __future__ import annotations
@@ -32,7 +33,13 @@ from rich.console import Console
 from mugrpo.lab.recipe import LabRecipe, lab_cache_root
 from mugrpo.lab.tokenizer import build_char_tokenizer
 
-__all__ = ["build_lab_policy", "ensure_lab_policy", "heldout_accuracy", "lab_policy_dir", "sft_target"]
+__all__ = [
+    "build_lab_policy",
+    "ensure_lab_policy",
+    "heldout_accuracy",
+    "lab_policy_dir",
+    "sft_target",
+]
 
 LAB_INFO = "lab.json"
 """File in a built policy's folder: the recipe, its hash, the SFT steps and the measured accuracies."""
@@ -43,12 +50,41 @@ def lab_policy_dir(recipe: LabRecipe, cache_root: Path | None = None) -> Path:
     return Path(cache_root or lab_cache_root()) / f"{recipe.task}-{recipe.hash()}"
 
 
+def _steps(expression: str) -> list[str] | None:
+    """``"3 + 5 - 2"`` -> ``["3 + 5 = 8", "8 - 2 = 6"]``: a +/- chain folded left to right; None for anything else."""
+    tokens = expression.split()
+    if len(tokens) < 3 or len(tokens) % 2 == 0 or any(op not in "+-" for op in tokens[1::2]):
+        return None
+    try:
+        value = int(tokens[0])
+        steps = []
+        for op, operand in zip(tokens[1::2], tokens[2::2], strict=True):
+            new = value + int(operand) if op == "+" else value - int(operand)
+            steps.append(f"{value} {op} {operand} = {new}")
+            value = new
+    except ValueError:
+        return None
+    return steps
+
+
 def sft_target(problem, answer_format: str) -> str:
-    """The SFT response of a problem: ``EXPRESSION = \\boxed{GOLD}`` when the format asks for it and the task entry
-    has a ``metadata['expression']``, else ``\\boxed{GOLD}``."""
-    expression = json.loads(problem.task_metadata or "{}").get("expression") if answer_format == "expression" else None
+    """The SFT response of a problem in the product's answer format (a boxed final answer):
+
+    - ``boxed``: ``\\boxed{GOLD}``;
+    - ``expression``: ``EXPRESSION = \\boxed{GOLD}`` with the entry's ``metadata['expression']``;
+    - ``steps``: ``a + b = x, x - c = \\boxed{GOLD}``, the +/- chain of ``metadata['expression']`` folded left to
+      right (the last step's result is the boxed answer; used only when it equals the gold).
+
+    A task entry without what the format needs gets ``\\boxed{GOLD}``.
+    """
     box = f"\\boxed{{{problem.ground_truth}}}"
-    return f"{expression} = {box}" if expression else box
+    expression = json.loads(problem.task_metadata or "{}").get("expression")
+    if answer_format == "expression" and expression:
+        return f"{expression} = {box}"
+    steps = _steps(expression) if answer_format == "steps" and expression else None
+    if steps and steps[-1].rsplit(" = ", 1)[1] == problem.ground_truth:
+        return ", ".join([*steps[:-1], f"{steps[-1].rsplit(' = ', 1)[0]} = {box}"])
+    return box
 
 
 def _problems(recipe: LabRecipe):
@@ -91,9 +127,9 @@ def _model(recipe: LabRecipe, tokenizer):
 
 def _encode(recipe: LabRecipe, tokenizer, problems) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, response ids + EOS) of each problem, the prompt rendered as the generation job renders it."""
-    from mugrpo.prompts import PromptConfig, encode_prompt, render_prompt
+    from mugrpo.prompts import encode_prompt, render_prompt
 
-    prompt_cfg = PromptConfig(instruction=recipe.instruction)
+    prompt_cfg = recipe.prompt()
     out = []
     for p in problems:
         prompt = encode_prompt(tokenizer, render_prompt(tokenizer, p.question, prompt_cfg))
@@ -120,9 +156,7 @@ def _batch(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch
     return ids, mask, labels
 
 
-def heldout_accuracy(
-    model, tokenizer, problems, *, instruction: str, temperature: float, max_new_tokens: int, seed: int
-) -> dict:
+def heldout_accuracy(model, tokenizer, problems, *, prompt, temperature: float, max_new_tokens: int, seed: int) -> dict:
     """Accuracy of ``model`` on ``problems``, one sample each, scored by the ``reasoning_gym`` reward component.
 
     Samples with the product's rollout engine on the live model (T = 0 is greedy).
@@ -133,13 +167,12 @@ def heldout_accuracy(
     from mugrpo.answers import extract_boxed
     from mugrpo.engines.base import SamplingParams
     from mugrpo.engines.transformers_engine import TransformersEngine
-    from mugrpo.prompts import PromptConfig, encode_prompt, render_prompt
+    from mugrpo.prompts import encode_prompt, render_prompt
     from mugrpo.rewards import RewardInput
     from mugrpo.rewards.reasoning_gym import reasoning_gym_score
 
     engine = TransformersEngine(model, tokenizer, batch_size=256)
-    prompt_cfg = PromptConfig(instruction=instruction)
-    prompts = [encode_prompt(tokenizer, render_prompt(tokenizer, p.question, prompt_cfg)) for p in problems]
+    prompts = [encode_prompt(tokenizer, render_prompt(tokenizer, p.question, prompt)) for p in problems]
     params = SamplingParams(temperature=temperature, n=1, max_new_tokens=max_new_tokens, seed=seed)
     samples = [group[0] for group in engine.generate(prompts, params)]
     scores = [
@@ -178,8 +211,9 @@ def build_lab_policy(recipe: LabRecipe, dest: Path, console: Console | None = No
         order: list[int] = []
         checks: list[dict] = []
         stop_set = heldout[: recipe.eval_size]
+        prompt = recipe.prompt()
         step, loss_value, reached = 0, math.nan, False
-        fields = "loss {task.fields[loss]:.3f}  acc@T=1 {task.fields[acc]:.2f}"
+        fields = "loss {task.fields[loss]:.3f}  acc@T=1 {task.fields[acc]:.3f}"
         with job_progress("lab SFT", "steps", fields, console) as bar:
             task = bar.add_task("sft", total=recipe.max_steps, loss=math.nan, acc=0.0)
             while step < recipe.max_steps and not reached:
@@ -201,14 +235,14 @@ def build_lab_policy(recipe: LabRecipe, dest: Path, console: Console | None = No
                         model,
                         tokenizer,
                         stop_set,
-                        instruction=recipe.instruction,
+                        prompt=prompt,
                         temperature=1.0,
                         max_new_tokens=recipe.max_new_tokens,
                         seed=step,
-                    )
-                    checks.append({"step": step, "loss": loss_value, "accuracy_t1": acc["accuracy"]})
-                    reached = acc["accuracy"] >= recipe.target_accuracy
-                    bar.update(task, acc=acc["accuracy"])
+                    )["accuracy"]
+                    checks.append({"step": step, "loss": loss_value, "accuracy_t1": acc})
+                    reached = acc >= recipe.target_accuracy
+                    bar.update(task, acc=acc)
                 bar.update(task, advance=1, loss=loss_value)
         sft_seconds = time.monotonic() - t0
         model.eval()
@@ -216,7 +250,7 @@ def build_lab_policy(recipe: LabRecipe, dest: Path, console: Console | None = No
             model,
             tokenizer,
             heldout,
-            instruction=recipe.instruction,
+            prompt=recipe.prompt(),
             temperature=0.0,
             max_new_tokens=recipe.max_new_tokens,
             seed=0,
@@ -225,7 +259,7 @@ def build_lab_policy(recipe: LabRecipe, dest: Path, console: Console | None = No
             model,
             tokenizer,
             heldout,
-            instruction=recipe.instruction,
+            prompt=recipe.prompt(),
             temperature=1.0,
             max_new_tokens=recipe.max_new_tokens,
             seed=1,
@@ -260,7 +294,7 @@ def build_lab_policy(recipe: LabRecipe, dest: Path, console: Console | None = No
         torch.set_num_threads(threads)
     status = "reached" if reached else "did NOT reach"
     console.print(
-        f"lab: {step} SFT steps in {sft_seconds:.0f} s ({status} T=1 accuracy {recipe.target_accuracy} on "
+        f"lab: {step} SFT steps in {sft_seconds:.0f} s ({status} sampled T=1 accuracy {recipe.target_accuracy} on "
         f"{len(stop_set)} held-out problems); held-out ({len(heldout)}): greedy {greedy['accuracy']:.3f}, T=1 "
         f"{sampled['accuracy']:.3f}, boxed {greedy['boxed']:.2f}; saved to {dest}"
     )
