@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = ["DEFAULT_PARAMS", "LabRecipe", "lab_cache_root"]
 
@@ -74,6 +74,13 @@ class LabRecipe(BaseModel):
     )
     max_new_tokens: int = Field(40, ge=1, description="Response budget of the stop check and the reported figures.")
     num_threads: int = Field(1, ge=1, description="torch threads (fixed: CPU results depend on the thread count).")
+
+    @model_validator(mode="after")
+    def _known_task(self) -> LabRecipe:
+        from mugrpo.gym import check_task
+
+        check_task(self.task, self.params)  # unknown task or params: ValueError naming them (before any build)
+        return self
 
     def hash(self) -> str:
         """16 hex digits naming this recipe's build."""
