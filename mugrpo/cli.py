@@ -159,14 +159,14 @@ def _interrupt(signum: int, frame: object) -> None:
 def _execute(cfg) -> None:
     _prefect_env()
     from flows.run import run_flow
-    from mugrpo.gym import check_heldout_disjoint
+    from mugrpo.data import check_heldout_disjoint
     from mugrpo.lease import LeaseFenced, RunLeaseHeld, live_holder
     from mugrpo.runs import ConfigMismatchError, open_store
     from mugrpo.storage_errors import check_store, check_writable
     from mugrpo.verify import CorruptedRunError
     from tasks.launchers import JobError
 
-    try:  # reasoning-gym benchmarks of the training task: no question text shared with training (mugrpo.gym)
+    try:  # reasoning-gym benchmarks of the training task: no question text shared with training
         check_heldout_disjoint(cfg.data.train, [b.dataset for b in cfg.eval.benchmarks])
     except ValueError as e:
         err.print(f"Error: {e}", style="red", markup=False, highlight=False)

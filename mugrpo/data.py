@@ -185,9 +185,7 @@ def load_problems(cfg: DatasetConfig) -> tuple[list[Problem], LoadReport]:
             extractable gold answer) when ``cfg.on_bad_row == 'error'``; the message names the file and line.
     """
     if cfg.source == "reasoning_gym":
-        from mugrpo.gym import gym_problems
-
-        return gym_problems(cfg)
+        return _load_gym(cfg)
     report = LoadReport(path=cfg.path)
     seen: set[str] = set()
     problems: list[Problem] = []
@@ -213,3 +211,77 @@ def load_problems(cfg: DatasetConfig) -> tuple[list[Problem], LoadReport]:
             break
     report.loaded = len(problems)
     return problems, report
+
+
+def _load_gym(cfg: DatasetConfig) -> tuple[list[Problem], LoadReport]:
+    """The problems of a ``source: reasoning_gym`` dataset (:func:`mugrpo.gym.generate_items`), de-duplicated on
+    (question, gold) like a file's rows; ``limit`` keeps the first N."""
+    from mugrpo.gym import generate_items
+
+    report = LoadReport(path=f"reasoning_gym:{cfg.task} (seed {cfg.seed}, split {cfg.split})")
+    seen: set[str] = set()
+
+    def is_duplicate(question: str, gold: str) -> bool:
+        pid = prompt_id_for(question, gold)
+        if pid in seen:
+            report.duplicates += 1
+            return True
+        seen.add(pid)
+        return False
+
+    size = min(cfg.size, cfg.limit) if cfg.limit else cfg.size
+    try:
+        items, drawn, other = generate_items(
+            cfg.task,
+            cfg.params,
+            seed=cfg.seed,
+            size=size,
+            split=cfg.split,
+            heldout_fraction=cfg.heldout_fraction,
+            is_duplicate=is_duplicate,
+        )
+    except ValueError as e:
+        raise DatasetError(f"dataset {cfg.name!r}: {e}") from None
+    report.rows, report.skipped["other split"], report.loaded = drawn, other, len(items)
+    problems = [
+        Problem(
+            prompt_id=prompt_id_for(item.question, item.answer),
+            question=item.question,
+            ground_truth=item.answer,
+            source=f"reasoning_gym:{cfg.task}[{item.index}]",
+            task=cfg.task,
+            task_ref=item.task_ref,
+            task_metadata=item.metadata,
+        )
+        for item in items
+    ]
+    return problems, report
+
+
+def check_heldout_disjoint(train_cfg: DatasetConfig, eval_cfgs: list[DatasetConfig]) -> dict[str, int]:
+    """Assert that no reasoning-gym benchmark of the training task shares a question text with the training set
+    (:mod:`mugrpo.gym` splits by a hash of the text, so this holds unless a benchmark uses the training split).
+
+    Returns:
+        ``{benchmark name: number of questions checked}`` for each reasoning-gym benchmark of the training task.
+
+    Raises:
+        ValueError: a benchmark shares question texts with the training set (names it and one shared question).
+    """
+    if train_cfg.source != "reasoning_gym":
+        return {}
+    benches = [b for b in eval_cfgs if b.source == "reasoning_gym" and b.task == train_cfg.task]
+    if not benches:
+        return {}
+    train_questions = {p.question for p in load_problems(train_cfg)[0]}
+    checked = {}
+    for bench in benches:
+        questions = {p.question for p in load_problems(bench)[0]}
+        shared = questions & train_questions
+        if shared:
+            raise ValueError(
+                f"benchmark {bench.name!r} shares {len(shared)} question(s) with data.train (e.g. "
+                f"{sorted(shared)[0]!r}): evaluate on split: heldout with the training heldout_fraction"
+            )
+        checked[bench.name] = len(questions)
+    return checked

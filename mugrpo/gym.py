@@ -10,7 +10,7 @@ read from a file::
   same (task, params, seed, size, split) always gives the same problems in the same order.
 - **Held-out split disjoint by construction**: every generated question is assigned to a split by a hash of its
   text (``heldout_fraction`` of the hash space is held out), so no question text can be in both splits whatever
-  the seeds and sizes; :func:`check_heldout_disjoint` asserts it on the question texts of a run's configs.
+  the seeds and sizes; :func:`mugrpo.data.check_heldout_disjoint` asserts it on the question texts of a run's configs.
 - **Scoring**: each problem carries a reference to its task entry (:attr:`mugrpo.data.Problem.task_ref`); the
   ``reasoning_gym`` reward component (:mod:`mugrpo.rewards.reasoning_gym`) rebuilds the entry in the verifier
   worker and calls the task's own ``score_answer``.
@@ -23,15 +23,17 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 __all__ = [
     "GYM_INSTALL_HINT",
-    "check_heldout_disjoint",
+    "GymItem",
     "check_reward_source",
     "check_task",
-    "gym_problems",
+    "generate_items",
     "score_fn",
     "split_of",
     "task_entry",
@@ -106,7 +108,7 @@ def task_entry(task_ref: str) -> dict[str, Any]:
 
     Raises:
         GymNotInstalled: reasoning-gym is missing.
-        ValueError: ``task_ref`` is not a reference written by :func:`gym_problems`.
+        ValueError: ``task_ref`` is not a reference written by :func:`generate_items`.
     """
     try:
         ref = json.loads(task_ref)
@@ -125,99 +127,65 @@ def score_fn(task_ref: str):
     ).score_answer
 
 
-def gym_problems(cfg) -> tuple[list, Any]:
-    """The problems of a ``source: reasoning_gym`` dataset config (:class:`mugrpo.data.DatasetConfig`).
+@dataclass(frozen=True)
+class GymItem:
+    """One generated problem: its question and gold answer, the reference that regenerates its task entry
+    (:func:`task_entry`) and the entry's metadata as JSON."""
 
-    Items ``0, 1, 2, ...`` of the task are generated in order; an item is kept when its question falls in
-    ``cfg.split`` (:func:`split_of`) and is not a duplicate (same question and answer), until ``cfg.size``
-    problems are kept. ``cfg.limit`` then keeps the first N.
+    index: int
+    question: str
+    answer: str
+    task_ref: str
+    metadata: str
+
+
+def generate_items(
+    task: str,
+    params: dict[str, Any],
+    *,
+    seed: int,
+    size: int,
+    split: str,
+    heldout_fraction: float,
+    is_duplicate: Callable[[str, str], bool],
+) -> tuple[list[GymItem], int, int]:
+    """The first ``size`` distinct problems of ``split`` that the task generates with ``seed``.
+
+    Items ``0, 1, 2, ...`` are generated in order (item i from ``seed + i``, reasoning-gym's contract); an item is
+    kept when its question falls in ``split`` (:func:`split_of`) and ``is_duplicate(question, answer)`` is False (the
+    caller's de-duplication, which records what it has seen).
 
     Returns:
-        (problems, load report); each problem's ``source`` is ``reasoning_gym:TASK[i]``, its ``task_ref`` the
-        reference :func:`task_entry` resolves and its ``task_metadata`` the entry's metadata as JSON.
+        (items, items drawn, items of the other split).
 
     Raises:
         GymNotInstalled: reasoning-gym is missing.
-        mugrpo.data.DatasetError: the task yields fewer than ``size`` distinct problems of the split within
-            50 draws per problem (a small task space: lower ``size`` or change ``heldout_fraction``).
+        ValueError: fewer than ``size`` distinct problems of the split within 50 draws per problem (a small task
+            space: lower ``size`` or change ``heldout_fraction``).
     """
-    from mugrpo.data import DatasetError, LoadReport, Problem, prompt_id_for
-
-    params_json = json.dumps(cfg.params, sort_keys=True)
-    wanted = min(cfg.size, cfg.limit) if cfg.limit else cfg.size
-    fraction = cfg.heldout_fraction if cfg.split == "heldout" else 1.0 - cfg.heldout_fraction
+    params_json = json.dumps(params, sort_keys=True)
+    fraction = heldout_fraction if split == "heldout" else 1.0 - heldout_fraction
     # the virtual size only bounds the indices drawn; item i depends on seed + i alone (reasoning-gym's contract)
-    max_draws = int(_MAX_DRAWS_PER_PROBLEM * cfg.size / fraction) + 100
-    dataset = _dataset(cfg.task, params_json, cfg.seed, max_draws)
-    report = LoadReport(path=f"reasoning_gym:{cfg.task} (seed {cfg.seed}, split {cfg.split})")
-    seen: set[str] = set()
-    problems = []
+    max_draws = int(_MAX_DRAWS_PER_PROBLEM * size / fraction) + 100
+    dataset = _dataset(task, params_json, seed, max_draws)
+    items: list[GymItem] = []
+    other = 0
     for index in range(max_draws):
         entry = dataset[index]
-        report.rows += 1
-        question, gold = str(entry["question"]).strip(), str(entry["answer"]).strip()
-        if split_of(question, cfg.heldout_fraction) != cfg.split:
-            report.skipped["other split"] += 1
+        question, answer = str(entry["question"]).strip(), str(entry["answer"]).strip()
+        if split_of(question, heldout_fraction) != split:
+            other += 1
             continue
-        pid = prompt_id_for(question, gold)
-        if pid in seen:
-            report.duplicates += 1
+        if is_duplicate(question, answer):
             continue
-        seen.add(pid)
-        problems.append(
-            Problem(
-                prompt_id=pid,
-                question=question,
-                ground_truth=gold,
-                source=f"reasoning_gym:{cfg.task}[{index}]",
-                task=cfg.task,
-                task_ref=_ref(cfg.task, params_json, cfg.seed, max_draws, index),
-                task_metadata=json.dumps(entry.get("metadata", {}), default=str, sort_keys=True),
-            )
-        )
-        if len(problems) >= wanted:
-            break
-    else:
-        raise DatasetError(
-            f"dataset {cfg.name!r}: reasoning-gym task {cfg.task!r} with params {cfg.params} gave only "
-            f"{len(problems)} distinct {cfg.split} problems in {max_draws} draws (wanted {wanted}); lower size"
-        )
-    report.loaded = len(problems)
-    return problems, report
-
-
-def check_heldout_disjoint(train_cfg, eval_cfgs) -> dict[str, int]:
-    """Assert that no held-out benchmark of the same task shares a question text with the training set.
-
-    Args:
-        train_cfg: ``data.train`` (:class:`mugrpo.data.DatasetConfig`).
-        eval_cfgs: the benchmarks' dataset configs.
-
-    Returns:
-        ``{benchmark name: number of questions checked}`` for each reasoning-gym benchmark of the training task.
-
-    Raises:
-        ValueError: a benchmark shares question texts with the training set (names it and one shared question).
-    """
-    from mugrpo.data import load_problems
-
-    if train_cfg.source != "reasoning_gym":
-        return {}
-    benches = [b for b in eval_cfgs if b.source == "reasoning_gym" and b.task == train_cfg.task]
-    if not benches:
-        return {}
-    train_questions = {p.question for p in load_problems(train_cfg)[0]}
-    checked = {}
-    for bench in benches:
-        questions = {p.question for p in load_problems(bench)[0]}
-        shared = questions & train_questions
-        if shared:
-            raise ValueError(
-                f"benchmark {bench.name!r} shares {len(shared)} question(s) with data.train (e.g. "
-                f"{sorted(shared)[0]!r}): evaluate on split: heldout with the training heldout_fraction"
-            )
-        checked[bench.name] = len(questions)
-    return checked
+        metadata = json.dumps(entry.get("metadata", {}), default=str, sort_keys=True)
+        items.append(GymItem(index, question, answer, _ref(task, params_json, seed, max_draws, index), metadata))
+        if len(items) >= size:
+            return items, index + 1, other
+    raise ValueError(
+        f"reasoning-gym task {task!r} with params {params} gave only {len(items)} distinct {split} problems in "
+        f"{max_draws} draws (wanted {size}); lower size"
+    )
 
 
 def check_reward_source(reward, train_cfg) -> None:

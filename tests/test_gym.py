@@ -15,8 +15,8 @@ import pytest
 pytest.importorskip("reasoning_gym")
 
 from mugrpo.config import ConfigError, config_from_dict, load_config
-from mugrpo.data import DatasetConfig, DatasetError, load_problems
-from mugrpo.gym import check_heldout_disjoint, split_of
+from mugrpo.data import DatasetConfig, DatasetError, check_heldout_disjoint, load_problems
+from mugrpo.gym import split_of
 from mugrpo.rewards import REWARD_FUNCTIONS, RewardConfig, RewardInput, RewardScorer
 
 ARITH = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2, "operators": ["+", "-"]}
