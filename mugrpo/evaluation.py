@@ -87,7 +87,8 @@ def _bench_rows(spec: EvalSpec, bench: BenchmarkConfig, tokenizer, engine, score
     )
     groups = engine.generate([encode_prompt(tokenizer, t) for t in texts], params)
     flat = [(p, t, i, s) for p, t, samples in zip(problems, texts, groups, strict=True) for i, s in enumerate(samples)]
-    results = scorer.score([RewardInput(s.text, p.ground_truth) for p, _, _, s in flat])
+    results = scorer.score([RewardInput.for_problem(p, s.text) for p, _, _, s in flat]
+    correctness = bench.dataset.correctness_component)
     now = datetime.now(UTC)
     return [
         {
@@ -103,7 +104,9 @@ def _bench_rows(spec: EvalSpec, bench: BenchmarkConfig, tokenizer, engine, score
             "finish_reason": s.finish_reason,
             "ground_truth": p.ground_truth,
             "extracted_answer": r.extracted_answer,
-            "correct": r.status == "ok" and r.components.get("math_correctness", 0.0) >= 1.0,
+            "correct": r.status == "ok" and r.components.get(correctness, 0.0) >= 1.0,
+            "task": p.task,
+            "task_metadata": p.task_metadata,
             "reward_status": r.status,
             "temperature": bench.temperature,
             "top_p": bench.top_p,
@@ -142,7 +145,7 @@ class EvalWorker(VerifierPoolOwner):
     def reward_config(spec: EvalSpec) -> RewardConfig:
         """The correctness-only reward of an evaluation."""
         return RewardConfig(
-            components={"math_correctness": 1.0},
+            components={name: 1.0 for name in sorted({b.dataset.correctness_component for b in spec.benchmarks})},
             verify_timeout_s=spec.verify_timeout_s,
             num_workers=spec.reward_workers,
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import html
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import matplotlib
@@ -40,6 +40,13 @@ class ReportData:
     steps: list[dict]
     evals: list[dict]
     files: list[str]
+    examples: list[dict] = field(default_factory=list)
+
+
+#: The correctness component of a rollout: math_correctness, or the reasoning_gym task's own score (mugrpo.gym).
+CORRECTNESS = "coalesce(reward_components['math_correctness'], reward_components['reasoning_gym'])"
+#: Example rollouts shown per stage (the first sample of the stage's first prompts by prompt id).
+EXAMPLES_PER_STAGE = 3
 
 
 def _rows(cat, query: str) -> list[dict]:
@@ -56,8 +63,9 @@ def collect(target: str, storage_options: dict | None = None) -> ReportData:
         stages = _rows(cat, "SELECT stage, t_gen, t_train, t_eval, t_switch, t_total FROM stages ORDER BY stage")
         by_stage = _rows(
             cat,
-            """SELECT stage, count(*) AS rollouts, avg(reward) AS mean_reward,
-                      avg(CASE WHEN reward_components['math_correctness'] >= 1 THEN 1 ELSE 0 END) AS accuracy,
+            f"""SELECT stage, count(*) AS rollouts, avg(reward) AS mean_reward,
+                      avg(CASE WHEN {CORRECTNESS} >= 1 THEN 1 ELSE 0 END) AS accuracy,
+                      avg({CORRECTNESS}) AS correctness,
                       avg(CASE WHEN reward_components['format'] > 0 THEN 1 ELSE 0 END) AS boxed_rate,
                       avg(num_tokens) AS mean_len, quantile_cont(num_tokens, 0.5) AS p50_len,
                       quantile_cont(num_tokens, 0.9) AS p90_len, max(num_tokens) AS max_len,
@@ -65,6 +73,13 @@ def collect(target: str, storage_options: dict | None = None) -> ReportData:
                       avg(CASE WHEN zero_variance THEN 1 ELSE 0 END) AS zero_var_frac,
                       min(policy_version) AS policy_version
                FROM rollouts WHERE is_probe IS NOT TRUE GROUP BY stage ORDER BY stage""",
+        )
+        examples = _rows(
+            cat,
+            f"""SELECT stage, prompt_text, response_text, reward, ground_truth, {CORRECTNESS} AS correctness
+               FROM rollouts WHERE is_probe IS NOT TRUE AND sample_idx = 0
+               QUALIFY row_number() OVER (PARTITION BY stage ORDER BY prompt_id) <= {EXAMPLES_PER_STAGE}
+               ORDER BY stage, prompt_id""",
         )
         steps = _rows(
             cat,
@@ -81,7 +96,7 @@ def collect(target: str, storage_options: dict | None = None) -> ReportData:
         uri = cat.target.url
     files = _parquet_files(target, storage_options, run_id)
     return ReportData(
-        run_id, uri, str(runs[0].get("created_at")) if runs else None, stages, by_stage, steps, evals, files
+        run_id, uri, str(runs[0].get("created_at")) if runs else None, stages, by_stage, steps, evals, files, examples
     )
 
 
@@ -265,8 +280,9 @@ _LENGTH_COLUMNS = [
     ("stage", "stage"),
     ("rollouts", "rollouts"),
     ("mean reward", "mean_reward"),
+    ("correctness", "correctness"),
+    ("correct", "accuracy"),
     ("boxed rate", "boxed_rate"),
-    ("accuracy", "accuracy"),
     ("mean len", "mean_len"),
     ("p50", "p50_len"),
     ("p90", "p90_len"),
@@ -283,6 +299,20 @@ def render(data: ReportData) -> str:
         [h for h, _ in _LENGTH_COLUMNS], [[r[k] for _, k in _LENGTH_COLUMNS] for r in data.rollouts_by_stage]
     )
     files = "".join(f"<li><code>{html.escape(f)}</code></li>" for f in data.files)
+    examples = _table(
+        ["stage", "prompt", "response", "gold", "correctness", "reward"],
+        [
+            [
+                e["stage"],
+                e["prompt_text"][-300:],
+                e["response_text"][:300],
+                e["ground_truth"],
+                e["correctness"],
+                e["reward"],
+            ]
+            for e in data.examples
+        ],
+    )
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>mugrpo report: {html.escape(data.run_id)}</title>
@@ -298,6 +328,12 @@ time (the paper's T_roll), T_switch the job start, engine start and weight-load 
 <div class="plots">{"".join(_plots(data, ax))}</div>
 <h2>Rollouts and response lengths</h2>
 {lengths}
+<p>mean reward = the weighted sum of the components; correctness = the mean correctness component
+(math_correctness, or the reasoning-gym task's score); correct = share of rollouts with correctness 1; boxed rate =
+share with a boxed answer (the format component).</p>
+<h2>Example rollouts</h2>
+<p>The first sample of {EXAMPLES_PER_STAGE} prompts per stage.</p>
+{examples}
 <h2>Parquet files</h2>
 <p>Plain Hive-partitioned Parquet: query them with <code>mugrpo sql</code>, the DuckDB CLI, pandas, polars or
 pyarrow.</p>

@@ -51,7 +51,12 @@ def ensure_initial_policy(cfg: Config, store: Store) -> None:
     rel = RunLayout(cfg.run.id).policy_dir(0)
     if store.is_complete_dir(rel):
         return
-    source = smollm2_gguf_path() if cfg.model.source == "smollm2" else Path(cfg.model.source)
+    if cfg.model.source == "lab":  # the lab policy of the default recipe, built once into the cache (mugrpo.lab)
+        from mugrpo.lab import ensure_lab_policy
+
+        source = ensure_lab_policy()
+    else:
+        source = smollm2_gguf_path() if cfg.model.source == "smollm2" else Path(cfg.model.source)
     with tempfile.TemporaryDirectory(prefix="mugrpo-policy0-") as tmp:
         convert_to_hf_dir(source, tmp)
         store.upload_dir(tmp, rel, meta={"source": str(source), "policy_version": 0})

@@ -46,6 +46,9 @@ ROLLOUT_SCHEMA = pa.schema(
         pa.field("probe_skew", pa.float64()),  # the prompt's probe skew k3 (clamped to +-10)
         pa.field("agpo_u", pa.float64()),  # U = w_r sigma + w_e E + w_k |k3|
         pa.field("agpo_c", pa.float64()),  # c = (U - EMA) / (EMA + 1e-8); the row's temperature is tau(c)
+        # v4 (reasoning-gym, mugrpo.gym); NULL in v1-v3 files and for problems read from a file.
+        pa.field("task", pa.string()),  # the reasoning-gym task that generated the prompt
+        pa.field("task_metadata", pa.string()),  # the task entry's metadata as JSON (difficulty, expression...)
     ]
 )
 
@@ -146,6 +149,9 @@ EVAL_SCHEMA = pa.schema(
         pa.field("temperature", pa.float32(), nullable=False),
         pa.field("top_p", pa.float32(), nullable=False),
         pa.field("created_at", _ts, nullable=False),
+        # v2 (reasoning-gym benchmarks); NULL in v1 files and for benchmarks read from a file.
+        pa.field("task", pa.string()),
+        pa.field("task_metadata", pa.string()),  # JSON
     ]
 )
 
@@ -158,13 +164,17 @@ TABLES: dict[str, pa.Schema] = {
 
 #: Current version of each table's schema. Readers accept exactly these versions.
 #: rollouts v2: + top_k, min_p (the trainer replays the engine's truncation, mugrpo.truncation); v3: + the AGPO
-#: probe columns (is_probe, probe statistics, U, c).
+#: probe columns (is_probe, probe statistics, U, c); v4: + task, task_metadata (reasoning-gym problems).
 #: train_steps v2: + loss_metrics (a loss's own metrics, e.g. ConSPO's); v3: + the replay-buffer columns.
-SCHEMA_VERSIONS: dict[str, int] = {"rollouts": 3, "train_steps": 3, "evals": 1, "replay": 1}
+#: evals v2: + task, task_metadata.
+SCHEMA_VERSIONS: dict[str, int] = {"rollouts": 4, "train_steps": 3, "evals": 2, "replay": 1}
 
 _AGPO_COLUMNS = {"is_probe", "probe_sigma", "probe_vote_entropy", "probe_skew", "agpo_u", "agpo_c"}
+_TASK_COLUMNS = {"task", "task_metadata"}
+#: rollouts version 3 = version 4 without the task columns (read as NULL).
+ROLLOUT_SCHEMA_V3 = pa.schema([f for f in ROLLOUT_SCHEMA if f.name not in _TASK_COLUMNS])
 #: rollouts version 2 = version 3 without the AGPO columns (read as NULL; is_probe NULL means not a probe).
-ROLLOUT_SCHEMA_V2 = pa.schema([f for f in ROLLOUT_SCHEMA if f.name not in _AGPO_COLUMNS])
+ROLLOUT_SCHEMA_V2 = pa.schema([f for f in ROLLOUT_SCHEMA_V3 if f.name not in _AGPO_COLUMNS])
 #: rollouts version 1 = version 2 without ``top_k`` / ``min_p`` (v1 engines applied neither: read as 0 = off).
 ROLLOUT_SCHEMA_V1 = pa.schema([f for f in ROLLOUT_SCHEMA_V2 if f.name not in ("top_k", "min_p")])
 
@@ -176,9 +186,14 @@ OLDER_DEFAULTS: dict[tuple[str, str], object] = {("rollouts", "top_k"): 0, ("rol
 
 #: Older versions a reader still accepts: (table, version) -> the schema of that version. Columns added since are
 #: filled by :func:`mugrpo.tables.read_table` (a stated default, else NULL); the SQL views read files by column name.
+#: evals version 1 = version 2 without the task columns (read as NULL).
+EVAL_SCHEMA_V1 = pa.schema([f for f in EVAL_SCHEMA if f.name not in _TASK_COLUMNS])
+
 OLDER_SCHEMAS: dict[tuple[str, int], pa.Schema] = {
     ("train_steps", 1): TRAIN_STEP_SCHEMA_V1,
     ("train_steps", 2): TRAIN_STEP_SCHEMA_V2,
+    ("rollouts", 3): ROLLOUT_SCHEMA_V3,
     ("rollouts", 2): ROLLOUT_SCHEMA_V2,
     ("rollouts", 1): ROLLOUT_SCHEMA_V1,
+    ("evals", 1): EVAL_SCHEMA_V1,
 }

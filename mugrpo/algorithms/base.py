@@ -294,7 +294,8 @@ class ShardToSample:
     Attributes:
         stage, shard: where it is.
         seed: the run seed.
-        prompt_ids, ground_truths: per prompt of the shard, in order.
+        prompt_ids, ground_truths, task_refs: per prompt of the shard, in order (``task_refs``: the reasoning-gym
+            entry that scores a prompt, :attr:`mugrpo.data.Problem.task_ref`; None for other data).
         sampling: the stage's sampling params.
         dispersion: ``advantage.dispersion``, the reward dispersion measure.
         sample: samples the shard's prompts with the given params (outer: prompt; inner: sample); raises the
@@ -307,6 +308,7 @@ class ShardToSample:
     seed: int
     prompt_ids: Sequence[str]
     ground_truths: Sequence[str]
+    task_refs: Sequence[str | None]
     sampling: SamplingParams
     dispersion: str
     sample: Callable[[SamplingParams], list[list[Sample]]]

@@ -30,6 +30,7 @@ _SUMMARY_COLUMNS = [
     "finish_reason",
     "is_probe",
     "temperature",
+    "reward_status",
 ]
 
 
@@ -136,6 +137,9 @@ def _generation_manifest(spec: GenerateSpec, store: Store, parts: list[JobManife
         "zero_variance_groups": len({r["prompt_id"] for r in train_rows if r["zero_variance"]}),
         "dataset_rows": first["dataset_rows"],
         "workers": spec.workers,
+        # rows scored 0 because the verifier timed out / raised (reward_status), not because they were wrong
+        "reward_timeouts": sum(r["reward_status"] == "timeout" for r in train_rows),
+        "reward_errors": sum(r["reward_status"].startswith("error") for r in train_rows),
         **{k: v for k, v in first.items() if k.startswith("skipped_")},
     }
     if len(files) != counts["shards"]:

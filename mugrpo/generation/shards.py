@@ -82,7 +82,7 @@ def shard_rows(
         return [], 0
     params = shard_params(spec, shard, prompts, plan)
     flat = [(p, i, s) for p, samples in zip(prompts, groups, strict=True) for i, s in enumerate(samples)]
-    results = scorer.score([RewardInput(s.text, p.problem.ground_truth) for p, _, s in flat])
+    results = scorer.score([RewardInput.for_problem(p.problem, s.text) for p, _, s in flat])
     columns = {}
     if plan is not None and plan.columns:
         columns = {p.problem.prompt_id: c for p, c in zip(prompts, plan.columns, strict=True)}
@@ -133,6 +133,8 @@ def rollout_rows(
             "reward_components": r.components,
             "reward_status": r.status,
             "ground_truth": p.problem.ground_truth,
+            "task": p.problem.task,
+            "task_metadata": p.problem.task_metadata,
             "extracted_answer": r.extracted_answer,
             "advantage": float(adv),
             "zero_variance": bool(zv),

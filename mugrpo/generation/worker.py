@@ -190,6 +190,7 @@ def plan_shard(
         seed=spec.seed,
         prompt_ids=[p.problem.prompt_id for p in prompts],
         ground_truths=[p.problem.ground_truth for p in prompts],
+        task_refs=[p.problem.task_ref for p in prompts],
         sampling=spec.sampling,
         dispersion=spec.advantage.dispersion,
         sample=lambda params: generate_groups(spec, shard, prompts, engine, params),

@@ -67,7 +67,8 @@ class RewardConfig(BaseModel):
         if not components:
             raise ValueError("components must name at least one reward component")
         for name, weight in components.items():
-            REWARD_FUNCTIONS[name]  # raises UnknownNameError (a ValueError) listing the registered names
+            fn = REWARD_FUNCTIONS[name]  # raises UnknownNameError (a ValueError) listing the registered names
+            getattr(fn, "check_installed", lambda: None)()  # an optional package missing: the pip command
             if not math.isfinite(weight):
                 raise ValueError(f"weight of reward component {name!r} must be finite, got {weight!r}")
         return components

@@ -47,6 +47,8 @@ __all__ = ["answers_equivalent", "normalize_answer"]
 
 RELATIVE_TOLERANCE = 1e-5
 """Largest relative difference between two numbers that math-verify found equal (step 5 of the module doc)."""
+QUICK_REJECT_TOLERANCE = 1e-3
+"""Two real numbers further apart than this (relatively) are unequal without asking math-verify (step 6)."""
 
 # Upstream (math-verify 0.9 / latex2sympy2_extended): the parser stops at \mathrm{e}, leaving "1 - \frac{1}{".
 _UPRIGHT_CONSTANT = re.compile(r"\\(?:mathrm|operatorname|mathit|textrm|rm)\s*\{\s*([ei])\s*\}")
@@ -62,6 +64,11 @@ _CURRENCY = re.compile(
     r"\\(?:euro|texteuro|pounds|yen|textdollar|\$)|[€£¥₹$]|\\text\s*\{\s*(?:USD|EUR|GBP)\s*\}"
     r"|\b(?:dollars?|euros?|cents?|USD|EUR|GBP)\b"
 )
+# Upstream: "m²" is not a unit it strips ("\text{m}^2" is) and "5²" is no power: a superscript digit after a unit
+# becomes "\text{ m}^{2}", after anything else "^{2}".
+_SUPERSCRIPT_UNIT = re.compile(r"(?<![A-Za-z\\])([A-Za-z]{1,3})\s*([²³¹])")
+_SUPERSCRIPT = re.compile(r"([²³¹])")
+_SUPERSCRIPT_DIGIT = {"¹": "1", "²": "2", "³": "3"}
 # Upstream: only ^\circ is a degree sign; "30°" does not parse.
 _DEGREE = re.compile(r"\s*(?:°|\\degree\b)")
 # Upstream: "1.5e-20" parses as 1.5*E - 20 (e as Euler's number).
@@ -79,6 +86,8 @@ def normalize_answer(answer: str) -> str:
     Example: ``"1,000.99€"`` -> ``"1000.99"``, ``"1 - \\frac{1}{\\mathrm{e}^{2}}"`` -> ``"1 - \\frac{1}{e^{2}}"``.
     """
     text = _UPRIGHT_CONSTANT.sub(r"\1", answer)
+    text = _SUPERSCRIPT_UNIT.sub(lambda m: f"\\text{{ {m.group(1)}}}^{{{_SUPERSCRIPT_DIGIT[m.group(2)]}}}", text)
+    text = _SUPERSCRIPT.sub(lambda m: f"^{{{_SUPERSCRIPT_DIGIT[m.group(1)]}}}", text)
     text = _CURRENCY.sub(" ", text)
     text = _DEGREE.sub(r"^\\circ", text)
     text = _SCIENTIFIC.sub(r"\1 \\times 10^{\2}", text)
@@ -137,11 +146,37 @@ def _magnitudes_agree(gold_expr, pred_expr, gold_text: str, pred_text: str) -> b
         return True
 
 
+def _quick_verdict(gold_expr, pred_expr, gold_text: str, pred_text: str) -> bool | None:
+    """Step 6: a verdict without math-verify's symbolic simplification, or None to ask it.
+
+    - The same expression up to the order of commutative terms (canonical ``srepr``): equal.
+    - Two real numbers that differ by more than :data:`QUICK_REJECT_TOLERANCE` relatively (evaluated to 30 digits):
+      not equal, unless either side has a percent or degree sign (math-verify's ``28\\% = 0.28`` and degree rules).
+    """
+    try:
+        if sympy.srepr(gold_expr) == sympy.srepr(pred_expr):
+            return True
+        if any(mark in text for text in (gold_text, pred_text) for mark in ("%", "circ")):
+            return None
+        if not all(isinstance(e, sympy.Expr) and e.is_number for e in (gold_expr, pred_expr)):
+            return None
+        a, b = sympy.N(gold_expr, 30), sympy.N(pred_expr, 30)
+        if not (isinstance(a, sympy.Float) and isinstance(b, sympy.Float)):
+            return None
+        scale = max(abs(a), abs(b))
+        return None if abs(a - b) <= QUICK_REJECT_TOLERANCE * scale else False
+    except (TypeError, ValueError, ArithmeticError, RecursionError):
+        return None
+
+
 def _equivalent(gold: str, pred: str) -> bool:
     gold_parsed, pred_parsed = _parse(gold), _parse(pred)
     gold_expr, pred_expr = _expression(gold_parsed), _expression(pred_parsed)
     if gold_expr is None or pred_expr is None:  # step 4: text only, and only whole answers
         return " ".join(gold.split()) == " ".join(pred.split()) and bool(gold.strip())
+    quick = _quick_verdict(gold_expr, pred_expr, gold, pred)
+    if quick is not None:
+        return quick
     if not verify(list(gold_parsed), list(pred_parsed), timeout_seconds=None):
         return False
     return _magnitudes_agree(gold_expr, pred_expr, gold, pred)
@@ -163,6 +198,9 @@ def answers_equivalent(gold: str, answer: str) -> bool:
     if not all(gold_items) or not all(pred_items):
         return False
     gold_joined, pred_joined = ", ".join(gold_items), ", ".join(pred_items)
-    if len(pred_items) == 1 and len(gold_items) == 1 and _is_non_integer_number(gold_joined):
-        pred_joined = _decimal_comma(pred_joined) or pred_joined
+    if len(pred_items) == 1 and len(gold_items) == 1:
+        if "," not in pred_joined.replace("{,}", ""):  # a single number answers: so a "1,22" gold is 1.22
+            gold_joined = _decimal_comma(gold_joined) or gold_joined
+        if _is_non_integer_number(gold_joined):
+            pred_joined = _decimal_comma(pred_joined) or pred_joined
     return _equivalent(gold_joined, pred_joined)

@@ -30,6 +30,13 @@ class RewardInput:
     """The sampled response, decoded (prompt excluded)."""
     ground_truth: str
     """Gold answer string, as produced by :func:`mugrpo.answers.extract_gold`."""
+    task_ref: str | None = None
+    """reasoning-gym problems: the task entry that scores them (:attr:`mugrpo.data.Problem.task_ref`)."""
+
+    @classmethod
+    def for_problem(cls, problem, response_text: str) -> RewardInput:
+        """The input scoring ``response_text`` against a :class:`mugrpo.data.Problem`."""
+        return cls(response_text, problem.ground_truth, problem.task_ref)
 
 
 RewardFn = Callable[[RewardInput, "str | None"], float]

@@ -45,10 +45,16 @@ def _score_components(
     return values
 
 
-def _init_worker() -> None:
-    """Worker start-up: quiet math-verify's one-time "timeout disabled" warning (our pool enforces the limit)."""
+def _init_worker(component_fns: tuple[RewardFn, ...] = ()) -> None:
+    """Worker start-up: quiet math-verify's one-time "timeout disabled" warning (our pool enforces the limit), and
+    run each component's optional ``prepare()`` (e.g. importing reasoning-gym), so that no item's time limit pays
+    for a worker's imports."""
     for name in ("math_verify.parser", "math_verify.grader"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    # The functions, not their names: one registered outside mugrpo (a plugin, a test) reaches a fresh worker
+    # pickled by reference, which imports (and so registers) it there.
+    for fn in component_fns:
+        getattr(fn, "prepare", lambda: None)()
 
 
 class RewardScorer:
@@ -72,7 +78,7 @@ class RewardScorer:
             partial(_score_components, components=components),
             self.config.num_workers,
             start_method=self.config.start_method,
-            initializer=_init_worker,
+            initializer=partial(_init_worker, tuple(fn for _, fn in components)),
             start_timeout_s=self.config.worker_start_timeout_s,
         )
 

@@ -120,7 +120,7 @@ def test_rollouts_version_1_files_read_with_null_agpo_columns(tmp_path):
     old = old.replace_schema_metadata({b"mugrpo.table": b"rollouts", META_VERSION: b"1"})
     (tmp_path / rel).parent.mkdir(parents=True)
     pq.write_table(old, tmp_path / rel)
-    assert SCHEMA_VERSIONS["rollouts"] == 3
+    assert SCHEMA_VERSIONS["rollouts"] == 4
     back = read_table(Store(str(tmp_path)), rel, "rollouts")
     assert back.schema.remove_metadata().equals(TABLES["rollouts"])
     assert back.column("is_probe").null_count == back.num_rows == old.num_rows

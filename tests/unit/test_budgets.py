@@ -85,3 +85,58 @@ def test_the_budget_check_catches_a_changed_budget():
         assert changed == {override.split("=")[0]}
     longer = load_config(CONFIGS / "gsm8k-smollm2-grpo.yaml", ["run.num_stages=16"])
     assert _budget(longer) != _budget(main)  # a schedule key may change, the budget it implies may not
+
+
+LAB = CONFIGS / "lab"
+LAB_ALGORITHM_PREFIXES = ("loss.", "replay.", "advantage.", "agpo")
+
+
+def _sampled(cfg) -> int:
+    """Sampled responses of a run, AGPO's probes counted."""
+    probes = 2 if cfg.agpo is not None and cfg.agpo.probe else 1
+    return sum(stage_plan(cfg, s).num_prompts for s in range(cfg.run.num_stages)) * cfg.generation.sampling.n * probes
+
+
+def test_lab_configs_are_one_experiment_on_one_budget():
+    """configs/lab/: one config per algorithm; they differ only in the algorithm, the schedule and the execution, and
+    the budget those keys leave (updates, rollouts per update, sampled responses with AGPO's probes, evaluated
+    policy versions) is equal. The model and data are the lab recipe's (mugrpo.lab)."""
+    from mugrpo.lab import LabRecipe
+
+    names = sorted(p.stem for p in LAB.glob("*.yaml"))
+    assert names == ["agpo", "conspo", "grpo", "mu-grpo", "naive", "replay"]
+    cfgs = {n: load_config(LAB / f"{n}.yaml") for n in names}
+    main = cfgs["mu-grpo"]
+    for name, cfg in cfgs.items():
+        allowed = SCHEDULE | {"train.group_minibatches", "train.recompute_behavior_logprobs"}
+        extra = {
+            k
+            for k in _diff(main, cfg)
+            if k not in allowed and not k.startswith(LAB_ALGORITHM_PREFIXES + EXECUTION_PREFIXES)
+        }
+        assert not extra, f"configs/lab/{name}.yaml differs from mu-grpo.yaml outside algorithm/schedule: {extra}"
+        b, m = _budget(cfg), _budget(main)
+        assert b["updates"] == m["updates"] == 64, name
+        assert b["rollouts_per_update"] == m["rollouts_per_update"] == 32, name
+        assert b["evaluated_versions"] == m["evaluated_versions"] == [0, 16, 32, 48, 64], name
+        assert _sampled(cfg) == _sampled(main) == 2048, name
+        if cfg.agpo is None:  # AGPO samples a probe group per prompt: half the prompts for the same responses
+            assert b["prompt_range"] == m["prompt_range"] == (0, 256), name
+    # the algorithms the issue names, each as its paper runs it
+    assert main.loss.name == "mu_grpo" and main.run.num_stages == 4 and main.orchestration.execution == "cold"
+    grpo, naive = cfgs["grpo"], cfgs["naive"]
+    assert grpo.loss.name == "grpo" and grpo.train.updates_per_stage == 4 and grpo.orchestration.execution == "warm"
+    assert naive.loss.name == "grpo" and (naive.loss.eps_low, naive.loss.eps_high) == (0.2, 0.2)
+    assert naive.train.updates_per_stage == main.train.updates_per_stage == 16  # mu large, PPO clip, no veto
+    assert cfgs["replay"].replay.enabled and cfgs["conspo"].loss.name == "conspo"
+    assert cfgs["agpo"].agpo.probe and cfgs["agpo"].loss.name == "agpo"
+    # the lab policy's recipe: same task, params, seed, split and prompt as the policy was warm-started on
+    recipe = LabRecipe()
+    for cfg in cfgs.values():
+        train = cfg.data.train
+        assert cfg.model.source == "lab"
+        assert (train.source, train.task, train.params, train.seed) == ("reasoning_gym", recipe.task, recipe.params, 0)
+        assert train.heldout_fraction == recipe.heldout_fraction and train.split == "train"
+        assert cfg.data.prompt == recipe.prompt()
+        for bench in cfg.eval.benchmarks:
+            assert bench.dataset.split == "heldout" and bench.dataset.params == recipe.params

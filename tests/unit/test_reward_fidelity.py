@@ -341,3 +341,63 @@ def test_the_table_has_at_least_100_cases():
 @pytest.mark.parametrize(("gold", "response", "expected"), TABLE, ids=[f"{i:03d}" for i in range(len(TABLE))])
 def test_table(gold, response, expected):
     assert score(gold, response) == float(expected)
+
+
+# --- issue 25: three false-negative kinds, both directions ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("gold", "response", "expected"),
+    [
+        ("1,22", r"\boxed{1.22}", 1.0),  # a decimal comma in the GOLD (was 0: the comma rule read responses only)
+        ("1,22", r"\boxed{1,22}", 1.0),
+        ("1,22", r"\boxed{1.23}", 0.0),
+        ("1,22", r"\boxed{122}", 0.0),
+        ("0,5", r"\boxed{\frac{1}{2}}", 1.0),
+        ("1,000", r"\boxed{1000}", 1.0),  # a comma before three digits stays a thousands separator in the gold too
+        ("1,000", r"\boxed{1}", 0.0),
+        ("1,5", r"\boxed{1, 5}", 1.0),  # against a listed answer an ambiguous gold keeps its set reading
+    ],
+)
+def test_decimal_comma_in_the_gold(gold, response, expected):
+    assert score(gold, response) == expected
+
+
+@pytest.mark.parametrize(
+    ("gold", "response", "expected"),
+    [
+        ("1000.99", r"\boxed{1,000.99m²}", 1.0),  # was 0: "m²" was not stripped as \text{m}^2 is
+        ("1000.99", r"\boxed{1,000.99 m²}", 1.0),
+        ("1000.99", r"\boxed{1,000.99\text{m}^2}", 1.0),
+        ("5", r"\boxed{5 cm³}", 1.0),
+        ("1000.99", r"\boxed{1,001.99m²}", 0.0),
+        ("5", r"\boxed{6 cm³}", 0.0),
+        ("25", r"\boxed{5²}", 1.0),  # a superscript after a number is a power
+        ("5", r"\boxed{5²}", 0.0),
+    ],
+)
+def test_unit_with_a_superscript_inside_the_box(gold, response, expected):
+    assert score(gold, response) == expected
+
+
+HEAVY = r"\frac{\sqrt{\sqrt{11}+\sqrt{194}}}{2\sqrt{33}+15}"
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        (r"\boxed{\frac{\sqrt{\sqrt{11}+\sqrt{194}}}{15+2\sqrt{33}}}", 1.0),  # was a timeout (0): terms swapped
+        (r"\boxed{\frac{\sqrt{\sqrt{194}+\sqrt{11}}}{15+2\sqrt{33}}}", 1.0),
+        (r"\boxed{\frac{\sqrt{\sqrt{11}+\sqrt{194}}}{16+2\sqrt{33}}}", 0.0),  # a near miss is refused, not timed out
+        (r"\boxed{\frac{\sqrt{\sqrt{11}+\sqrt{195}}}{15+2\sqrt{33}}}", 0.0),
+    ],
+)
+def test_heavy_valid_expression_is_decided_within_the_time_limit(response, expected):
+    """The verifier pool gives one response ``reward.verify_timeout_s`` (5 s); each verdict here must come well
+    inside it, through the same worker pool the generation job uses."""
+    from mugrpo.rewards import RewardConfig, RewardScorer
+
+    with RewardScorer(RewardConfig(components={"math_correctness": 1.0}, num_workers=1)) as scorer:
+        (result,) = scorer.score([RewardInput(response, HEAVY)])
+    assert result.status == "ok"
+    assert result.components["math_correctness"] == expected

@@ -68,7 +68,8 @@ class AGPOGenerationHooks(GenerationHooks):
         seed = derive_seed(shard.seed, shard.stage, shard.shard, "agpo-probe")
         params = probe_params(shard.sampling, self.config, seed)
         samples = shard.sample(params)
-        flat = [RewardInput(s.text, gt) for gt, group in zip(shard.ground_truths, samples, strict=True) for s in group]
+        truths = zip(shard.ground_truths, shard.task_refs, samples, strict=True)
+        flat = [RewardInput(s.text, gt, ref) for gt, ref, group in truths for s in group]
         scored = shard.score(flat)
         results, start = [], 0
         for group in samples:
