@@ -31,7 +31,7 @@ from mugrpo.sql import connect
 
 pytestmark = pytest.mark.slow
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "lab"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "lab"
 #: Points of held-out greedy accuracy (200 problems) each algorithm must add over the lab policy (issue 25's bar; the
 #: spread over seeds comes from `python bench/lab.py --algos grpo mu-grpo --seeds 0 1 2`, docs/benchmarks.md).
 LEARNING_BAR = 0.15
