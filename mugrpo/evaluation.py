@@ -87,8 +87,8 @@ def _bench_rows(spec: EvalSpec, bench: BenchmarkConfig, tokenizer, engine, score
     )
     groups = engine.generate([encode_prompt(tokenizer, t) for t in texts], params)
     flat = [(p, t, i, s) for p, t, samples in zip(problems, texts, groups, strict=True) for i, s in enumerate(samples)]
-    results = scorer.score([RewardInput.for_problem(p, s.text) for p, _, _, s in flat]
-    correctness = bench.dataset.correctness_component)
+    results = scorer.score([RewardInput.for_problem(p, s.text) for p, _, _, s in flat])
+    correctness = bench.dataset.correctness_component
     now = datetime.now(UTC)
     return [
         {
