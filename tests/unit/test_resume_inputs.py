@@ -120,26 +120,20 @@ def test_an_unchanged_file_is_not_read_again(tmp_path):
     assert stamp_file(str(f), stale).sha256 == first.sha256  # a stamp of another mtime is never trusted
 
 
-class GeneratedDataset(DatasetConfig):
-    """A dataset whose problems come from a recipe, not from a file it names (as a procedural source's are). Its
-    problems load from a real file here; what matters is that the fingerprint digests the problems it yields."""
-
-    source: str = "generated"
-
-
-def test_a_generated_dataset_is_fingerprinted_by_its_recipe_and_its_problems(tmp_path):
+def test_a_generated_dataset_is_fingerprinted_by_its_recipe_and_its_problems():
+    """A reasoning-gym source has no file: its fingerprint is its recipe plus a digest of the problems it yields,
+    so a changed generator is caught even when the recipe is the same."""
+    pytest.importorskip("reasoning_gym")  # the `gym` extra (make install includes it)
     from mugrpo.data import load_problems
 
-    f = tmp_path / "gen.jsonl"
-    f.write_text("".join(lines(DATA / "gsm8k/train.jsonl", 10)))
-    ds = GeneratedDataset(name="gen", path=str(f), answer_kind="gsm8k", limit=5)
+    ds = DatasetConfig(source="reasoning_gym", task="basic_arithmetic", size=12, seed=3)
     fp = dataset_fingerprint(ds, "data.train")
     assert fp.kind == "generated" and not fp.files
-    assert fp.recipe["source"] == "generated" and fp.recipe["limit"] == 5
+    assert fp.recipe["source"] == "reasoning_gym" and fp.recipe["size"] == 12
     assert fp.sha256 == problems_digest(load_problems(ds)[0])
     assert dataset_fingerprint(ds, "data.train", fp).sha256 == fp.sha256  # regenerated: same problems, same digest
-    f.write_text("".join(reversed(lines(DATA / "gsm8k/train.jsonl", 10))))
-    assert dataset_fingerprint(ds, "data.train", fp).sha256 != fp.sha256  # other problems: another digest
+    other = DatasetConfig(source="reasoning_gym", task="basic_arithmetic", size=12, seed=4)
+    assert dataset_fingerprint(other, "data.train").sha256 != fp.sha256  # other problems: another digest
 
 
 # ------------------------------------------------------------------------------------------------------- refusals
