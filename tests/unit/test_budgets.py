@@ -117,11 +117,11 @@ def test_lab_configs_are_one_experiment_on_one_budget():
         assert not extra, f"configs/lab/{name}.yaml differs from mu-grpo.yaml outside algorithm/schedule: {extra}"
         b, m = _budget(cfg), _budget(main)
         assert b["updates"] == m["updates"] == 64, name
-        assert b["rollouts_per_update"] == m["rollouts_per_update"] == 32, name
+        assert b["rollouts_per_update"] == m["rollouts_per_update"] == 128, name
         assert b["evaluated_versions"] == m["evaluated_versions"] == [0, 16, 32, 48, 64], name
-        assert _sampled(cfg) == _sampled(main) == 2048, name
+        assert _sampled(cfg) == _sampled(main) == 8192, name
         if cfg.agpo is None:  # AGPO samples a probe group per prompt: half the prompts for the same responses
-            assert b["prompt_range"] == m["prompt_range"] == (0, 256), name
+            assert b["prompt_range"] == m["prompt_range"] == (0, 1024), name
     # the algorithms the issue names, each as its paper runs it
     assert main.loss.name == "mu_grpo" and main.run.num_stages == 4 and main.orchestration.execution == "cold"
     grpo, naive = cfgs["grpo"], cfgs["naive"]
