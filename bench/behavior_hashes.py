@@ -8,7 +8,7 @@ A refactor that moves code must leave these unchanged. Run it before and after, 
 
 Runs (all on CPU, real job processes and files):
 
-- ``tiny-cold`` / ``tiny-warm``: the 3-stage tiny-policy config of ``tests/test_warm.py`` (GRPO, mu = 4), run cold
+- ``tiny-cold`` / ``tiny-warm``: the 3-stage tiny-policy config of ``tests/e2e/test_warm.py`` (GRPO, mu = 4), run cold
   (generate, train and eval job processes per stage, then the stage commit) and warm (one segment job that
   publishes every 2 stages).
 - ``tiny-replay``: the same, cold, with the rollout-level replay buffer on (draws from update 3).
@@ -46,7 +46,7 @@ TABLE_DIRS = ("rollouts", "train_steps", "evals", "replay")
 
 
 def tiny_config(root: Path, model_dir: Path, stages: int = 3, **sections) -> dict:
-    """The tiny-policy run config of tests/test_warm.py, with ``sections`` merged over it (one level deep)."""
+    """The tiny-policy run config of tests/e2e/test_warm.py, with ``sections`` merged over it (one level deep)."""
     cfg = {
         "run": {"id": RUN, "root": str(root), "seed": 3, "num_stages": stages},
         "model": {"source": str(model_dir), "max_context": 512},

@@ -79,11 +79,11 @@ class ChaosSettings:
     """Evaluate every stage's policy (an eval job per stage in cold execution); False: the final policy only."""
     shared_reference: bool = False
     """One uninterrupted run is the reference of every arm: a warm one (fewer job starts, so the faster) when warm
-    is an arm. Cold and warm execution commit bitwise-equal files (tests/test_warm.py), so the cold arm is then
+    is an arm. Cold and warm execution commit bitwise-equal files (tests/e2e/test_warm.py), so the cold arm is then
     checked against warm execution too. False: each arm its own."""
 
 
-#: CI's quick mode (``bench/chaos.py --quick``, tests/test_chaos.py): 6 moments on a 2-stage run, the final policy
+#: CI's quick mode (``bench/chaos.py --quick``, tests/e2e/test_chaos.py): 6 moments on a 2-stage run, the final policy
 #: evaluated only, one shared reference run; it fits in 5 minutes on a quiet 2-core machine (docs/reliability.md).
 QUICK = {"moments": 6, "num_stages": 2, "eval_every_stage": False, "shared_reference": True}
 
