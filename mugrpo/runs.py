@@ -8,9 +8,9 @@ import json
 import os
 import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from mugrpo.config import Config
+from mugrpo.fingerprint import model_source_path
 from mugrpo.layout import RunLayout
 from mugrpo.lease import TOKEN_ENV
 from mugrpo.manifest import new_manifest, read_job_manifest, read_manifest, write_manifest
@@ -46,17 +46,12 @@ def init_run(cfg: Config) -> Store:
 
 def ensure_initial_policy(cfg: Config, store: Store) -> None:
     """Convert the configured model once into an HF dir at policies/stage=0 (skipped when already committed)."""
-    from mugrpo.models import convert_to_hf_dir, smollm2_gguf_path
+    from mugrpo.models import convert_to_hf_dir
 
     rel = RunLayout(cfg.run.id).policy_dir(0)
     if store.is_complete_dir(rel):
         return
-    if cfg.model.source == "lab":  # the lab policy of the default recipe, built once into the cache (mugrpo.lab)
-        from mugrpo.lab import ensure_lab_policy
-
-        source = ensure_lab_policy()
-    else:
-        source = smollm2_gguf_path() if cfg.model.source == "smollm2" else Path(cfg.model.source)
+    source = model_source_path(cfg.model.source)  # the file or folder it names (the lab policy: from its cache)
     with tempfile.TemporaryDirectory(prefix="mugrpo-policy0-") as tmp:
         convert_to_hf_dir(source, tmp)
         store.upload_dir(tmp, rel, meta={"source": str(source), "policy_version": 0})
