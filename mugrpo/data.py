@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import fsspec
+import numpy as np
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -285,3 +286,15 @@ def check_heldout_disjoint(train_cfg: DatasetConfig, eval_cfgs: list[DatasetConf
             )
         checked[bench.name] = len(questions)
     return checked
+
+
+def select_problems(problems: list[Problem], seed: int, start: int, count: int) -> list[Problem]:
+    """``count`` problems from position ``start`` of a seed-fixed permutation, wrapping around.
+
+    Each stage starts where the previous one ended (:func:`mugrpo.schedules.stage_plan`), so consecutive stages see
+    fresh prompts until the set is exhausted.
+    """
+    if not problems:
+        raise ValueError("the prompt dataset is empty")
+    order = np.random.default_rng(seed).permutation(len(problems))
+    return [problems[int(order[(start + i) % len(problems)])] for i in range(count)]

@@ -1,7 +1,7 @@
 """Prompt plans: which prompts a stage samples, fixed once and followed by every resume.
 
 A stage samples the prompts at positions ``[prompt_start, prompt_start + num_prompts)`` of a seed-fixed permutation
-of the training set (:func:`mugrpo.jobs.generate.select_problems`, positions from
+of the training set (:func:`mugrpo.data.select_problems`, positions from
 :func:`mugrpo.schedules.stage_plan`). Positions depend on the file: a reordered, extended or edited training set
 silently changes which prompts every later stage sees, and can schedule again a prompt an earlier stage trained on.
 So the first time a stage generates, its generation job records the chosen prompt ids in
@@ -22,11 +22,12 @@ others read it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel, Field
 
+from mugrpo.data import Problem, select_problems
 from mugrpo.fingerprint import (
     TRAIN_ROLE,
     InputFingerprint,
@@ -107,10 +108,10 @@ def _training_set_changed(store: Store, spec: Any) -> str | None:
     return changed_inputs_message(spec.run_id, store.uri(RunLayout(spec.run_id).run_dir), [(old, new)])
 
 
-def stage_prompts(store: Store, spec: Any, problems: list, select: Callable[..., list]) -> list:
-    """The problems stage ``spec.stage`` samples (``spec`` is a :class:`mugrpo.jobs.generate.GenerateSpec`): its
-    plan's, looked up by prompt id, or, for a stage without a plan, ``select(problems, seed, start, count)``,
-    recorded as its plan before it is returned.
+def stage_prompts(store: Store, spec: Any, problems: list[Problem]) -> list[Problem]:
+    """The problems stage ``spec.stage`` samples (``spec`` is a :class:`mugrpo.generation.GenerateSpec`): its
+    plan's, looked up by prompt id, or, for a stage without a plan, :func:`mugrpo.data.select_problems` at the
+    spec's seed and positions, recorded as its plan before it is returned.
 
     Raises:
         PlanError: a planned prompt is not in ``problems``; or a new plan would repeat a prompt of an earlier stage
@@ -132,7 +133,7 @@ def stage_prompts(store: Store, spec: Any, problems: list, select: Callable[...,
     if changed is not None:
         raise PlanError(changed)
 
-    chosen = select(problems, spec.seed, spec.prompt_start, spec.num_prompts)
+    chosen = select_problems(problems, spec.seed, spec.prompt_start, spec.num_prompts)
     plan = PromptPlan(
         run_id=spec.run_id,
         stage=spec.stage,

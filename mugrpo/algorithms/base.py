@@ -44,6 +44,7 @@ from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
+from mugrpo.data import Problem
 from mugrpo.engines.base import Sample, SamplingParams
 from mugrpo.layout import RunLayout
 from mugrpo.losses.config import PolicyLossConfig
@@ -294,8 +295,9 @@ class ShardToSample:
     Attributes:
         stage, shard: where it is.
         seed: the run seed.
-        prompt_ids, ground_truths, task_refs: per prompt of the shard, in order (``task_refs``: the reasoning-gym
-            entry that scores a prompt, :attr:`mugrpo.data.Problem.task_ref`; None for other data).
+        problems: the shard's prompts, in order (each a :class:`mugrpo.data.Problem`: its id, gold answer and,
+            for reasoning-gym data, the task entry that scores it; ``RewardInput.for_problem`` builds a reward
+            input from one).
         sampling: the stage's sampling params.
         dispersion: ``advantage.dispersion``, the reward dispersion measure.
         sample: samples the shard's prompts with the given params (outer: prompt; inner: sample); raises the
@@ -306,9 +308,7 @@ class ShardToSample:
     stage: int
     shard: int
     seed: int
-    prompt_ids: Sequence[str]
-    ground_truths: Sequence[str]
-    task_refs: Sequence[str | None]
+    problems: Sequence[Problem]
     sampling: SamplingParams
     dispersion: str
     sample: Callable[[SamplingParams], list[list[Sample]]]

@@ -12,8 +12,9 @@ module          what
 ==============  ======================================================================================
 """
 
+from mugrpo.data import select_problems
 from mugrpo.generation.commit import commit_generation
-from mugrpo.generation.prompts import PreparedPrompt, prepare_prompts, select_problems
+from mugrpo.generation.prompts import PreparedPrompt, prepare_prompts
 from mugrpo.generation.shards import sample_shard, shard_params, shard_rows
 from mugrpo.generation.spec import GenerateSpec, GenerationError
 from mugrpo.generation.worker import GenerationWorker, run_generate

@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-import numpy as np
-
 from mugrpo.data import Problem
 from mugrpo.generation.spec import GenerateSpec, GenerationError
 from mugrpo.prompts import encode_prompt, render_prompt
@@ -19,18 +17,6 @@ class PreparedPrompt:
     problem: Problem
     text: str
     token_ids: list[int]
-
-
-def select_problems(problems: list[Problem], seed: int, start: int, count: int) -> list[Problem]:
-    """``count`` problems from position ``start`` of a seed-fixed permutation, wrapping around.
-
-    Each stage starts where the previous one ended (:func:`mugrpo.schedules.stage_plan`), so consecutive stages see
-    fresh prompts until the set is exhausted.
-    """
-    if not problems:
-        raise ValueError("the prompt dataset is empty")
-    order = np.random.default_rng(seed).permutation(len(problems))
-    return [problems[int(order[(start + i) % len(problems)])] for i in range(count)]
 
 
 def prepare_prompts(

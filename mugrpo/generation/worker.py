@@ -36,7 +36,7 @@ from mugrpo.algorithms import (
 from mugrpo.data import load_problems
 from mugrpo.fanout import owned, worker_job
 from mugrpo.generation.commit import commit_generation, commit_worker
-from mugrpo.generation.prompts import PreparedPrompt, prepare_prompts, select_problems
+from mugrpo.generation.prompts import PreparedPrompt, prepare_prompts
 from mugrpo.generation.shards import generate_groups, sample_shard, shard_rows
 from mugrpo.generation.spec import GenerateSpec, GenerationError
 from mugrpo.layout import RunLayout
@@ -113,7 +113,7 @@ class GenerationWorker(VerifierPoolOwner):
         tokenizer = AutoTokenizer.from_pretrained(policy)
         max_context = spec.max_context or int(AutoConfig.from_pretrained(policy).max_position_embeddings)
         problems, report = load_problems(spec.dataset)
-        selected = stage_prompts(store, spec, problems, select_problems)  # the stage's prompt plan (mugrpo.prompt_plan)
+        selected = stage_prompts(store, spec, problems)  # the stage's prompt plan (mugrpo.prompt_plan)
         prepared, skipped = prepare_prompts(spec, tokenizer, selected, max_context)
         shards = [prepared[i : i + spec.shard_size] for i in range(0, len(prepared), spec.shard_size)]
         mine = owned(len(shards), spec.worker, spec.workers)
@@ -188,9 +188,7 @@ def plan_shard(
         stage=spec.stage,
         shard=shard,
         seed=spec.seed,
-        prompt_ids=[p.problem.prompt_id for p in prompts],
-        ground_truths=[p.problem.ground_truth for p in prompts],
-        task_refs=[p.problem.task_ref for p in prompts],
+        problems=[p.problem for p in prompts],
         sampling=spec.sampling,
         dispersion=spec.advantage.dispersion,
         sample=lambda params: generate_groups(spec, shard, prompts, engine, params),

@@ -79,7 +79,7 @@ def test_a_stage_follows_its_plan_after_the_file_is_reordered(tmp_path, train):
     store = Store(str(tmp_path / "runs"))
     s1 = spec(tmp_path / "runs", train, 1)
     problems, _ = load_problems(s1.dataset)
-    chosen = stage_prompts(store, s1, problems, select_problems)
+    chosen = stage_prompts(store, s1, problems)
     assert ids(chosen) == ids(select_problems(problems, 5, 4, 4))
     plan = read_plan(store, RUN, 1)
     assert plan.prompt_ids == ids(chosen) and plan.prompt_start == 4 and plan.dataset_size == 40
@@ -88,13 +88,13 @@ def test_a_stage_follows_its_plan_after_the_file_is_reordered(tmp_path, train):
     reverse(train)
     reordered, _ = load_problems(s1.dataset)
     assert ids(select_problems(reordered, 5, 4, 4)) != ids(chosen)  # by position, the stage would change
-    again = stage_prompts(store, s1, reordered, select_problems)
+    again = stage_prompts(store, s1, reordered)
     same = [(p.prompt_id, p.question, p.ground_truth) for p in again]
     assert same == [(p.prompt_id, p.question, p.ground_truth) for p in chosen]  # by plan: same prompts and order
 
     short = [p for p in reordered if p.prompt_id != chosen[2].prompt_id]
     with pytest.raises(PlanError, match=rf"stage 1: 1 of its planned prompts .*{chosen[2].prompt_id}"):
-        stage_prompts(store, s1, short, select_problems)
+        stage_prompts(store, s1, short)
 
 
 def test_a_new_plan_may_not_repeat_a_prompt_of_the_same_epoch(tmp_path, train):
@@ -113,7 +113,7 @@ def test_a_new_plan_may_not_repeat_a_prompt_of_the_same_epoch(tmp_path, train):
     )
     store.write_bytes(RunLayout(RUN).prompt_plan(0), stage0.model_dump_json().encode())
     with pytest.raises(PlanError) as e:
-        stage_prompts(store, spec(tmp_path / "runs", train, 1), problems, select_problems)
+        stage_prompts(store, spec(tmp_path / "runs", train, 1), problems)
     assert f"prompt {stage1[1]} is scheduled in stage 0 and stage 1 of epoch 0" in str(e.value)
     assert read_plan(store, RUN, 1) is None  # nothing written
 
@@ -124,8 +124,8 @@ def test_a_later_epoch_may_schedule_a_prompt_again(tmp_path, train):
     store = Store(str(tmp_path / "runs"))
     ds = DatasetConfig(name="gsm8k", path=str(train), answer_kind="gsm8k", limit=6)
     problems, _ = load_problems(ds)
-    first = stage_prompts(store, spec(tmp_path / "runs", train, 0, dataset=ds), problems, select_problems)
-    second = stage_prompts(store, spec(tmp_path / "runs", train, 1, dataset=ds), problems, select_problems)
+    first = stage_prompts(store, spec(tmp_path / "runs", train, 0, dataset=ds), problems)
+    second = stage_prompts(store, spec(tmp_path / "runs", train, 1, dataset=ds), problems)
     assert ids(second)[2:] == ids(first)[:2]
     assert read_plan(store, RUN, 1).epochs() == [0, 0, 1, 1]
     assert epoch_overlaps([read_plan(store, RUN, 0), read_plan(store, RUN, 1)]) == []
@@ -137,12 +137,12 @@ def test_a_new_plan_is_refused_when_the_training_set_changed_since_the_run_start
     recorded = dataset_fingerprint(s0.dataset, TRAIN_ROLE)
     store.write_json(RunLayout(RUN).run_json, {"inputs": {TRAIN_ROLE: recorded.model_dump(mode="json")}})
     problems, _ = load_problems(s0.dataset)
-    stage_prompts(store, s0, problems, select_problems)
+    stage_prompts(store, s0, problems)
     reverse(train)
     reordered, _ = load_problems(s1.dataset)
-    assert ids(stage_prompts(store, s0, reordered, select_problems)) == read_plan(store, RUN, 0).prompt_ids
+    assert ids(stage_prompts(store, s0, reordered)) == read_plan(store, RUN, 0).prompt_ids
     with pytest.raises(PlanError) as e:  # stage 1 has no plan yet: it would be drawn from the changed file
-        stage_prompts(store, s1, reordered, select_problems)
+        stage_prompts(store, s1, reordered)
     assert f"data.train: {train}" in str(e.value) and f"recorded sha256 {recorded.sha256}" in str(e.value)
 
 
@@ -150,7 +150,7 @@ def test_rollouts_outside_the_plan_are_refused(tmp_path, train):
     store = Store(str(tmp_path / "runs"))
     s0 = spec(tmp_path / "runs", train, 0)
     problems, _ = load_problems(s0.dataset)
-    planned = ids(stage_prompts(store, s0, problems, select_problems))
+    planned = ids(stage_prompts(store, s0, problems))
     check_rollouts_follow_plan(store, RUN, 0, planned[:3])  # a skipped (bad) prompt has no rollouts: fine
     with pytest.raises(PlanError, match="rollouts of 1 prompts outside its plan"):
         check_rollouts_follow_plan(store, RUN, 0, [*planned, "0123456789abcdef"])

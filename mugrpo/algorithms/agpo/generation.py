@@ -68,8 +68,8 @@ class AGPOGenerationHooks(GenerationHooks):
         seed = derive_seed(shard.seed, shard.stage, shard.shard, "agpo-probe")
         params = probe_params(shard.sampling, self.config, seed)
         samples = shard.sample(params)
-        truths = zip(shard.ground_truths, shard.task_refs, samples, strict=True)
-        flat = [RewardInput(s.text, gt, ref) for gt, ref, group in truths for s in group]
+        by_prompt = zip(shard.problems, samples, strict=True)
+        flat = [RewardInput.for_problem(problem, s.text) for problem, group in by_prompt for s in group]
         scored = shard.score(flat)
         results, start = [], 0
         for group in samples:
