@@ -22,6 +22,7 @@ Sized to finish within ~8 minutes on one H200 (one process start per Mu-GRPO job
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -37,6 +38,13 @@ NEEDED = {"pydantic": "pydantic", "math_verify": "math-verify[antlr4_13_2]", "pe
           "yaml": "pyyaml"}  # fmt: skip
 #: bf16 dense peak of one H100/H200 SXM (NVIDIA datasheet, without sparsity), TFLOP/s.
 H200_BF16_TFLOPS = 989.0
+#: Every generation figure of this script is the transformers engine's: the GPU machine's image has no vLLM and its
+#: wheels (several GB) cannot be carried there: a figure here is never a vLLM figure (README, "Generation with vLLM").
+ENGINE_NOTE = (
+    "the transformers engine (HF generate); vLLM is "
+    + ("installed but not used" if importlib.util.find_spec("vllm") else "not installed")
+    + ", so no figure here is a vLLM figure"
+)
 QWEN25_05B = {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
               "intermediate_size": 4864}  # fmt: skip
 TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
@@ -160,7 +168,7 @@ def main() -> None:
     model_dir, n_params = build_model(tmp / "model", args.tiny)
     data = write_problems(tmp / "problems.jsonl", 4096)
     result: dict = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "params": n_params,
-                    "torch": torch.__version__, "peak_tflops": peak}  # fmt: skip
+                    "torch": torch.__version__, "peak_tflops": peak, "generation_engine": ENGINE_NOTE}  # fmt: skip
 
     def mfu(tokens_per_s: float) -> float | None:
         return 6 * n_params * tokens_per_s / (peak * 1e12) if peak else None
@@ -216,6 +224,8 @@ def main() -> None:
     (args.out / "gpu_bench.json").write_text(json.dumps(result, indent=1))
     lines = [
         f"# bench/gpu/run.py on {result['device']} (torch {result['torch']}, {n_params / 1e6:.0f} M params)",
+        "",
+        f"Generation engine: {ENGINE_NOTE}.",
         "",
         f"- bare fwd/bwd [{bare['batch']}x{bare['seq']}]: {bare['tokens_per_s']:.0f} tok/s, MFU {bare['mfu']}",
         "",

@@ -117,4 +117,7 @@ def test_gpu_script_tiny_on_cpu(tmp_path):
     res = json.loads((tmp_path / "out" / "gpu_bench.json").read_text())
     assert res["bare_train"]["tokens_per_s"] > 0
     assert {a: r["updates"] for a, r in res["arms"].items()} == {"mu": 8, "grpo-warm": 8}
-    assert "GRPO-warm / Mu-GRPO" in (tmp_path / "out" / "gpu_bench.md").read_text()
+    report = (tmp_path / "out" / "gpu_bench.md").read_text()
+    assert "GRPO-warm / Mu-GRPO" in report
+    # the device's image has no vLLM: its figures must never read as vLLM figures
+    assert "no figure here is a vLLM figure" in res["generation_engine"] and res["generation_engine"] in report
