@@ -1,18 +1,17 @@
-"""Learning you can see on a CPU: Mu-GRPO, run through `mugrpo run` on configs/lab/mu-grpo.yaml, raises held-out
-greedy accuracy over the lab policy by at least LEARNING_BAR; GRPO's lab config runs its first stage through the same
-command (its learning over the whole budget, and the spread over seeds, are measured by bench/lab.py and recorded in
-docs/benchmarks.md: the whole GRPO run would double this test's time).
+"""Learning you can see on a CPU: Mu-GRPO and GRPO, each run through `mugrpo run` on its configs/lab/ config (the same
+budget: 64 updates of 128 rollouts), raise held-out greedy accuracy over the lab policy by at least LEARNING_BAR.
 
 Everything is real: the lab policy (a small Llama with its own tokenizer, SFT'd by `mugrpo lab init`, built once per
 machine into its cache), reasoning-gym problems and verifier, the Prefect flow, the job processes, Parquet and SQL.
 The runs are deterministic (same seed, same rollouts and weights), so the figures do not depend on machine load.
 
 What each check is for (the mutations that should fail it):
-- held-out greedy accuracy rises by LEARNING_BAR: a flipped advantage sign (accuracy falls), a veto that masks
-  the wrong tokens;
+- held-out greedy accuracy rises by LEARNING_BAR: a flipped advantage sign (accuracy falls), a veto mask that keeps
+  the wrong tokens (nothing is trained);
 - each stage's first update sees an importance ratio of exactly 1 (the trainer's policy is the one that sampled the
   stage): generation fed a stale policy;
-- the training rollouts of the last stage are more often correct than those of the first (ROLLOUT_BAR).
+- the training rollouts of the last quarter of the stages are more often correct than those of the first quarter
+  (ROLLOUT_BAR).
 """
 
 from __future__ import annotations
@@ -35,14 +34,15 @@ from mugrpo.sql import connect
 pytestmark = pytest.mark.slow
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "lab"
-#: Points of held-out greedy accuracy (200 problems) Mu-GRPO must add over the lab policy. Issue 25 asks for 0.15;
-#: measured on this budget: +0.14 at seed 0 (0.350 -> 0.490), +0.085 at seed 1; GRPO +0.14 at seed 0
-#: (docs/benchmarks.md, `bench/lab.py`). The test runs seed 0, which is deterministic: the bar sits below its gain and
-#: far above what a flipped advantage sign (-0.335) or a stale generation policy (+0.06) gives.
+#: Points of held-out greedy accuracy (200 problems) each algorithm must add over the lab policy. Measured on this
+#: budget over seeds 0, 1, 2 (docs/benchmarks.md, `bench/lab.py`): Mu-GRPO +0.140 / +0.085 / +0.140, GRPO +0.140 /
+#: +0.095 / +0.160. A bar of 0.15 would fail most seeds of either; the test runs seed 0, which is deterministic, and
+#: 0.10 sits below both its gains and above what a flipped advantage sign (-0.335), a stale generation policy (+0.060)
+#: or a veto mask that keeps only the vetoed tokens (+0.000) gives (the mutations in docs/benchmarks.md).
 LEARNING_BAR = 0.10
-#: Points by which the correctness of the last stage's training rollouts must exceed the first stage's (seed 0:
-#: 0.255 -> 0.292).
-ROLLOUT_BAR = 0.02
+#: Points by which the correctness of the training rollouts of the last quarter of the stages must exceed the first
+#: quarter's (seed 0: Mu-GRPO 0.255 -> 0.292, GRPO 0.275 -> 0.300 over 4 of its 16 stages each).
+ROLLOUT_BAR = 0.01
 #: approx_kl_behavior at a stage's first update: the trainer's policy vs the one that sampled the stage (same weights:
 #: ~1e-13; a stale generation policy gives the drift of a whole stage, ~1e-3 to 1e-2).
 ON_POLICY_KL = 1e-6
@@ -100,36 +100,37 @@ def assert_rows_carry_the_task(run_dir: Path) -> None:
     assert {g["task"] for g in groups} == {LabRecipe().task} and all(g["digits"] for g in groups)
 
 
-def test_mu_grpo_raises_heldout_greedy_accuracy_over_the_lab_policy(lab_policy, tmp_path, prefect_api):  # noqa: F811
-    run_dir = run_lab("mu-grpo", tmp_path / "runs", prefect_api)
+def assert_learns(run_dir: Path, lab_policy: Path, *, stages: int) -> None:
+    """The checks of a learning run (module docstring): held-out gain, on-policy stage starts, better rollouts."""
     acc = heldout_greedy(run_dir)
-    stages = sorted(acc)
-    assert stages[0] == 0 and len(stages) == 5, acc  # the lab policy, three stage policies, the final policy
+    policies = sorted(acc)
+    assert policies[0] == 0 and len(policies) == 5, acc  # the lab policy, three policies in between, the final one
     # the run's stage-0 eval is the lab policy on the same 200 held-out problems (greedy; batching may flip a tie)
     assert abs(acc[0] - lab_greedy_accuracy(lab_policy)) <= 0.02, acc
-    gain = acc[stages[-1]] - acc[0]
+    gain = acc[policies[-1]] - acc[0]
     assert gain >= LEARNING_BAR, f"held-out greedy accuracy by evaluated policy {acc}; gain {gain:+.3f}"
 
     with connect(str(run_dir)) as cat:
         first_updates = cat.arrow(
             "SELECT stage, arg_min(approx_kl_behavior, update) AS kl FROM train_steps GROUP BY stage ORDER BY stage"
         ).to_pylist()
-    assert len(first_updates) == 4 and all(r["kl"] < ON_POLICY_KL for r in first_updates), first_updates
+    assert len(first_updates) == stages and all(r["kl"] < ON_POLICY_KL for r in first_updates), first_updates
 
     correct = rollout_correctness(run_dir)
-    first, last = min(correct), max(correct)
-    assert correct[last] - correct[first] >= ROLLOUT_BAR, f"rollout correctness by stage {correct}"
+    assert len(correct) == stages, correct
+    # mean over the first and the last quarter of the stages (GRPO's 16 stages of 64 prompts are noisy one by one)
+    quarter = max(1, stages // 4)
+    ordered = [correct[k] for k in sorted(correct)]
+    first, last = sum(ordered[:quarter]) / quarter, sum(ordered[-quarter:]) / quarter
+    assert last - first >= ROLLOUT_BAR, f"rollout correctness by stage {correct}"
     assert_rows_carry_the_task(run_dir)
 
 
-def test_grpo_lab_config_runs_its_first_stage(lab_policy, tmp_path, prefect_api):  # noqa: F811
-    """configs/lab/grpo.yaml (warm, mu = 4) through `mugrpo run`, cut to its first stage: it samples, scores, makes
-    its 4 updates, evaluates the lab policy as the lab measured it and a changed final policy."""
-    run_dir = run_lab("grpo", tmp_path / "runs", prefect_api, "run.num_stages=1")
-    acc = heldout_greedy(run_dir)
-    assert sorted(acc) == [0, 1], acc
-    assert abs(acc[0] - lab_greedy_accuracy(lab_policy)) <= 0.02, acc
-    with connect(str(run_dir)) as cat:
-        steps = cat.arrow("SELECT count(*) AS n, max(grad_norm) AS g FROM train_steps").to_pylist()[0]
-    assert steps["n"] == 4 and steps["g"] > 0, steps
-    assert_rows_carry_the_task(run_dir)
+def test_mu_grpo_raises_heldout_greedy_accuracy_over_the_lab_policy(lab_policy, tmp_path, prefect_api):  # noqa: F811
+    """configs/lab/mu-grpo.yaml: 4 cold stages of 16 updates (mu = 16), relaxed clip and veto."""
+    assert_learns(run_lab("mu-grpo", tmp_path / "runs", prefect_api), lab_policy, stages=4)
+
+
+def test_grpo_raises_heldout_greedy_accuracy_over_the_lab_policy(lab_policy, tmp_path, prefect_api):  # noqa: F811
+    """configs/lab/grpo.yaml: 16 stages of 4 updates (mu = 4) in one warm process, the same budget."""
+    assert_learns(run_lab("grpo", tmp_path / "runs", prefect_api), lab_policy, stages=16)
