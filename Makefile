@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 # Test tiers (README, "Tests"; tests/conftest.py): tests/unit, tests/integration, tests/e2e. `make test` is what a
 # newcomer runs to trust the install: lint, the unit tier and one tiny `mugrpo run` (the smoke test), i.e. every test
 # not marked slow, on TEST_WORKERS pytest-xdist workers (0: in one process); `make test-fast` is the same without
-# lint. `make test-all` runs every tier in one process (what .ci/run calls).
+# lint. `make test-all` runs every tier in one process (what .ci/run calls) and lists the 30 slowest tests.
 TEST_WORKERS ?= 2
 .PHONY: test-all
 test: lint
@@ -35,7 +35,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) $(ARGS)
 
 test-all: lint
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q --durations=30 $(ARGS)
 
 demo: $(STAMP)
 	$(VENV)/bin/mugrpo run $(CONFIG) $(ARGS)

@@ -113,6 +113,8 @@ def main(argv: list[str] | None = None) -> None:
                     f"{r['wall_s']:.0f} |",
                     flush=True,
                 )
+                if args.out:  # after every run: a stopped bench keeps the figures it has
+                    args.out.write_text(json.dumps(results, indent=2, default=str))
                 if not args.keep_runs:
                     shutil.rmtree(root / f"lab-{algo}-s{seed}", ignore_errors=True)
     if args.out:
