@@ -271,7 +271,7 @@ def status_cmd(
     """Show what a run has committed, what is left, and the timings of each stage."""
     from rich.table import Table
 
-    from mugrpo.runs import open_store, run_status
+    from mugrpo.runs import health_line, open_store, run_status
 
     cfg = _stored_config(run, root, _storage_options(storage_option))
     with storage_guard(open_store(cfg).uri(cfg.run.id), cfg.run.storage_options):
@@ -314,6 +314,8 @@ def status_cmd(
             f"{t.t_total:.0f}s" if t else "-",
         )
     Console(width=max(console.width, 180)).print(table)
+    if st.latest_update is not None:
+        console.print(health_line(st.latest_update))
     left = [s.stage for s in st.stages if not s.committed]
     console.print(
         "complete"

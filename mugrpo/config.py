@@ -171,6 +171,17 @@ class TrainSection(_Section):
         "ratio is exactly 1; verl's default (old log-probs recomputed by the actor). One extra no-grad forward "
         "over the rollouts the stage's updates draw. On in the bf16 configs (docs/precision.md).",
     )
+    learner_temperature: float | None = Field(
+        None,
+        gt=0,
+        description="Temperature of the learner's pi_theta, apart from the sampling temperature (docs/"
+        "truncated-sampling.md, 'Learner temperature'). None: the learner uses each rollout's sampling temperature. "
+        "Set, the importance ratio is pi_theta at this temperature over the behavior log-probs q of the tempered, "
+        "truncated sampler (the stage-start recompute stays at the sampler's temperature and truncation); greedy "
+        "rollouts keep T = 1. 'Cool the Sampler, Not the Learner' (arXiv 2609.36953): sampling at T 0.8 with the "
+        "learner at 1.0 and q from the tempered sampler moves the staleness cliff about 2x further; cooling the "
+        "sampler without this importance correction collapses. Must be > 0.",
+    )
     mixed_precision: Literal["no", "bf16", "fp16"] = Field(
         "no",
         description="accelerate mixed precision of the training job. bf16: torch.autocast(bfloat16) over fp32 master "

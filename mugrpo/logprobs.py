@@ -85,12 +85,16 @@ def _forward_chunk(
     temperature: float,
     truncation: Truncation,
     with_entropy: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """One chunk: (log-sum-exp [n], log p(target) [n], entropy [n] or None, kept-set threshold [n] or None).
+    with_logit_var: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """One chunk: (log-sum-exp [n], log p(target) [n], entropy [n] or None, kept-set threshold [n] or None,
+    logit variance [n] or None).
 
-    Sums run over the kept set only (the whole vocabulary without truncation), via two [n, V] fp32 buffers.
+    Sums run over the kept set only (the whole vocabulary without truncation), via two [n, V] fp32 buffers. The
+    logit variance is that of the raw (untempered) logits over the whole vocabulary: var(z / T) * T^2.
     """
     logits = _chunk_logits(hidden, weight, temperature)
+    logit_var = logits.var(dim=-1, unbiased=False) * (temperature * temperature) if with_logit_var else None
     threshold = truncation_threshold(logits, truncation) if truncation.active else None
     max_logit = logits.amax(dim=-1, keepdim=True)
     unnormalized = (logits - max_logit).exp_()
@@ -100,7 +104,7 @@ def _forward_chunk(
     lse = max_logit.squeeze(-1) + partition.log()
     logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
     entropy = lse - unnormalized.mul_(logits).sum(dim=-1) / partition if with_entropy else None  # lse - E_p[z]
-    return lse, logprobs, entropy, threshold
+    return lse, logprobs, entropy, threshold, logit_var
 
 
 def _grad_logits_chunk(
@@ -150,25 +154,34 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
     """Chunked log p(target) and entropy; saves the inputs plus two floats per token for backward."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, chunk_size, temperature, truncation, with_entropy):
+    def forward(ctx, hidden, weight, targets, chunk_size, temperature, truncation, with_entropy, with_logit_var):
         with torch.autocast(device_type=hidden.device.type, enabled=False):
             return _ChunkedTokenLogprobs._forward(
-                ctx, hidden, weight, targets, chunk_size, temperature, truncation, with_entropy
+                ctx, hidden, weight, targets, chunk_size, temperature, truncation, with_entropy, with_logit_var
             )
 
     @staticmethod
-    def _forward(ctx, hidden, weight, targets, chunk_size, temperature, truncation, with_entropy):
+    def _forward(ctx, hidden, weight, targets, chunk_size, temperature, truncation, with_entropy, with_logit_var):
         compute_hidden, compute_weight = _common_dtype(hidden, weight)
         num_tokens = hidden.shape[0]
         logprobs = torch.empty(num_tokens, dtype=torch.float32, device=hidden.device)
         log_normalizer = torch.empty_like(logprobs)
         entropy = torch.empty_like(logprobs) if with_entropy else logprobs.new_empty(0)
         threshold = torch.empty_like(logprobs) if truncation.active else logprobs.new_empty(0)
+        logit_var = torch.empty_like(logprobs) if with_logit_var else logprobs.new_empty(0)
         for start in range(0, num_tokens, chunk_size):
             rows = slice(start, start + chunk_size)
-            lse, chunk_logprobs, chunk_entropy, chunk_threshold = _forward_chunk(
-                compute_hidden[rows], compute_weight, targets[rows], temperature, truncation, with_entropy
+            lse, chunk_logprobs, chunk_entropy, chunk_threshold, chunk_var = _forward_chunk(
+                compute_hidden[rows],
+                compute_weight,
+                targets[rows],
+                temperature,
+                truncation,
+                with_entropy,
+                with_logit_var,
             )
+            if with_logit_var:
+                logit_var[rows] = chunk_var
             log_normalizer[rows], logprobs[rows] = lse, chunk_logprobs
             if with_entropy:
                 entropy[rows] = chunk_entropy
@@ -180,11 +193,12 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         if not with_entropy:
             ctx.mark_non_differentiable(entropy)
-        return logprobs, entropy
+        ctx.mark_non_differentiable(logit_var)
+        return logprobs, entropy, logit_var
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_logprobs, grad_entropy):
+    def backward(ctx, grad_logprobs, grad_entropy, _grad_logit_var):
         device_type = ctx.saved_tensors[0].device.type
         with torch.autocast(device_type=device_type, enabled=False):
             return _ChunkedTokenLogprobs._backward(ctx, grad_logprobs, grad_entropy)
@@ -195,7 +209,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         if not ctx.with_entropy:
             grad_entropy = None
         if grad_logprobs is None and grad_entropy is None:
-            return None, None, None, None, None, None, None
+            return None, None, None, None, None, None, None, None
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         compute_hidden, compute_weight = _common_dtype(hidden, weight)
         grad_hidden = torch.empty_like(compute_hidden) if need_hidden else None
@@ -220,7 +234,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
             del grad_logits  # free this chunk's buffer before the next one is allocated
         grad_hidden = grad_hidden.to(hidden.dtype) if need_hidden else None
         grad_weight = grad_weight.to(weight.dtype) if need_weight else None
-        return grad_hidden, grad_weight, None, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None, None
 
 
 def token_logprobs_from_hidden(
@@ -232,6 +246,7 @@ def token_logprobs_from_hidden(
     temperature: float = 1.0,
     truncation: Truncation = _NO_TRUNCATION,
     return_entropy: bool = False,
+    logit_var_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log softmax(truncate(hidden @ W^T / temperature))[target] per token, computed chunk by chunk.
 
@@ -256,6 +271,10 @@ def token_logprobs_from_hidden(
             top-p takes each token's top-256 / top-4096 logits, or sorts the whole row when those hold less than
             top_p of the mass (then ~3 more chunk_size x V buffers at peak); top-k and min-p need no sort.
         return_entropy: also return per-token entropy of the (truncated) tempered distribution (differentiable too).
+        logit_var_out: a [B, T] fp32 tensor to fill with each token's variance of the raw (untempered) logits over
+            the whole vocabulary (population variance, detached), read off the chunks the log-softmax already
+            builds: no extra forward pass. The health panel's ``logit_var`` (arXiv 2609.11956: rising logit
+            variance precedes collapse under many updates on static data). None: not computed.
 
     Returns:
         (logprobs [B, T] fp32, entropy [B, T] fp32 in nats or None).
@@ -282,7 +301,12 @@ def token_logprobs_from_hidden(
         if low < 0 or high >= vocab:
             raise ValueError(f"target_ids must lie in [0, {vocab}), got min {low}, max {high}")
     flat_hidden = hidden.reshape(batch * tokens, width)
-    logprobs, entropy = _ChunkedTokenLogprobs.apply(
-        flat_hidden, lm_head_weight, targets, chunk_size, temperature, truncation, return_entropy
+    with_var = logit_var_out is not None
+    if with_var and logit_var_out.shape != target_ids.shape:
+        raise ValueError(f"logit_var_out has shape {tuple(logit_var_out.shape)}, expected {tuple(target_ids.shape)}")
+    logprobs, entropy, logit_var = _ChunkedTokenLogprobs.apply(
+        flat_hidden, lm_head_weight, targets, chunk_size, temperature, truncation, return_entropy, with_var
     )
+    if with_var:
+        logit_var_out.copy_(logit_var.view(batch, tokens))
     return logprobs.view(batch, tokens), entropy.view(batch, tokens) if return_entropy else None

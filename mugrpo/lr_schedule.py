@@ -61,6 +61,7 @@ class LRSchedule:
         LR_SCHEDULES[name]  # raises UnknownNameError (a ValueError) listing the registered names
         self.base_lr, self.warmup, self.total, self.name = base_lr, warmup_updates, max(1, total_updates), name
         self.last_update = 0
+        self._lrs: list[float] = []  # lr(1), lr(2), ... as far as cumulative_lr has needed them
 
     def lr(self, update: int) -> float:
         """Learning rate of 1-based global update ``update``."""
@@ -69,6 +70,14 @@ class LRSchedule:
         span = max(1, self.total - self.warmup)
         progress = min(max((update - 1 - self.warmup) / span, 0.0), 1.0)
         return self.base_lr * LR_SCHEDULES[self.name](progress)
+
+    def cumulative_lr(self, update: int) -> float:
+        """T * eta of the run after global update ``update``: sum of lr(u) over u = 1..update (arXiv 2607.01083:
+        collapse time scales with it), summed exactly (``math.fsum``) from the schedule alone, so it is the same
+        after a resume as in an uninterrupted run. 0 for ``update`` <= 0."""
+        while len(self._lrs) < update:
+            self._lrs.append(self.lr(len(self._lrs) + 1))
+        return math.fsum(self._lrs[: max(update, 0)])
 
     def apply(self, optimizer: Optimizer, update: int) -> float:
         """Set the lr of every param group for ``update``; returns it."""

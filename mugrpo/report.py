@@ -84,8 +84,10 @@ def collect(target: str, storage_options: dict | None = None) -> ReportData:
         steps = _rows(
             cat,
             """SELECT "update", stage, loss, ratio_mean, ratio_mean_neg_adv, veto_token_frac, veto_response_frac,
-                      clip_frac_high, approx_kl_behavior, grad_norm, mean_reward, tokens_per_second, staleness
-               FROM train_steps ORDER BY "update" """,
+                      clip_frac_high, approx_kl_behavior, grad_norm, mean_reward, tokens_per_second, staleness,
+                      """
+            + ", ".join(HEALTH_COLUMNS)
+            + """ FROM train_steps ORDER BY "update" """,
         )
         evals = _rows(
             cat,
@@ -264,6 +266,20 @@ def _plots(data: ReportData, ax: _Axes) -> list[str]:
             "fraction vetoed",
         ),
         _plot(
+            "Health vs updates (against the sampler q)",
+            [
+                (
+                    name,
+                    [u for u, v in zip(updates, vals, strict=True) if v is not None],
+                    [v for v in vals if v is not None],
+                )
+                for name in ("ess", "sampler_clip_frac")
+                for vals in [[s[name] for s in steps]]
+            ],
+            "optimizer updates",
+            "ESS / fraction",
+        ),
+        _plot(
             "Response length by stage",
             [
                 ("mean", [r["stage"] for r in rs], [r["mean_len"] for r in rs]),
@@ -290,6 +306,33 @@ _LENGTH_COLUMNS = [
     ("truncated", "truncated"),
     ("zero-var groups", "zero_var_frac"),
 ]
+
+
+#: train_steps columns of the health panel the report shows (docs/sql.md, "Health panel").
+HEALTH_COLUMNS = (
+    "ess",
+    "kl_sampler",
+    "sampler_ratio_p1",
+    "sampler_ratio_p99",
+    "sampler_ratio_max",
+    "sampler_clip_frac",
+    "logit_var",
+    "s_eta",
+    "t_eta",
+    "batch_id",
+)
+#: Updates listed in the report's health table (the latest ones).
+HEALTH_TABLE_ROWS = 30
+
+
+def _health_table(steps: list[dict]) -> str:
+    """The health panel of the latest :data:`HEALTH_TABLE_ROWS` updates; NULL (older files, no clip range) as -."""
+
+    def fmt(v):
+        return "-" if v is None else v if isinstance(v, str) else f"{v:.4g}"
+
+    shown = steps[-HEALTH_TABLE_ROWS:]
+    return _table(["update", *HEALTH_COLUMNS], [[s["update"], *(fmt(s[c]) for c in HEALTH_COLUMNS)] for s in shown])
 
 
 def render(data: ReportData) -> str:
@@ -326,6 +369,11 @@ time (the paper's T_roll), T_switch the job start, engine start and weight-load 
 {_stage_table(ax)}
 <h2>Plots</h2>
 <div class="plots">{"".join(_plots(data, ax))}</div>
+<h2>Health panel</h2>
+<p>Per update, the importance weights w = pi_theta / q against the sampler's log-probs q: normalized ESS, KL(q || pi)
+(k3), ratio percentiles, the clip fraction against the loss's clip range, the mean logit variance, S*eta and T*eta,
+and the batch identity (docs/sql.md, "Health panel"). The latest {HEALTH_TABLE_ROWS} updates:</p>
+{_health_table(data.steps)}
 <h2>Rollouts and response lengths</h2>
 {lengths}
 <p>mean reward = the weighted sum of the components; correctness = the mean correctness component

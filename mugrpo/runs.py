@@ -19,6 +19,7 @@ from mugrpo.resume import InputChangedError as InputChangedError
 from mugrpo.resume import check_resume, record_resume
 from mugrpo.schedules import stage_plan
 from mugrpo.storage import Store, sha256_bytes
+from mugrpo.tables import part_numbers, read_table
 from mugrpo.version import code_version as code_version
 from schemas import FileRecord, StageManifest, StageTimings
 
@@ -247,6 +248,8 @@ class RunStatus:
     num_stages: int
     stages: list[StageStatus]
     final_eval: bool
+    #: The train_steps row of the run's latest written update (its health panel for ``mugrpo status``), or None.
+    latest_update: dict | None = None
 
     @property
     def complete(self) -> bool:
@@ -270,4 +273,37 @@ def run_status(store: Store, cfg: Config) -> RunStatus:
         )
         stages.append(st)
     final = (not cfg.eval.benchmarks) or read_job_manifest(store, cfg.run.id, cfg.run.num_stages, "eval") is not None
-    return RunStatus(cfg.run.id, store.uri(layout.run_dir), cfg.run.num_stages, stages, final)
+    latest = latest_train_step(store, layout, cfg.run.num_stages)
+    return RunStatus(cfg.run.id, store.uri(layout.run_dir), cfg.run.num_stages, stages, final, latest)
+
+
+def latest_train_step(store: Store, layout: RunLayout, num_stages: int) -> dict | None:
+    """The train_steps row of the latest update written (highest stage with parts, its last part's last row),
+    as :func:`mugrpo.tables.read_table` reads it (health columns NULL in files before train_steps v4), or None."""
+    for stage in reversed(range(num_stages)):
+        parts = part_numbers(store, layout, "train_steps", stage)
+        if parts:
+            rows = read_table(store, layout.train_steps_part(stage, parts[-1]), "train_steps").to_pylist()
+            if rows:
+                return max(rows, key=lambda r: r["update"])
+    return None
+
+
+#: The health panel columns ``mugrpo status`` shows, with their labels and formats (docs/sql.md, "Health panel").
+HEALTH_LINE = (
+    ("ess", "ESS", ".3f"),
+    ("kl_sampler", "KL(q||pi)", ".2e"),
+    ("sampler_ratio_max", "ratio max", ".3f"),
+    ("sampler_clip_frac", "clip frac", ".3f"),
+    ("logit_var", "logit var", ".3g"),
+    ("s_eta", "S*eta", ".2e"),
+)
+
+
+def health_line(row: dict) -> str:
+    """One line of the health panel of a train_steps row: ``health @ update U (stage k): ESS 0.998 ...``; a NULL
+    value (a loss without a clip range, a file before train_steps v4) shows as ``-``."""
+    shown = "  ".join(
+        f"{label} {'-' if row.get(name) is None else format(row[name], fmt)}" for name, label, fmt in HEALTH_LINE
+    )
+    return f"health @ update {row['update']} (stage {row['stage']}): {shown}"

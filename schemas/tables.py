@@ -92,6 +92,18 @@ TRAIN_STEP_SCHEMA = pa.schema(
         pa.field("replay_buffer_size", pa.int64()),  # entries eligible for the draw (after eviction, before insert)
         pa.field("replay_evicted_age", pa.int64()),  # evicted before this update's draw (age > tau_max)
         pa.field("replay_evicted_capacity", pa.int64()),  # evicted by the FIFO capacity at this update's insert
+        # v4: the health panel (docs/sql.md, "Health panel"); NULL in v1-v3 files. w = pi_theta / q per response
+        # token, q the sampler's log-probs as the engine reported them (not the stage-start recompute).
+        pa.field("ess", pa.float64()),  # (sum w)^2 / (N sum w^2), in (0, 1] (Kong 1992; arXiv 2602.17616)
+        pa.field("kl_sampler", pa.float64()),  # KL(q || pi_theta), k3 estimator on the sampled tokens
+        pa.field("sampler_ratio_p1", pa.float64()),  # 1st percentile of w
+        pa.field("sampler_ratio_p99", pa.float64()),  # 99th percentile of w
+        pa.field("sampler_ratio_max", pa.float64()),
+        pa.field("sampler_clip_frac", pa.float64()),  # w outside the loss's clip range; NULL: the loss has none
+        pa.field("logit_var", pa.float64()),  # mean raw-logit variance over the vocabulary (arXiv 2609.11956)
+        pa.field("s_eta", pa.float64()),  # staleness * lr (arXiv 2607.01083)
+        pa.field("t_eta", pa.float64()),  # sum of lr over the run's updates 1..update (arXiv 2607.01083)
+        pa.field("batch_id", pa.string()),  # sha256[:16] of the update's sorted rollout keys stage/prompt_id/sample_idx
     ]
 )
 
@@ -105,8 +117,23 @@ TRAIN_STEP_V3_COLUMNS = (
     "replay_evicted_age",
     "replay_evicted_capacity",
 )
+#: Columns added to train_steps in version 4: the health panel, filled by the trainer (mugrpo.trainer.health).
+TRAIN_STEP_V4_COLUMNS = (
+    "ess",
+    "kl_sampler",
+    "sampler_ratio_p1",
+    "sampler_ratio_p99",
+    "sampler_ratio_max",
+    "sampler_clip_frac",
+    "logit_var",
+    "s_eta",
+    "t_eta",
+    "batch_id",
+)
+#: train_steps version 3 = version 4 without the health panel (read as NULL).
+TRAIN_STEP_SCHEMA_V3 = pa.schema([f for f in TRAIN_STEP_SCHEMA if f.name not in TRAIN_STEP_V4_COLUMNS])
 #: train_steps version 2 = version 3 without the replay columns (read as NULL).
-TRAIN_STEP_SCHEMA_V2 = pa.schema([f for f in TRAIN_STEP_SCHEMA if f.name not in TRAIN_STEP_V3_COLUMNS])
+TRAIN_STEP_SCHEMA_V2 = pa.schema([f for f in TRAIN_STEP_SCHEMA_V3 if f.name not in TRAIN_STEP_V3_COLUMNS])
 #: train_steps version 1 = version 2 without ``loss_metrics`` (read as NULL).
 TRAIN_STEP_SCHEMA_V1 = pa.schema([f for f in TRAIN_STEP_SCHEMA_V2 if f.name != "loss_metrics"])
 
@@ -165,9 +192,10 @@ TABLES: dict[str, pa.Schema] = {
 #: Current version of each table's schema. Readers accept exactly these versions.
 #: rollouts v2: + top_k, min_p (the trainer replays the engine's truncation, mugrpo.truncation); v3: + the AGPO
 #: probe columns (is_probe, probe statistics, U, c); v4: + task, task_metadata (reasoning-gym problems).
-#: train_steps v2: + loss_metrics (a loss's own metrics, e.g. ConSPO's); v3: + the replay-buffer columns.
+#: train_steps v2: + loss_metrics (a loss's own metrics, e.g. ConSPO's); v3: + the replay-buffer columns; v4: + the
+#: health panel (ess, kl_sampler, sampler ratio percentiles, sampler_clip_frac, logit_var, s_eta, t_eta, batch_id).
 #: evals v2: + task, task_metadata.
-SCHEMA_VERSIONS: dict[str, int] = {"rollouts": 4, "train_steps": 3, "evals": 2, "replay": 1}
+SCHEMA_VERSIONS: dict[str, int] = {"rollouts": 4, "train_steps": 4, "evals": 2, "replay": 1}
 
 _AGPO_COLUMNS = {"is_probe", "probe_sigma", "probe_vote_entropy", "probe_skew", "agpo_u", "agpo_c"}
 _TASK_COLUMNS = {"task", "task_metadata"}
@@ -192,6 +220,7 @@ EVAL_SCHEMA_V1 = pa.schema([f for f in EVAL_SCHEMA if f.name not in _TASK_COLUMN
 OLDER_SCHEMAS: dict[tuple[str, int], pa.Schema] = {
     ("train_steps", 1): TRAIN_STEP_SCHEMA_V1,
     ("train_steps", 2): TRAIN_STEP_SCHEMA_V2,
+    ("train_steps", 3): TRAIN_STEP_SCHEMA_V3,
     ("rollouts", 3): ROLLOUT_SCHEMA_V3,
     ("rollouts", 2): ROLLOUT_SCHEMA_V2,
     ("rollouts", 1): ROLLOUT_SCHEMA_V1,

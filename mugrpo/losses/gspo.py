@@ -9,7 +9,7 @@ from mugrpo.losses.config import PolicyLossConfig
 from mugrpo.losses.interface import LossContext, LossOutput
 from mugrpo.losses.metrics import MetricStat
 from mugrpo.losses.pipeline import finalize_loss, importance_ratio, prepare_batch
-from mugrpo.losses.registry import POLICY_LOSSES
+from mugrpo.losses.registry import POLICY_LOSSES, clip_range
 
 
 def sequence_log_ratio(log_ratio: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -27,6 +27,7 @@ def sequence_log_ratio(log_ratio: torch.Tensor, response_mask: torch.Tensor) -> 
 
 
 @POLICY_LOSSES.register("gspo")
+@clip_range(lambda config, _eps: (1.0 - config.eps_low, 1.0 + config.eps_high))  # on the sequence ratio
 def gspo_loss(
     logprobs: torch.Tensor,
     behavior_logprobs: torch.Tensor,

@@ -40,6 +40,36 @@ def requires(*, whole_groups: bool = False, positive_labels: bool = False) -> Ca
     return mark
 
 
+#: ``(config, clip_eps) -> (low, high)``: the ratio clip range of a loss, floats or [B] tensors (per response,
+#: from ``LossContext.clip_eps`` [B] or None).
+ClipRangeFn = Callable[[PolicyLossConfig, "torch.Tensor | None"], "tuple[torch.Tensor | float, torch.Tensor | float]"]
+
+
+def clip_range(bounds: ClipRangeFn) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Decorator declaring the importance-ratio clip range a loss applies (apply it below
+    ``@POLICY_LOSSES.register``); the trainer's health panel counts the tokens whose ratio to the sampler falls
+    outside it (``sampler_clip_frac``). A loss without one (e.g. conspo) declares none."""
+
+    def mark(fn: PolicyLossFn) -> PolicyLossFn:
+        fn.clip_range = bounds
+        return fn
+
+    return mark
+
+
+def loss_clip_range(
+    config: PolicyLossConfig, clip_eps: torch.Tensor | None = None
+) -> tuple[torch.Tensor | float, torch.Tensor | float] | None:
+    """The clip range [low, high] of the loss named by ``config.name`` for responses with per-group clip ranges
+    ``clip_eps`` ([B] or None): floats or [B] tensors; None when the loss declares no clip range.
+
+    Raises:
+        UnknownNameError: no policy loss is registered as ``config.name``.
+    """
+    bounds = getattr(POLICY_LOSSES[config.name], "clip_range", None)
+    return None if bounds is None else bounds(config, clip_eps)
+
+
 def loss_requirements(name: str) -> LossRequirements:
     """The :class:`LossRequirements` of the loss registered as ``name`` (none declared: no requirement).
 

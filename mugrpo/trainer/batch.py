@@ -28,6 +28,11 @@ class TokenBatch:
         behavior_logprobs: [B, R] float32 log pi_behav of the response tokens, 0 on padding.
         advantages: [B] float32 sequence-level advantages.
         temperatures: [B] float32 temperature of each row's behavior distribution.
+        sampler_logprobs: [B, R] float32 log q of the response tokens as the engine reported them (the sampler's
+            tempered, truncated distribution), 0 on padding: equal to ``behavior_logprobs`` unless the stage-start
+            recompute replaced those (the health panel's reference distribution).
+        learner_temperatures: [B] float32 temperature of the learner's pi_theta for each row when
+            ``train.learner_temperature`` is set (greedy rows keep theirs), or None: ``temperatures``.
         truncations: B min-p / top-k / top-p settings of each row's behavior distribution.
         group_index: [B] int64 index of each row's group in the rollout set.
         prompt_ids: B prompt ids (for error reports).
@@ -45,11 +50,13 @@ class TokenBatch:
     behavior_logprobs: torch.Tensor
     advantages: torch.Tensor
     temperatures: torch.Tensor
+    sampler_logprobs: torch.Tensor
     truncations: list[Truncation]
     group_index: torch.Tensor
     prompt_ids: list[str]
     positive: torch.Tensor | None = None
     clip_eps: torch.Tensor | None = None
+    learner_temperatures: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -64,13 +71,17 @@ class TokenBatch:
         return TokenBatch(**moved)
 
 
-def collate(rollouts: list[Rollout], group_index: list[int], pad_token_id: int) -> TokenBatch:
+def collate(
+    rollouts: list[Rollout], group_index: list[int], pad_token_id: int, *, learner_temperature: float | None = None
+) -> TokenBatch:
     """Right-pad ``rollouts`` into a :class:`TokenBatch`.
 
     Args:
         rollouts: B >= 1 rollouts, each with a non-empty prompt.
         group_index: B group indices (carried for group-wise losses).
         pad_token_id: filler id for padding positions (any valid id: padding is masked by length).
+        learner_temperature: temperature of the learner's pi_theta for every sampled (non-greedy) row
+            (``train.learner_temperature``); None: each row's own temperature (the sampler's).
 
     Raises:
         ValueError: empty batch or mismatched ``group_index``.
@@ -85,6 +96,7 @@ def collate(rollouts: list[Rollout], group_index: list[int], pad_token_id: int) 
     response_ids = torch.zeros(batch, resp_len, dtype=torch.long)
     response_mask = torch.zeros(batch, resp_len, dtype=torch.bool)
     behavior = torch.zeros(batch, resp_len, dtype=torch.float32)
+    sampler = torch.zeros(batch, resp_len, dtype=torch.float32)
     for i, r in enumerate(rollouts):
         p, n = len(r.prompt_token_ids), r.num_tokens
         input_ids[i, : p + n] = torch.tensor(r.prompt_token_ids + r.response_token_ids, dtype=torch.long)
@@ -93,6 +105,8 @@ def collate(rollouts: list[Rollout], group_index: list[int], pad_token_id: int) 
             response_ids[i, :n] = torch.tensor(r.response_token_ids, dtype=torch.long)
             response_mask[i, :n] = True
             behavior[i, :n] = torch.tensor(r.behavior_logprobs, dtype=torch.float32)
+            engine = r.sampler_logprobs if r.sampler_logprobs is not None else r.behavior_logprobs
+            sampler[i, :n] = torch.tensor(engine, dtype=torch.float32)
     return TokenBatch(
         input_ids=input_ids,
         position_ids=torch.arange(seq_len).expand(batch, seq_len).contiguous(),
@@ -102,6 +116,14 @@ def collate(rollouts: list[Rollout], group_index: list[int], pad_token_id: int) 
         behavior_logprobs=behavior,
         advantages=torch.tensor([r.advantage for r in rollouts], dtype=torch.float32),
         temperatures=torch.tensor([r.temperature for r in rollouts], dtype=torch.float32),
+        sampler_logprobs=sampler,
+        learner_temperatures=(
+            None
+            if learner_temperature is None
+            else torch.tensor(
+                [r.temperature if r.greedy else learner_temperature for r in rollouts], dtype=torch.float32
+            )
+        ),
         truncations=[r.truncation for r in rollouts],
         group_index=torch.tensor(group_index, dtype=torch.long),
         prompt_ids=[r.prompt_id for r in rollouts],

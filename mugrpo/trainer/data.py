@@ -57,7 +57,9 @@ class Rollout:
     sampling temperature, or 1.0 for greedy rollouts (T = 0), whose engines report the T = 1 policy
     (:mod:`mugrpo.engines.base`). ``truncation`` is the min-p / top-k / top-p the engine sampled with (none for
     greedy rows); the trainer computes its log-probs under the same truncation (:mod:`mugrpo.truncation`).
-    ``positive`` is the row's positive/negative label for losses that need one
+    ``sampler_logprobs`` keeps the engine's log-probs when a stage-start recompute replaced ``behavior_logprobs``
+    (the health panel measures the importance weights against the sampler). ``positive`` is the row's
+    positive/negative label for losses that need one
     (:attr:`mugrpo.losses.LossRequirements.positive_labels`), from the loss's ``positive_rule``; None when the loss
     needs none. ``probe`` is the (sigma, vote entropy, skew) of the probe group its prompt was planned with
     (columns ``probe_*``, written by an algorithm's shard plan), None for rollouts sampled without one.
@@ -77,6 +79,11 @@ class Rollout:
     positive: bool | None = None
     zero_variance: bool = False  # the row's group has equal rewards (the estimator's ``zero_variance`` flag)
     probe: tuple[float, float, float] | None = None
+    #: Sampled greedily (stored temperature 0): ``train.learner_temperature`` leaves such rows at T = 1.
+    greedy: bool = False
+    #: The engine's log-probs of the response when ``behavior_logprobs`` were replaced by the trainer's recompute
+    #: (``train.recompute_behavior_logprobs``); None: ``behavior_logprobs`` are the engine's.
+    sampler_logprobs: list[float] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -157,6 +164,7 @@ def _to_rollout(row: dict, where: str, positive_label: PositiveLabeler | None = 
         positive=positive,
         zero_variance=bool(row["zero_variance"]),
         probe=_probe_stats(row),
+        greedy=temperature == 0,
     )
 
 

@@ -44,11 +44,19 @@ class PolicyTokenLogprobs(nn.Module):
         self.policy = policy
         self.chunk_size = chunk_size
 
-    def forward(self, batch: TokenBatch, return_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs (and entropies) of ``batch.response_ids`` under softmax(logits / T_i) of each row i.
+    def forward(
+        self, batch: TokenBatch, return_entropy: bool = True, logit_var_out: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (and entropies) of ``batch.response_ids`` under softmax(logits / T_i) of each row i, T_i the
+        row's learner temperature (``batch.learner_temperatures``: the sampling temperature unless
+        ``train.learner_temperature`` is set).
 
         Restricted to row i's min-p / top-k / top-p kept set and renormalized when the row was sampled truncated
         (:mod:`mugrpo.truncation`).
+
+        Args:
+            logit_var_out: optional [B, R] fp32 tensor filled with each token's raw-logit variance over the
+                vocabulary (:func:`mugrpo.logprobs.token_logprobs_from_hidden`).
 
         Returns:
             logprobs [B, R] fp32 (differentiable), entropy [B, R] fp32 detached in nats, or None. Values at
@@ -61,7 +69,8 @@ class PolicyTokenLogprobs(nn.Module):
         index = batch.response_index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
         response_hidden = hidden.gather(1, index)  # [B, R, H]
         weight = self.policy.get_output_embeddings().weight
-        keys = list(zip(batch.temperatures.tolist(), batch.truncations, strict=True))
+        temperatures = batch.temperatures if batch.learner_temperatures is None else batch.learner_temperatures
+        keys = list(zip(temperatures.tolist(), batch.truncations, strict=True))
         if len(set(keys)) == 1:
             temperature, truncation = keys[0]
             logprobs, entropy = token_logprobs_from_hidden(
@@ -72,6 +81,7 @@ class PolicyTokenLogprobs(nn.Module):
                 temperature=temperature,
                 truncation=truncation,
                 return_entropy=return_entropy,
+                logit_var_out=logit_var_out,
             )
             return logprobs, entropy.detach() if entropy is not None else None
         # Rows sampled with different temperatures (per-prompt temperatures) or truncations: one call each.
@@ -79,6 +89,7 @@ class PolicyTokenLogprobs(nn.Module):
         entropy = torch.zeros_like(logprobs) if return_entropy else None
         for key in sorted(set(keys), key=repr):
             rows = torch.tensor([i for i, k in enumerate(keys) if k == key], device=hidden.device)
+            var = None if logit_var_out is None else logit_var_out.new_empty((len(rows), logit_var_out.shape[1]))
             lp, ent = token_logprobs_from_hidden(
                 response_hidden.index_select(0, rows),
                 weight,
@@ -87,8 +98,11 @@ class PolicyTokenLogprobs(nn.Module):
                 temperature=key[0],
                 truncation=key[1],
                 return_entropy=return_entropy,
+                logit_var_out=var,
             )
             logprobs = logprobs.index_copy(0, rows, lp)
+            if var is not None:
+                logit_var_out.index_copy_(0, rows, var)
             if entropy is not None:
                 entropy = entropy.index_copy(0, rows, ent.detach())
         return logprobs, entropy
@@ -99,7 +113,9 @@ def recompute_logprobs(
     model: PolicyTokenLogprobs, data: RolloutSet, batch_size: int, pad_token_id: int, device: torch.device
 ) -> list[torch.Tensor]:
     """Teacher-forced log-probs of every rollout's response under ``model`` (one [num_tokens] fp32 CPU tensor each):
-    the trainer's own behavior log-probs, for ``recompute_behavior_logprobs`` and truncated IS (``loss.tis_cap``)."""
+    the trainer's own behavior log-probs, for ``recompute_behavior_logprobs`` and truncated IS (``loss.tis_cap``).
+    Always at each row's sampling temperature and truncation (never ``train.learner_temperature``): they stand in
+    for the sampler's q."""
     out: list[torch.Tensor] = []
     for start in range(0, len(data.rollouts), batch_size):
         chunk = data.rollouts[start : start + batch_size]

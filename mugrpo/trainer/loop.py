@@ -341,8 +341,8 @@ class Trainer:
             trainer_behavior[i] = logprobs
         if not train.recompute_behavior_logprobs:
             return trainer_behavior
-        data.rollouts = [
-            dataclasses.replace(r, behavior_logprobs=lp.tolist())
+        data.rollouts = [  # the engine's log-probs stay alongside: the health panel measures against the sampler
+            dataclasses.replace(r, behavior_logprobs=lp.tolist(), sampler_logprobs=r.behavior_logprobs)
             for r, lp in zip(data.rollouts, trainer_behavior, strict=True)
         ]
         return None

@@ -19,7 +19,7 @@ from mugrpo.storage import Store
 from mugrpo.tables import delete_parts_after as delete_table_parts_after
 from mugrpo.tables import read_parts, write_part
 from schemas import TRAIN_STEP_SCHEMA, FileRecord
-from schemas.tables import TRAIN_STEP_V3_COLUMNS
+from schemas.tables import TRAIN_STEP_V3_COLUMNS, TRAIN_STEP_V4_COLUMNS
 
 #: Loss metrics copied into a row (the other TRAIN_STEP_SCHEMA columns are filled by the trainer).
 LOSS_METRIC_COLUMNS = [
@@ -54,14 +54,17 @@ def train_step_row(
     staleness: int,
     mean_reward: float | None,
     columns: Mapping[str, Any] | None = None,
+    health: Mapping[str, Any] | None = None,
 ) -> dict:
     """One ``train_steps`` row. Loss metrics missing from ``metrics`` (e.g. kl_ref without a KL term) are null; the
     loss's other metrics go to the ``loss_metrics`` map. ``columns`` holds the values algorithms filled
     (:meth:`mugrpo.algorithms.base.TrainHooks.after_update`) of the columns the trainer does not fill itself
-    (``schemas.tables.TRAIN_STEP_V3_COLUMNS``); the others are null.
+    (``schemas.tables.TRAIN_STEP_V3_COLUMNS``); the others are null. ``health`` holds the update's health panel
+    (``schemas.tables.TRAIN_STEP_V4_COLUMNS``, :mod:`mugrpo.trainer.health`); a missing one is null.
 
     Raises:
-        KeyError: ``columns`` names a column outside ``TRAIN_STEP_V3_COLUMNS``.
+        KeyError: ``columns`` names a column outside ``TRAIN_STEP_V3_COLUMNS``, or ``health`` one outside
+            ``TRAIN_STEP_V4_COLUMNS``.
     """
     row = {
         "run_id": run_id,
@@ -85,6 +88,11 @@ def train_step_row(
     if unknown:
         raise KeyError(f"not train_steps columns an algorithm fills: {sorted(unknown)}")
     row.update({name: columns.get(name) for name in TRAIN_STEP_V3_COLUMNS})
+    health = health or {}
+    unknown = set(health) - set(TRAIN_STEP_V4_COLUMNS)
+    if unknown:
+        raise KeyError(f"not health panel columns of train_steps: {sorted(unknown)}")
+    row.update({name: health.get(name) for name in TRAIN_STEP_V4_COLUMNS})
     missing = [f.name for f in TRAIN_STEP_SCHEMA if f.name not in row]
     if missing:  # the schema gained a column this module does not fill
         raise KeyError(f"train_steps columns not filled: {missing}")

@@ -20,6 +20,7 @@ from accelerate import Accelerator
 
 from mugrpo.losses import LossContext, LossOutput, MetricStat, PolicyLossConfig, compute_policy_loss, merge_stats
 from mugrpo.trainer.batch import TokenBatch
+from mugrpo.trainer.health import gather_rows, health_panel, token_health_rows
 
 
 class NonFiniteError(RuntimeError):
@@ -47,6 +48,7 @@ class UpdateResult:
         num_tokens: response tokens of the minibatch (all ranks).
         num_sequences: responses of the minibatch (all ranks).
         seconds: wall time of the update (forward, backward, step).
+        health: the update's token health panel against the sampler (:mod:`mugrpo.trainer.health`).
     """
 
     metrics: dict[str, float]
@@ -54,6 +56,7 @@ class UpdateResult:
     num_tokens: int
     num_sequences: int
     seconds: float
+    health: dict[str, float | None] = dataclasses.field(default_factory=dict)
 
 
 def _reduce_across_ranks(accelerator: Accelerator, stats: dict[str, MetricStat]) -> dict[str, float]:
@@ -124,7 +127,7 @@ def train_update(
         global_num_valid_groups=None if global_num_valid_groups is None else float(max(global_num_valid_groups, 1)),
         progress=progress,
     )
-    outputs, loss_sum = _backward_micro_batches(
+    outputs, loss_sum, health_rows = _backward_micro_batches(
         accelerator, model, micro_batches, loss_config, context, reference, trainer_behavior_logprobs
     )
 
@@ -140,12 +143,14 @@ def train_update(
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     metrics = _reduce_across_ranks(accelerator, merge_stats(o.stats for o in outputs))
+    health = health_panel(gather_rows(accelerator, torch.cat(health_rows)))
     return UpdateResult(
         metrics=metrics,
         grad_norm=grad_norm,
         num_tokens=global_num_tokens,
         num_sequences=global_num_seqs,
         seconds=time.perf_counter() - start,
+        health=health,
     )
 
 
@@ -157,12 +162,14 @@ def _backward_micro_batches(
     update_context: LossContext,
     reference: torch.nn.Module | None,
     trainer_behavior_logprobs: list[torch.Tensor] | None,
-) -> tuple[list[LossOutput], torch.Tensor]:
+) -> tuple[list[LossOutput], torch.Tensor, list[torch.Tensor]]:
     """Forward and backward of each micro-batch, gradients accumulated (synchronized across ranks on the last one
     only). ``update_context`` holds the update's normalizers; each micro-batch adds its own tensors. Returns the
-    detached loss outputs and the sum of the micro-batch losses (float64)."""
+    detached loss outputs, the sum of the micro-batch losses (float64) and each micro-batch's health rows
+    (:func:`mugrpo.trainer.health.token_health_rows`: the same forward's log-probs against the sampler's)."""
     world = accelerator.num_processes
     outputs: list[LossOutput] = []
+    health_rows: list[torch.Tensor] = []
     loss_sum = torch.zeros((), dtype=torch.float64, device=accelerator.device)
     for i, cpu_batch in enumerate(micro_batches):
         batch = cpu_batch.to(accelerator.device)
@@ -170,7 +177,8 @@ def _backward_micro_batches(
         sync = contextlib.nullcontext() if last else accelerator.no_sync(model)
         with sync:
             with accelerator.autocast():  # bf16 autocast (train.mixed_precision) or nothing; log-probs are fp32
-                logprobs, entropy = model(batch)
+                logit_var = torch.empty(batch.response_ids.shape, dtype=torch.float32, device=accelerator.device)
+                logprobs, entropy = model(batch, logit_var_out=logit_var)
                 ref_logprobs = None
                 if reference is not None:
                     with torch.no_grad():
@@ -191,7 +199,8 @@ def _backward_micro_batches(
             accelerator.backward(out.loss * world)
         loss_sum += out.loss.detach().double()
         outputs.append(LossOutput(loss=out.loss.detach(), stats=out.stats))
-    return outputs, loss_sum
+        health_rows.append(token_health_rows(batch, logprobs, logit_var, loss_config))
+    return outputs, loss_sum, health_rows
 
 
 @torch.no_grad()

@@ -23,6 +23,7 @@ from mugrpo.progress import console, job_progress
 from mugrpo.trainer.batch import TokenBatch, collate
 from mugrpo.trainer.commit import write_nonfinite_report
 from mugrpo.trainer.data import Rollout, split_minibatch, valid_groups_in
+from mugrpo.trainer.health import batch_identity
 from mugrpo.trainer.records import train_step_row
 from mugrpo.trainer.stage import LivePolicy, StageRun
 from mugrpo.trainer.step import NonFiniteError, UpdateResult, token_mean_entropy, train_update
@@ -80,6 +81,7 @@ def compose_update(live: LivePolicy, run: StageRun, u: int) -> Update:
             [data.rollouts[i] if i < num_rows else extra[i - num_rows] for i in mb],
             [run.group_of[i] if i < num_rows else num_groups + i - num_rows for i in mb],
             live.pad_id,
+            learner_temperature=spec.train.learner_temperature,
         )
         for mb in micro
     ]
@@ -152,13 +154,23 @@ def run_update(live: LivePolicy, run: StageRun, update: Update) -> UpdateResult:
 
 
 def record_update(run: StageRun, update: Update, result: UpdateResult, lr: float) -> dict:
-    """The algorithms record the update (their metrics join the loss's); returns its train_steps row."""
+    """The algorithms record the update (their metrics join the loss's); returns its train_steps row, with the
+    health panel: the token panel of the update (:mod:`mugrpo.trainer.health`), s_eta = staleness * lr,
+    t_eta = sum of the LR schedule's lr over global updates 1..update (from the schedule, so a resumed run has the
+    uninterrupted run's value) and the batch identity."""
     spec, fresh = run.spec, list(update.rows.fresh)
     columns: dict = {}
     for h in run.hooks.values():
         record = h.after_update(update.rows, result.metrics)
         columns.update(record.columns)
         result.metrics.update(record.metrics)
+    staleness = update.rows.update - 1 - min(r.policy_version for r in fresh)
+    health = {
+        **result.health,
+        "s_eta": staleness * lr,
+        "t_eta": run.schedule.cumulative_lr(update.rows.update),
+        "batch_id": batch_identity(update.rollouts),
+    }
     return train_step_row(
         run_id=spec.run_id,
         stage=spec.stage,
@@ -170,9 +182,10 @@ def record_update(run: StageRun, update: Update, result: UpdateResult, lr: float
         num_sequences=len(update.rollouts),
         num_tokens=result.num_tokens,
         seconds=result.seconds,
-        staleness=update.rows.update - 1 - min(r.policy_version for r in fresh),
+        staleness=staleness,
         mean_reward=sum(r.reward for r in fresh) / len(fresh),
         columns=columns,
+        health=health,
     )
 
 

@@ -8,6 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from mugrpo.layout import RunLayout
 from mugrpo.storage import Store
 from mugrpo.tables import SchemaError, read_table, table_from_rows, write_table
 from schemas import META_VERSION, ROLLOUT_SCHEMA, SCHEMA_VERSIONS, TABLES
@@ -126,7 +127,7 @@ def test_train_steps_version_1_reads_with_null_loss_metrics_in_python_and_sql(tm
     (tmp_path / old_rel).parent.mkdir(parents=True)
     pq.write_table(old, tmp_path / old_rel)
 
-    assert SCHEMA_VERSIONS["train_steps"] == 3
+    assert SCHEMA_VERSIONS["train_steps"] == 4
     back = read_table(store, old_rel, "train_steps")
     assert back.schema.remove_metadata().equals(TABLES["train_steps"]) and back.column("loss_metrics").null_count == 1
     with connect(str(tmp_path / "r")) as cat:  # the current columns over older files only: loss_metrics NULL
@@ -179,3 +180,37 @@ def test_train_steps_version_2_reads_with_null_replay_columns(tmp_path):
         {"stage": 0, "num_fresh": None, "num_replayed": None},
         {"stage": 1, "num_fresh": 8, "num_replayed": 4},
     ]
+
+
+def test_train_steps_version_3_reads_with_a_null_health_panel_in_python_sql_and_status(tmp_path):
+    """train_steps v4 added the health panel (ess, kl_sampler, ..., batch_id); v3 files read it as NULL in Python, in
+    SQL (over v3 files only, and next to a v4 file) and in ``mugrpo status``'s health line."""
+    from mugrpo.runs import health_line, latest_train_step
+    from mugrpo.sql import connect
+    from schemas.tables import TRAIN_STEP_SCHEMA_V3, TRAIN_STEP_V4_COLUMNS
+
+    store, layout = Store(str(tmp_path)), RunLayout("r")
+    old_rel, new_rel = layout.train_steps_part(0, 1), layout.train_steps_part(1, 1)
+    old = pa.Table.from_pylist([_train_step(0, 1, {})], schema=TRAIN_STEP_SCHEMA_V3)
+    old = old.replace_schema_metadata({b"mugrpo.table": b"train_steps", META_VERSION: b"3"})
+    (tmp_path / old_rel).parent.mkdir(parents=True)
+    pq.write_table(old, tmp_path / old_rel)
+    back = read_table(store, old_rel, "train_steps")
+    assert back.schema.remove_metadata().equals(TABLES["train_steps"])
+    assert all(back.column(c).null_count == 1 for c in TRAIN_STEP_V4_COLUMNS)
+    with connect(str(tmp_path / "r")) as cat:  # v3 files only: the v4 columns exist, NULL
+        assert cat.arrow("SELECT ess, batch_id FROM train_steps").to_pylist() == [{"ess": None, "batch_id": None}]
+    latest = latest_train_step(store, layout, num_stages=1)
+    assert latest["ess"] is None
+    line = health_line(latest)
+    assert line.startswith("health @ update 1 (stage 0): ESS -") and "S*eta -" in line
+    row = _train_step(1, 1, {})
+    row.update(ess=0.97, kl_sampler=1e-3, sampler_clip_frac=0.0, s_eta=0.0, batch_id="0123456789abcdef")
+    write_table(store, new_rel, table_from_rows([row], "train_steps"), "train_steps")
+    with connect(str(tmp_path / "r")) as cat:
+        rows = cat.arrow("SELECT stage, ess, batch_id FROM train_steps ORDER BY stage").to_pylist()
+    assert rows == [
+        {"stage": 0, "ess": None, "batch_id": None},
+        {"stage": 1, "ess": 0.97, "batch_id": "0123456789abcdef"},
+    ]
+    assert "ESS 0.970" in health_line(latest_train_step(store, layout, num_stages=2))

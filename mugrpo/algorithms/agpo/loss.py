@@ -18,7 +18,7 @@ from mugrpo.losses.config import PolicyLossConfig
 from mugrpo.losses.interface import LossContext, LossOutput
 from mugrpo.losses.metrics import MetricStat
 from mugrpo.losses.pipeline import finalize_loss, prepare_batch
-from mugrpo.losses.registry import POLICY_LOSSES
+from mugrpo.losses.registry import POLICY_LOSSES, clip_range
 
 
 def kl_step_per_response(log_ratio: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -33,6 +33,7 @@ def kl_step_per_response(log_ratio: torch.Tensor, response_mask: torch.Tensor) -
 
 
 @POLICY_LOSSES.register("agpo")
+@clip_range(lambda _config, eps: (1.0 - eps, 1.0 + eps))
 def agpo_loss(
     logprobs: torch.Tensor,
     behavior_logprobs: torch.Tensor,
