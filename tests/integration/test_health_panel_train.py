@@ -21,9 +21,10 @@ from _tiny import policy_weights, train_spec
 
 from bench.support.synthetic import commit_rollouts, synthetic_rollout_rows
 from mugrpo.layout import RunLayout
-from mugrpo.models import load_tokenizer
+from mugrpo.models import load_policy, load_tokenizer
 from mugrpo.seeds import derive_seed
 from mugrpo.storage import Store
+from mugrpo.tracking.events import committed_train_events
 from mugrpo.trainer.data import load_rollouts, make_minibatch_order
 from mugrpo.trainer.loop import Trainer, run_training
 from mugrpo.trainer.optim import build_lr_schedule
@@ -92,6 +93,10 @@ def test_panel_is_against_the_sampler_and_t_eta_survives_a_resume(tiny_model_dir
     schedule = build_lr_schedule(spec.train, spec.total_updates)
     assert [s["t_eta"] for s in steps] == [math.fsum(schedule.lr(v) for v in range(1, u + 1)) for u in (1, 2, 3, 4)]
     assert steps[-1]["staleness"] == 3 and steps[-1]["s_eta"] > 0  # update 4 of a stage: S = 3
+    events = committed_train_events(store, LAYOUT, 0, after_update=0)  # what the tracker sinks log
+    logged = events[0].values
+    assert logged["train/ess"] == first["ess"] and logged["train/t_eta"] == first["t_eta"]
+    assert "train/batch_id" not in logged  # a string: not a metric
 
     # A job killed after the checkpoint of update 2: the resumed job rewrites updates 3-4 with the same T*eta.
     store.delete(LAYOUT.job_manifest(0, "train"))
@@ -134,8 +139,6 @@ def test_learner_temperature(tiny_model_dir, tmp_path):
         )
         trainer = Trainer()
         trainer.tokenizer = load_tokenizer(tiny_model_dir)
-        from mugrpo.models import load_policy
-
         behavior, _ = load_policy(tiny_model_dir)
         trainer._recompute_behavior(spec, data, order, behavior, torch.device("cpu"))
         assert all(r.sampler_logprobs is not None for r in data.rollouts)

@@ -70,6 +70,9 @@ def train_rows(run_id: str, stage: int) -> list[dict]:
             tokens_per_second=80.0, staleness=u - 1, mean_reward=0.5, created_at=T0 + timedelta(hours=stage, minutes=u),
             loss_metrics={"x": 1.0}, num_fresh=4, num_replayed=2, replay_age_mean=1.0, replay_age_max=2,
             replay_buffer_size=8, replay_evicted_age=0, replay_evicted_capacity=0,
+            ess=1.0 - 0.1 * u, kl_sampler=0.001 * u, sampler_ratio_p1=0.9, sampler_ratio_p99=1.1, sampler_ratio_max=1.5,
+            sampler_clip_frac=0.01, logit_var=2.0, s_eta=(u - 1) * 1e-5, t_eta=(stage * UPDATES + u) * 1e-5,
+            batch_id=f"{stage:08x}{u:08x}",
         )
         for u in range(1, UPDATES + 1)
     ]  # fmt: skip

@@ -228,6 +228,11 @@ def test_two_data_parallel_processes_give_the_update_of_one(tiny_model_dir, tmp_
     assert two["num_sequences"] == [8] * 4  # metrics are reduced over both ranks
     assert two["loss"] == pytest.approx(one["loss"], rel=1e-4, abs=1e-6)
     assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-4)
+    # The health panel gathers every rank's tokens: the same statistics as one process, the same batch identity.
+    assert two["batch_id"] == one["batch_id"] and two["t_eta"] == one["t_eta"]
+    for column in ("ess", "kl_sampler", "sampler_ratio_p1", "sampler_ratio_p99", "sampler_ratio_max", "logit_var"):
+        assert two[column] == pytest.approx(one[column], rel=1e-4, abs=1e-6), column
+    assert two["sampler_clip_frac"] == one["sampler_clip_frac"]
     w0 = policy_weights(Store(str(tmp_path / "one")), RunLayout(RUN).policy_dir(0))
     assert max((weights["one"][n] - w0[n]).abs().max().item() for n in w0) > 1e-3  # the weights did move
     for name in w0:
