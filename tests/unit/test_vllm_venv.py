@@ -8,6 +8,7 @@ the cached build, holding one module of its own, and the link is checked with a 
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 import tomllib
@@ -15,6 +16,8 @@ import venv
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,7 +34,7 @@ def test_requirements_are_the_vllm_job_extra_and_hold_what_a_job_imports(vllm_ve
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     reqs = vllm_venv.job_requirements()
     assert reqs == extras["vllm-job"]
-    names = {r.split("=")[0].split(">")[0].split("<")[0].strip() for r in reqs}
+    names = {canonicalize_name(Requirement(r).name) for r in reqs}
     # the verifier pool (pebble) and the answer checker: what a hand-written install line once missed
     assert {"pebble", "math-verify", "pyarrow", "s3fs", "pydantic"} <= names
     # vLLM owns these pins; Prefect cannot share its environment
@@ -82,3 +85,15 @@ def test_link_venv_imports_the_cached_build_and_this_clone(vllm_venv, tmp_path):
     assert Path(mugrpo_file) == REPO / "mugrpo" / "__init__.py"
     assert Path(schemas_file) == REPO / "schemas" / "__init__.py"
     assert Path(prefix) == target and Path(sys.prefix) != target
+
+
+def test_the_gpu_image_builds_the_same_vllm_release_from_the_same_extra(vllm_venv):
+    """infra/Dockerfile's vLLM stage and `make vllm-venv` build one vLLM release and read the job's requirements
+    through one script (a second hand-written copy is how the missing-pebble break happened)."""
+    text = (REPO / "infra" / "Dockerfile").read_text()
+    gpu_stage = text.split("AS gpu", 1)[1].split("AS cpu", 1)[0]
+    (version,) = re.findall(r"^ARG VLLM_VERSION=(\S+)$", gpu_stage, flags=re.M)
+    assert version == vllm_venv.VLLM_VERSION
+    assert "infra/vllm_venv.py requirements" in gpu_stage
+    assert "tomllib" not in gpu_stage
+    assert gpu_stage.index("COPY infra ./infra") < gpu_stage.index("infra/vllm_venv.py requirements")
