@@ -444,6 +444,8 @@ def audit_cmd(
             res = report.result(name, r.run_id)
             cells.append(f"[{style[res.status]}]{res.status}[/]" if res else "-")
         table.add_row(name, *cells)
+    prints = [report.result("data-order", r.run_id) for r in opened]
+    table.add_row("order fingerprint", *[(p.values.get("fingerprint") or "-")[:16] if p else "-" for p in prints])
     Console(width=max(console.width, 120)).print(table)
     for res in report.results:
         console.print(f"{res.check} {res.run} {res.status}: {res.detail}", markup=False, highlight=False)
