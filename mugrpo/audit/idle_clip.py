@@ -7,8 +7,10 @@ Rule, over the run's ``train_steps`` (ratio = pi_theta / pi_behavior, logged per
 1. At stage update 1 of every stage, ``|ratio_mean - 1| <= TOL`` and ``|ratio_max - 1| <= TOL``: the policy being
    updated is the behavior policy. Updates that train on replayed rollouts (``num_replayed > 0``, whose behavior
    policy is older) are left out of this part.
-2. In every stage with mu > 1 (more than one update), the updates after the first are not all at ratio 1: at least
-   one has ``|ratio_mean - 1| > TOL`` or ``|ratio_max - 1| > TOL``. A run whose stages all have mu = 1 is not checked.
+2. In every stage with mu > 1 (more than one update) whose updates before the last took a step (some
+   ``grad_norm > 1e-8`` with ``lr > 0``), the updates after the first are not all at ratio 1: at least one has
+   ``|ratio_mean - 1| > TOL`` or ``|ratio_max - 1| > TOL``. A stage that never stepped (e.g. every advantage 0: the
+   policy cannot move) and a run whose stages all have mu = 1 are not checked.
 3. The clip acts when the ratio leaves the clip range: if some update's ``ratio_max`` exceeds the loss's upper clip
    bound (``1 + eps_high`` for grpo, ``ratio_max`` for mu_grpo), ``clip_frac_low + clip_frac_high`` is > 0 on at
    least one update of the run. A run whose ratio never reaches the bound is too short to clip: that part is not
@@ -23,6 +25,8 @@ from mugrpo.audit.result import FAIL, NOT_CHECKED, PASS, AuditRun, CheckResult
 
 NAME = "idle-clip"
 TOL = 1e-4
+#: A step smaller than this gradient norm cannot be told from no step.
+STEP_EPS = 1e-8
 
 #: The upper clip bound of the ratio per loss (``loss.name`` -> bound); a loss not listed has no checked clip.
 UPPER_CLIP: dict[str, Callable[[object], float]] = {
@@ -40,7 +44,7 @@ def check_run(run: AuditRun) -> CheckResult:
     replay = "num_replayed" in run.columns("train_steps")
     rows = run.rows(
         'SELECT stage, stage_update, "update", ratio_mean, ratio_max, '
-        "coalesce(clip_frac_low, 0) + coalesce(clip_frac_high, 0) AS clip_frac, "
+        "coalesce(clip_frac_low, 0) + coalesce(clip_frac_high, 0) AS clip_frac, grad_norm, lr, "
         + ("coalesce(num_replayed, 0)" if replay else "0")
         + " AS num_replayed FROM train_steps WHERE ratio_mean IS NOT NULL AND ratio_max IS NOT NULL "
         'ORDER BY "update"'
@@ -61,6 +65,15 @@ def check_run(run: AuditRun) -> CheckResult:
         later = [r for r in rows if r["stage"] == stage and r["stage_update"] > 1]
         if not later:
             continue
+        last = later[-1]["stage_update"]
+        stepped = [
+            r
+            for r in rows
+            if r["stage"] == stage and r["stage_update"] < last and r["grad_norm"] > STEP_EPS and r["lr"] > 0
+        ]
+        if not stepped:
+            notes.append(f"stage {stage} took no step before its last update (grad_norm 0): ratio movement not checked")
+            continue
         moved_checked += 1
         if all(_off(r) <= TOL for r in later):
             problems.append(
@@ -68,7 +81,7 @@ def check_run(run: AuditRun) -> CheckResult:
                 " (idle clip: ratio taken against the learner's own recompute?)"
             )
     if not moved_checked:
-        notes.append("every stage has mu = 1: ratio movement not checked")
+        notes.append("no stage with mu > 1 that stepped: ratio movement not checked")
     bound_of = UPPER_CLIP.get(run.cfg.loss.name)
     if bound_of is None:
         notes.append(f"loss {run.cfg.loss.name!r} has no checked clip bound: clip fraction not checked")

@@ -242,3 +242,11 @@ def test_exit_code_1_when_a_check_fails(runs, tmp_path):
     proc = run_cli(["audit", str(run), "--json", str(out)], dict(os.environ), timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert json.loads(out.read_text())["ok"] is False and "FAILED" in proc.stdout
+
+
+def test_the_report_shows_the_audit(runs, tmp_path):
+    from mugrpo.report import write_report
+
+    page = Path(write_report(str(runs["plain"]), out=str(tmp_path / "report.html"))).read_text()
+    assert "Harness audit" in page and "<td>idle-clip</td><td>pass</td>" in page
+    assert "<td>normalizer</td><td>pass</td>" in page
