@@ -139,7 +139,9 @@ def test_audit_of_a_real_run_passes_from_the_command_line(runs, tmp_path):
     assert set(rows) == {"idle-clip", "data-order", "configs", "batches", "normalizer"}
     # the checks that a single run can establish do, with their evidence
     assert rows["idle-clip"]["status"] == PASS, rows["idle-clip"]
-    assert rows["batches"]["status"] == PASS and rows["batches"]["source"].startswith("minibatch plan")
+    # batch ids: logged by the trainer (train_steps.batch_id) or the minibatch plan rebuilt from seed and rollouts
+    assert rows["batches"]["status"] == PASS, rows["batches"]
+    assert rows["batches"]["source"] in ("train_steps.batch_id", "minibatch plan rebuilt from seed and rollouts")
     assert len(rows["batches"]["batch_ids"]) == STAGES * UPDATES
     assert rows["normalizer"]["status"] == PASS, rows["normalizer"]
     assert [u["stage"] for u in rows["normalizer"]["updates"]] == list(range(STAGES))
@@ -199,30 +201,30 @@ def test_batches_fail_on_a_stuck_batch(runs, tmp_path):
     _rewrite(run, "train_steps", lambda t: t.append_column("batch_id", pa.array(["0123456789abcdef"] * t.num_rows)))
     report = _audit(run)
     status, detail = _status(report, "batches", RUN)
-    assert status == FAIL and "served 3 times in a row" in detail  # one file per stage: 3 updates each
-    assert _status(_audit(run, max_repeat=3), "batches", RUN)[0] == PASS
+    assert status == FAIL and f"served {STAGES * UPDATES} times in a row from update 1" in detail
+    assert _status(_audit(run, max_repeat=STAGES * UPDATES), "batches", RUN)[0] == PASS
 
 
 def test_batches_fail_on_a_stuck_replay_draw_and_an_old_age(runs, tmp_path):
-    """Copy of the replay run with its replay table edited: every update's replayed rows replaced by one set (a
-    stuck queue), and one age raised beyond tau_max."""
+    """Copy of the replay run with its replay table edited: every update's replayed rows replaced by the first
+    draw's rollouts (a stuck queue), and the first draw's age raised beyond tau_max."""
     run = _copy(runs["replay"], tmp_path)
-
-    def stuck(t: pa.Table) -> pa.Table:
-        replayed = t.filter(t["replayed"])
-        if replayed.num_rows == 0:
-            return t
-        first = int(pc.min(replayed["update"]).as_py())
-        template = replayed.filter(pc.equal(replayed["update"], first))
+    files = sorted((run / "replay").rglob("*.parquet"))
+    tables = [pq.read_table(f, partitioning=None) for f in files]
+    replayed = pa.concat_tables([t.filter(t["replayed"]) for t in tables])
+    first = int(pc.min(replayed["update"]).as_py())
+    template = replayed.filter(pc.equal(replayed["update"], first)).to_pylist()
+    for path, t in zip(files, tables, strict=True):
         rows = [r for r in t.to_pylist() if not r["replayed"]]
-        for u in sorted(set(replayed["update"].to_pylist())):
-            for r in template.to_pylist():
-                rows.append({**r, "update": u, "age": 99 if u == first else r["age"]})
-        return pa.Table.from_pylist(rows, schema=t.schema)
-
-    _rewrite(run, "replay", stuck)
+        drawn = {r["update"]: r for r in t.to_pylist() if r["replayed"]}
+        for u, own in sorted(drawn.items()):
+            keep = {"stage": own["stage"], "update": u, "stage_update": own["stage_update"]}
+            rows += [{**r, **keep, "age": 99 if u == first else r["age"]} for r in template]
+        pq.write_table(pa.Table.from_pylist(rows, schema=t.schema), path)
+    assert len({r["update"] for r in replayed.to_pylist()}) > 2  # the stuck draw repeats more than once
     status, detail = _status(_audit(run), "batches", REPLAY_RUN)
-    assert status == FAIL and "replay drew the same rollouts" in detail and "above tau_max=4" in detail
+    assert status == FAIL and "replay drew the same rollouts" in detail, detail
+    assert f"above tau_max=4 at 1 update(s) (first: update {first}, age 99)" in detail
 
 
 def test_normalizer_fails_on_a_scaled_loss(runs, tmp_path):
@@ -250,3 +252,22 @@ def test_the_report_shows_the_audit(runs, tmp_path):
     page = Path(write_report(str(runs["plain"]), out=str(tmp_path / "report.html"))).read_text()
     assert "Harness audit" in page and "<td>idle-clip</td><td>pass</td>" in page
     assert "<td>normalizer</td><td>pass</td>" in page
+
+
+def test_the_rebuilt_minibatch_plan_is_what_the_trainer_trained_on(runs):
+    """The replay table records each update's fresh rollouts as the trainer drew them: the plan the audit rebuilds
+    from the stored seed and rollouts (its batch source for runs without batch_id) must name the same ones."""
+    from mugrpo.audit.plan import stage_plan
+
+    run = open_run(str(runs["replay"].parent), REPLAY_RUN)
+    try:
+        fresh = run.rows(
+            "SELECT stage, stage_update, list(rollout_stage || '/' || prompt_id || '/' || sample_idx "
+            "ORDER BY rollout_stage, prompt_id, sample_idx) AS keys FROM replay WHERE NOT replayed "
+            "GROUP BY stage, stage_update ORDER BY stage, stage_update"
+        )
+        assert len(fresh) == STAGES * UPDATES
+        for r in fresh:
+            assert sorted(stage_plan(run, r["stage"]).keys(r["stage_update"])) == r["keys"], r
+    finally:
+        run.catalog.close()
