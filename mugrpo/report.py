@@ -111,13 +111,15 @@ def collect(target: str, storage_options: dict | None = None) -> ReportData:
 
 
 def _audit_rows(target: str, storage_options: dict | None, run_id: str) -> list[dict]:
-    """The run's `mugrpo audit` rows (docs/audit.md); none for a folder without run.json."""
+    """The run's `mugrpo audit` rows (docs/audit.md); none for a folder whose run.json is missing or unreadable."""
     from mugrpo.audit import audit_runs, open_run
+    from mugrpo.config import ConfigError
+    from mugrpo.sql import TargetError
 
     parent = target.rstrip("/").rpartition("/")[0] or "."
     try:
         run = open_run(parent, run_id, storage_options)
-    except FileNotFoundError:
+    except (FileNotFoundError, ConfigError, TargetError):  # no run.json, or a config this version cannot load
         return []
     try:
         return [r.to_json() for r in audit_runs([run]).results]
