@@ -119,7 +119,7 @@ def _audit_rows(target: str, storage_options: dict | None, run_id: str) -> list[
     parent = target.rstrip("/").rpartition("/")[0] or "."
     try:
         run = open_run(parent, run_id, storage_options)
-    except (FileNotFoundError, ConfigError, TargetError):  # no run.json, or a config this version cannot load
+    except (FileNotFoundError, KeyError, ConfigError, TargetError):  # no run.json, or no config it can load
         return []
     try:
         return [r.to_json() for r in audit_runs([run]).results]
