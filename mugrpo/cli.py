@@ -396,6 +396,67 @@ def report_cmd(
     console.print(f"report: {where}")
 
 
+@app.command("audit")
+def audit_cmd(
+    runs: list[str] = typer.Argument(..., help="Run ids (with --root) or run folders/URLs ROOT/RUN_ID."),
+    root: str | None = typer.Option(None, help="Storage root holding the runs (default: runs)."),
+    vary: list[str] | None = typer.Option(
+        None, "--vary", help="A config key (or section) the runs are meant to differ in; repeat for several."
+    ),
+    same_order: bool = typer.Option(False, "--same-order", help="The runs are meant to share one data order."),
+    max_repeat: int = typer.Option(1, "--max-repeat", min=1, help="Most times one batch may be served in a row."),
+    json_path: Path = typer.Option(Path("audit.json"), "--json", help="Write every row here as JSON."),
+    storage_option: list[str] | None = StorageOptionsOpt,
+):
+    """The harness checklist of "Probe the Harness" (arXiv 2610.02911) over runs' committed data (docs/audit.md):
+    idle clip, seeds and data order, configs, batches, normalizers.
+
+    Prints one row per check and run; writes the rows to --json (default ./audit.json). Exit code 0 when no check
+    fails ("not-checked" rows do not fail), 1 when one fails, 2 when a run cannot be read.
+    """
+    from rich.table import Table
+
+    from mugrpo.audit import AuditOptions, audit_runs, open_run
+    from mugrpo.audit.runner import CHECKS
+    from mugrpo.config import ConfigError
+    from mugrpo.sql import TargetError
+
+    opts = _storage_options(storage_option)
+    opened = []
+    for run in runs:
+        run_root, run_id = split_run(run, root)
+        try:
+            with storage_guard(f"{run_root.rstrip('/')}/{run_id}", opts):
+                opened.append(open_run(run_root, run_id, opts))
+        except (FileNotFoundError, ConfigError, TargetError) as e:
+            _refuse(e)
+    if len({r.run_id for r in opened}) != len(opened):
+        _refuse(ValueError("two runs given share a run id; audit runs with distinct ids"))
+    report = audit_runs(opened, AuditOptions(tuple(vary or ()), same_order, max_repeat))
+    for r in opened:
+        r.catalog.close()
+    style = {"pass": "green", "fail": "bold red", "not-checked": "yellow"}
+    table = Table(title="audit: Probe the Harness (arXiv 2610.02911)")
+    table.add_column("check", no_wrap=True)
+    for r in opened:
+        table.add_column(r.run_id)
+    for name, _ in CHECKS:
+        cells = []
+        for r in opened:
+            res = report.result(name, r.run_id)
+            cells.append(f"[{style[res.status]}]{res.status}[/]" if res else "-")
+        table.add_row(name, *cells)
+    prints = [report.result("data-order", r.run_id) for r in opened]
+    table.add_row("order fingerprint", *[(p.values.get("fingerprint") or "-")[:16] if p else "-" for p in prints])
+    Console(width=max(console.width, 120)).print(table)
+    for res in report.results:
+        console.print(f"{res.check} {res.run} {res.status}: {res.detail}", markup=False, highlight=False)
+    report.write_json(str(json_path))
+    console.print(f"audit: {'ok' if report.ok else 'FAILED'}; rows written to {json_path}")
+    if not report.ok:
+        raise typer.Exit(1)
+
+
 def _register_subsystems() -> None:
     from mugrpo.lab.cli import register_cli as register_lab
     from mugrpo.sql.cli import register_cli as register_sql

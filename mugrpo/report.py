@@ -41,6 +41,7 @@ class ReportData:
     evals: list[dict]
     files: list[str]
     examples: list[dict] = field(default_factory=list)
+    audit: list[dict] = field(default_factory=list)  # `mugrpo audit` rows of the run (mugrpo.audit)
 
 
 #: The correctness component of a rollout: math_correctness, or the reasoning_gym task's own score (mugrpo.gym).
@@ -98,8 +99,34 @@ def collect(target: str, storage_options: dict | None = None) -> ReportData:
         uri = cat.target.url
     files = _parquet_files(target, storage_options, run_id)
     return ReportData(
-        run_id, uri, str(runs[0].get("created_at")) if runs else None, stages, by_stage, steps, evals, files, examples
+        run_id,
+        uri,
+        str(runs[0].get("created_at")) if runs else None,
+        stages,
+        by_stage,
+        steps,
+        evals,
+        files,
+        examples,
+        _audit_rows(target, storage_options, run_id),
     )
+
+
+def _audit_rows(target: str, storage_options: dict | None, run_id: str) -> list[dict]:
+    """The run's `mugrpo audit` rows (docs/audit.md); none for a folder whose run.json is missing or unreadable."""
+    from mugrpo.audit import audit_runs, open_run
+    from mugrpo.config import ConfigError
+    from mugrpo.sql import TargetError
+
+    parent = target.rstrip("/").rpartition("/")[0] or "."
+    try:
+        run = open_run(parent, run_id, storage_options)
+    except (FileNotFoundError, KeyError, ConfigError, TargetError):  # no run.json, or no config it can load
+        return []
+    try:
+        return [r.to_json() for r in audit_runs([run]).results]
+    finally:
+        run.catalog.close()
 
 
 def _parquet_files(target: str, storage_options: dict | None, run_id: str) -> list[str]:
@@ -382,12 +409,24 @@ share with a boxed answer (the format component).</p>
 <h2>Example rollouts</h2>
 <p>The first sample of {EXAMPLES_PER_STAGE} prompts per stage.</p>
 {examples}
+{_audit_section(data)}
 <h2>Parquet files</h2>
 <p>Plain Hive-partitioned Parquet: query them with <code>mugrpo sql</code>, the DuckDB CLI, pandas, polars or
 pyarrow.</p>
 <ul>{files}</ul>
 </body></html>
 """
+
+
+def _audit_section(data: ReportData) -> str:
+    if not data.audit:
+        return ""
+    rows = [[r["check"], r["status"], r["detail"]] for r in data.audit]
+    return (
+        "<h2>Harness audit</h2>\n<p>The checklist of Probe the Harness (arXiv 2610.02911) over this run's committed "
+        "data, as <code>mugrpo audit</code> prints it (docs/audit.md).</p>\n"
+        + _table(["check", "status", "detail"], rows)
+    )
 
 
 def table1_markdown(data: ReportData) -> str:

@@ -1,0 +1,109 @@
+"""Idle clip ("Probe the Harness", arXiv 2610.02911): a ratio taken against the learner's own recompute is always 1,
+so the clip never acts and a healthy-looking log hides an on-policy run.
+
+Rule, over the run's ``train_steps`` (ratio = pi_theta / pi_behavior, logged per update as ``ratio_mean`` and
+``ratio_max``; TOL = 1e-4):
+
+1. At stage update 1 of every stage, ``|ratio_mean - 1| <= TOL`` and ``|ratio_max - 1| <= TOL``: the policy being
+   updated is the behavior policy. Updates that train on replayed rollouts (``num_replayed > 0``, whose behavior
+   policy is older) are left out of this part.
+2. In every stage with mu > 1 (more than one update) whose updates before the last took a step (some
+   ``grad_norm > 1e-8`` with ``lr > 0``), the updates after the first are not all at ratio 1: at least one has
+   ``|ratio_mean - 1| > TOL`` or ``|ratio_max - 1| > TOL``. A stage that never stepped (e.g. every advantage 0: the
+   policy cannot move) and a run whose stages all have mu = 1 are not checked.
+3. The clip acts when the ratio leaves the clip range: if some update's ``ratio_max`` exceeds the loss's upper clip
+   bound (``1 + eps_high`` for grpo, ``ratio_max`` for mu_grpo), ``clip_frac_low + clip_frac_high`` is > 0 on at
+   least one update of the run. A run whose ratio never reaches the bound is too short to clip: that part is not
+   checked (the row says so). Evidence, not proof: the upper bound clips only tokens with A > 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from mugrpo.audit.result import FAIL, NOT_CHECKED, PASS, AuditRun, CheckResult
+
+NAME = "idle-clip"
+TOL = 1e-4
+#: A step smaller than this gradient norm cannot be told from no step.
+STEP_EPS = 1e-8
+
+#: The upper clip bound of the ratio per loss (``loss.name`` -> bound); a loss not listed has no checked clip.
+UPPER_CLIP: dict[str, Callable[[object], float]] = {
+    "grpo": lambda loss: 1.0 + loss.eps_high,
+    "mu_grpo": lambda loss: loss.ratio_max,
+}
+
+
+def _off(row: dict) -> float:
+    return max(abs(row["ratio_mean"] - 1.0), abs(row["ratio_max"] - 1.0))
+
+
+def check_run(run: AuditRun) -> CheckResult:
+    """The idle-clip rule (module docstring) on one run."""
+    replay = "num_replayed" in run.columns("train_steps")
+    rows = run.rows(
+        'SELECT stage, stage_update, "update", ratio_mean, ratio_max, '
+        "coalesce(clip_frac_low, 0) + coalesce(clip_frac_high, 0) AS clip_frac, grad_norm, lr, "
+        + ("coalesce(num_replayed, 0)" if replay else "0")
+        + " AS num_replayed FROM train_steps WHERE ratio_mean IS NOT NULL AND ratio_max IS NOT NULL "
+        'ORDER BY "update"'
+    )
+    if not rows:
+        return CheckResult(NAME, run.run_id, NOT_CHECKED, "no train_steps rows with ratio_mean/ratio_max")
+    problems, notes = [], []
+    firsts = [r for r in rows if r["stage_update"] == 1 and r["num_replayed"] == 0]
+    for r in firsts:
+        if _off(r) > TOL:
+            problems.append(
+                f"stage {r['stage']} update 1: ratio_mean={r['ratio_mean']:.6g} ratio_max={r['ratio_max']:.6g} "
+                f"(not 1 +- {TOL:g}: the policy updated is not the behavior policy)"
+            )
+    stages = sorted({r["stage"] for r in rows})
+    moved_checked = 0
+    for stage in stages:
+        later = [r for r in rows if r["stage"] == stage and r["stage_update"] > 1]
+        if not later:
+            continue
+        last = later[-1]["stage_update"]
+        stepped = [
+            r
+            for r in rows
+            if r["stage"] == stage and r["stage_update"] < last and r["grad_norm"] > STEP_EPS and r["lr"] > 0
+        ]
+        if not stepped:
+            notes.append(f"stage {stage} took no step before its last update (grad_norm 0): ratio movement not checked")
+            continue
+        moved_checked += 1
+        if all(_off(r) <= TOL for r in later):
+            problems.append(
+                f"stage {stage}: ratio identically 1 (+- {TOL:g}) over updates 2..{later[-1]['stage_update']}"
+                " (idle clip: ratio taken against the learner's own recompute?)"
+            )
+    if not moved_checked:
+        notes.append("no stage with mu > 1 that stepped: ratio movement not checked")
+    bound_of = UPPER_CLIP.get(run.cfg.loss.name)
+    if bound_of is None:
+        notes.append(f"loss {run.cfg.loss.name!r} has no checked clip bound: clip fraction not checked")
+    else:
+        bound = bound_of(run.cfg.loss)
+        above = [r for r in rows if r["ratio_max"] > bound]
+        if not above:
+            notes.append(f"ratio never above the clip bound {bound:g}: too short to clip, clip fraction not checked")
+        elif all(r["clip_frac"] == 0 for r in rows):
+            problems.append(
+                f"clip fraction 0 on every update although ratio_max > {bound:g} at {len(above)} update(s) "
+                f"(first: update {above[0]['update']}, ratio_max={above[0]['ratio_max']:.6g})"
+            )
+    values = {"updates": len(rows), "first_updates_checked": len(firsts)}
+    if problems:
+        return CheckResult(NAME, run.run_id, FAIL, "; ".join(problems + notes), values)
+    if not firsts and not moved_checked:
+        return CheckResult(NAME, run.run_id, NOT_CHECKED, "; ".join(notes) or "nothing to check", values)
+    done = f"{len(firsts)} stage-first update(s) at ratio 1, ratio moves in {moved_checked} stage(s)"
+    return CheckResult(NAME, run.run_id, PASS, "; ".join([done, *notes]), values)
+
+
+def check(runs: list[AuditRun], options) -> list[CheckResult]:
+    """One idle-clip row per run."""
+    return [check_run(r) for r in runs]
