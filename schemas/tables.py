@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable
+
 import pyarrow as pa
 
 META_TABLE = b"mugrpo.table"
@@ -226,3 +229,16 @@ OLDER_SCHEMAS: dict[tuple[str, int], pa.Schema] = {
     ("rollouts", 1): ROLLOUT_SCHEMA_V1,
     ("evals", 1): EVAL_SCHEMA_V1,
 }
+
+
+def rollout_key(stage: int, prompt_id: str, sample_idx: int) -> str:
+    """A rollout row's identity in the rollouts table: ``"{stage}/{prompt_id}/{sample_idx}"`` (the stage that
+    generated it, the content hash of its prompt, its index in its group)."""
+    return f"{stage}/{prompt_id}/{sample_idx}"
+
+
+def batch_identity(keys: Iterable[str]) -> str:
+    """``train_steps.batch_id`` of an update: the first 16 hex digits of sha256 over the :func:`rollout_key` of its
+    rollouts (fresh and replayed, every rank's), sorted and newline-joined, so it depends neither on the order of
+    the rows nor on how they were cut into micro-batches or ranks."""
+    return hashlib.sha256("\n".join(sorted(keys)).encode()).hexdigest()[:16]

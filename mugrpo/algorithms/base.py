@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import groupby
 from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, Field
@@ -354,6 +355,38 @@ class GenerationHooks:
         return {}
 
 
+# ----------------------------------------------------------------------------------------------------------- audit
+
+#: ``rows(sql) -> [row dict, ...]``: a DuckDB query over one run's views (rollouts, train_steps, evals, and each
+#: algorithm's tables), as :mod:`mugrpo.audit` runs it.
+RunQuery = Callable[[str], list[dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class AuditFindings:
+    """An algorithm's evidence for the harness audit's batches check (:mod:`mugrpo.audit.batches`; "Probe the
+    Harness", arXiv 2610.02911), read from its own tables.
+
+    Attributes:
+        problems: failing findings (e.g. a replay queue drawing the same rollouts update after update).
+        notes: passing evidence, shown in the check's detail.
+    """
+
+    problems: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def longest_repeat(ids: Sequence[tuple[int, str]]) -> tuple[int, int, str]:
+    """(length, first update, id) of the longest run of equal consecutive ids in ``[(update, id), ...]``
+    ((0, 0, "") when empty)."""
+    best: tuple[int, int, str] = (0, 0, "")
+    for ident, members in groupby(ids, key=lambda x: x[1]):
+        members = list(members)
+        if len(members) > best[0]:
+            best = (len(members), members[0][0], ident)
+    return best
+
+
 # ------------------------------------------------------------------------------------------------------- algorithm
 
 
@@ -392,6 +425,18 @@ class Algorithm:
     def generation_hooks(cls, section: Any) -> GenerationHooks | None:
         """The algorithm's hooks for one stage of a generation worker, or None when it is off there."""
         return None
+
+    @classmethod
+    def audit_batches(cls, section: Any, rows: RunQuery, max_repeat: int) -> AuditFindings | None:
+        """The algorithm's own batch evidence for the harness audit (no batch served more than ``max_repeat``
+        times in a row), or None when it has none or is off in the run."""
+        return None
+
+    @classmethod
+    def audit_order(cls, section: Any, rows: RunQuery) -> list[str]:
+        """Lines of the run's data order that the algorithm decides (e.g. each update's replay draw), added to the
+        audit's data-order fingerprint (:mod:`mugrpo.audit.data_order`); [] when none or off."""
+        return []
 
 
 #: Algorithms by config section name; add one with ``@ALGORITHMS.register("name")`` on its :class:`Algorithm`.

@@ -6,7 +6,9 @@ The data-order fingerprint of a run is sha256 over what the run committed about 
 - the stage's prompt plan (``jobs/stage={k}/generate.plan.json``: the prompts sampled, in shard order); for a stage
   without a plan (an older run), its distinct rollout prompt ids, sorted;
 - when the run logs a batch identity per update (``train_steps.batch_id``), the sequence of batch ids;
-- with the replay buffer, the rollout keys each update used (the ``replay`` table), in update order.
+- the lines each algorithm on in the run adds about the order it decides
+  (:meth:`mugrpo.algorithms.Algorithm.audit_order`; e.g. the replay buffer: the rollout keys each update used, in
+  update order).
 
 Rule, across the runs given: two runs whose resolved ``run.seed`` differs must differ in fingerprint; with
 ``--same-order``, all runs must share one fingerprint. One run alone is not checked (its fingerprint is shown).
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 
+from mugrpo.algorithms import ALGORITHMS, sections_of
 from mugrpo.audit.result import FAIL, NOT_CHECKED, PASS, AuditRun, CheckResult
 
 NAME = "data-order"
@@ -50,14 +53,12 @@ def fingerprint(run: AuditRun) -> tuple[str, list[str]]:
         for r in run.rows('SELECT "update", batch_id FROM train_steps ORDER BY "update"'):
             digest.update(f"update {r['update']}: {r['batch_id']}\n".encode())
         sources.add("batch ids")
-    replay = run.rows(
-        "SELECT \"update\", string_agg(rollout_stage || '/' || prompt_id || '/' || sample_idx, ',' "
-        'ORDER BY rollout_stage, prompt_id, sample_idx) AS keys FROM replay GROUP BY "update" ORDER BY "update"'
-    )
-    for r in replay:
-        digest.update(f"replay {r['update']}: {r['keys']}\n".encode())
-    if replay:
-        sources.add("replay draws")
+    for name, section in sections_of(run.cfg).items():
+        lines = ALGORITHMS[name].audit_order(section, run.rows)
+        for line in lines:
+            digest.update(f"{line}\n".encode())
+        if lines:
+            sources.add(f"{name} draws")
     return digest.hexdigest(), sorted(sources)
 
 

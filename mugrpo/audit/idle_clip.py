@@ -12,14 +12,17 @@ Rule, over the run's ``train_steps`` (ratio = pi_theta / pi_behavior, logged per
    ``|ratio_mean - 1| > TOL`` or ``|ratio_max - 1| > TOL``. A stage that never stepped (e.g. every advantage 0: the
    policy cannot move) and a run whose stages all have mu = 1 are not checked.
 3. The clip acts when the ratio leaves the clip range: if some update's ``ratio_max`` exceeds the loss's upper clip
-   bound (``1 + eps_high`` for grpo, ``ratio_max`` for mu_grpo), ``clip_frac_low + clip_frac_high`` is > 0 on at
-   least one update of the run. A run whose ratio never reaches the bound is too short to clip: that part is not
-   checked (the row says so). Evidence, not proof: the upper bound clips only tokens with A > 0.
+   bound (the clip range the loss declares in its registry, :func:`mugrpo.losses.loss_clip_range`: ``1 + eps_high``
+   for grpo, ``ratio_max`` for mu_grpo; per-group ranges such as AGPO's are not checked),
+   ``clip_frac_low + clip_frac_high`` is > 0 on at least one update of the run. A run whose ratio never reaches
+   the bound is too short to clip: that part is not checked (the row says so). Evidence, not proof: the upper
+   bound clips only tokens with A > 0.
+
+A run whose learner temperature differs from its sampling temperature (``train.learner_temperature``, arXiv
+2609.36953) has update-1 ratios off 1 by design: part 1 is not checked for it (the row says so).
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 from mugrpo.audit.result import FAIL, NOT_CHECKED, PASS, AuditRun, CheckResult
 
@@ -28,11 +31,19 @@ TOL = 1e-4
 #: A step smaller than this gradient norm cannot be told from no step.
 STEP_EPS = 1e-8
 
-#: The upper clip bound of the ratio per loss (``loss.name`` -> bound); a loss not listed has no checked clip.
-UPPER_CLIP: dict[str, Callable[[object], float]] = {
-    "grpo": lambda loss: 1.0 + loss.eps_high,
-    "mu_grpo": lambda loss: loss.ratio_max,
-}
+
+def _upper_clip(loss) -> float | None:
+    """The loss's declared upper clip bound as one number, or None (no clip range, or per-group ranges)."""
+    from mugrpo.losses import loss_clip_range
+
+    bounds = loss_clip_range(loss)
+    return bounds[1] if bounds is not None and isinstance(bounds[1], float) else None
+
+
+def _cooled_learner(cfg) -> bool:
+    """The learner's temperature differs from the sampler's, so stage-first ratios are not 1 by design."""
+    learner = cfg.train.learner_temperature
+    return learner is not None and learner != cfg.generation.sampling.temperature
 
 
 def _off(row: dict) -> float:
@@ -41,11 +52,11 @@ def _off(row: dict) -> float:
 
 def check_run(run: AuditRun) -> CheckResult:
     """The idle-clip rule (module docstring) on one run."""
-    replay = "num_replayed" in run.columns("train_steps")
+    has_replayed = "num_replayed" in run.columns("train_steps")
     rows = run.rows(
         'SELECT stage, stage_update, "update", ratio_mean, ratio_max, '
         "coalesce(clip_frac_low, 0) + coalesce(clip_frac_high, 0) AS clip_frac, grad_norm, lr, "
-        + ("coalesce(num_replayed, 0)" if replay else "0")
+        + ("coalesce(num_replayed, 0)" if has_replayed else "0")
         + " AS num_replayed FROM train_steps WHERE ratio_mean IS NOT NULL AND ratio_max IS NOT NULL "
         'ORDER BY "update"'
     )
@@ -53,6 +64,12 @@ def check_run(run: AuditRun) -> CheckResult:
         return CheckResult(NAME, run.run_id, NOT_CHECKED, "no train_steps rows with ratio_mean/ratio_max")
     problems, notes = [], []
     firsts = [r for r in rows if r["stage_update"] == 1 and r["num_replayed"] == 0]
+    if _cooled_learner(run.cfg):
+        notes.append(
+            f"learner temperature {run.cfg.train.learner_temperature:g} != sampling temperature "
+            f"{run.cfg.generation.sampling.temperature:g}: update-1 ratio not 1 by design, not checked"
+        )
+        firsts = []
     for r in firsts:
         if _off(r) > TOL:
             problems.append(
@@ -82,11 +99,10 @@ def check_run(run: AuditRun) -> CheckResult:
             )
     if not moved_checked:
         notes.append("no stage with mu > 1 that stepped: ratio movement not checked")
-    bound_of = UPPER_CLIP.get(run.cfg.loss.name)
-    if bound_of is None:
-        notes.append(f"loss {run.cfg.loss.name!r} has no checked clip bound: clip fraction not checked")
+    bound = _upper_clip(run.cfg.loss)
+    if bound is None:
+        notes.append(f"loss {run.cfg.loss.name!r} has no single clip bound: clip fraction not checked")
     else:
-        bound = bound_of(run.cfg.loss)
         above = [r for r in rows if r["ratio_max"] > bound]
         if not above:
             notes.append(f"ratio never above the clip bound {bound:g}: too short to clip, clip fraction not checked")

@@ -27,8 +27,6 @@ from mugrpo.audit.result import FAIL, NOT_CHECKED, PASS, AuditRun, CheckResult
 NAME = "normalizer"
 REL_TOL = 1e-3
 ABS_TOL = 1e-6
-#: Losses whose per-token term at ratio 1 is -A (PPO clip, arXiv 1707.06347 Eq. 7; Mu-GRPO, arXiv 2605.17570).
-SURROGATE_AT_RATIO_ONE = frozenset({"grpo", "mu_grpo"})
 
 # (per-response token values [[l_it for t] for i], L_max) -> aggregate. Empty responses count in no normalizer.
 Equation = Callable[[list[list[float]], int], float]
@@ -69,14 +67,19 @@ def recompute_first_update(run: AuditRun, stage: int) -> tuple[float, float]:
 def check_run(run: AuditRun) -> CheckResult:
     """The normalizer rule (module docstring) on one run."""
     loss = run.cfg.loss
-    if loss.name not in SURROGATE_AT_RATIO_ONE:
+    from mugrpo.losses import is_token_surrogate
+
+    if not is_token_surrogate(loss.name):
         return CheckResult(NAME, run.run_id, NOT_CHECKED, f"loss {loss.name!r} is not a clipped token surrogate")
+    learner = run.cfg.train.learner_temperature
+    if learner is not None and learner != run.cfg.generation.sampling.temperature:
+        return CheckResult(NAME, run.run_id, NOT_CHECKED, "learner temperature differs: update-1 ratio is not 1")
     if loss.agg_mode not in EQUATIONS:
         return CheckResult(NAME, run.run_id, NOT_CHECKED, f"agg_mode {loss.agg_mode!r} has no equation here")
     column = "loss" if loss.kl_coef == 0 else "policy_loss"
-    replay = "coalesce(num_replayed, 0)" if "num_replayed" in run.columns("train_steps") else "0"
+    replayed = "coalesce(num_replayed, 0)" if "num_replayed" in run.columns("train_steps") else "0"
     firsts = run.rows(
-        f'SELECT stage, "update", {column} AS logged, {replay} AS num_replayed FROM train_steps '
+        f'SELECT stage, "update", {column} AS logged, {replayed} AS num_replayed FROM train_steps '
         "WHERE stage_update = 1 ORDER BY stage"
     )
     checked, problems, skipped, zero = [], [], [], []

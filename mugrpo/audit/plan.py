@@ -9,22 +9,11 @@ algorithm adds to an update (replay) are not in it (the ``replay`` table records
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from mugrpo.audit.result import AuditRun
-
-
-def rollout_key(stage: int, prompt_id: str, sample_idx: int) -> str:
-    """A rollout's identity: ``stage/prompt_id/sample_idx``."""
-    return f"{stage}/{prompt_id}/{sample_idx}"
-
-
-def batch_id(keys: Iterable[str]) -> str:
-    """The batch identity of an update: the first 16 hex digits of sha256 over its sorted rollout keys, one per line."""
-    return hashlib.sha256("\n".join(sorted(keys)).encode()).hexdigest()[:16]
+from schemas.tables import rollout_key
 
 
 @dataclass

@@ -46,9 +46,11 @@ from mugrpo.losses.registry import (
     check_trainer_settings,
     clip_range,
     compute_policy_loss,
+    is_token_surrogate,
     loss_clip_range,
     loss_requirements,
     requires,
+    token_surrogate,
 )
 from mugrpo.losses.veto import VETO_SCOPES, VetoInfo, negative_advantage_veto_mask
 
@@ -77,6 +79,7 @@ __all__ = [
     "clipped_surrogate",
     "clip_range",
     "compute_policy_loss",
+    "is_token_surrogate",
     "loss_clip_range",
     "conspo_loss",
     "count_valid_groups",
@@ -95,6 +98,7 @@ __all__ = [
     "prepare_batch",
     "reduce_metrics",
     "requires",
+    "token_surrogate",
     "sequence_log_ratio",
     "sequence_scores",
     "training_progress",

@@ -7,7 +7,7 @@ import torch
 from mugrpo.losses.config import PolicyLossConfig
 from mugrpo.losses.interface import LossContext, LossOutput
 from mugrpo.losses.pipeline import TokenSurrogate, apply_veto, finalize_loss, importance_ratio, prepare_batch
-from mugrpo.losses.registry import POLICY_LOSSES, clip_range
+from mugrpo.losses.registry import POLICY_LOSSES, clip_range, token_surrogate
 
 
 def clipped_surrogate(
@@ -52,6 +52,7 @@ def clipped_surrogate(
 
 
 @POLICY_LOSSES.register("grpo")
+@token_surrogate
 @clip_range(lambda config, _eps: (1.0 - config.eps_low, 1.0 + config.eps_high))
 def grpo_loss(
     logprobs: torch.Tensor,
@@ -92,6 +93,7 @@ def grpo_loss(
 
 
 @POLICY_LOSSES.register("mu_grpo")
+@token_surrogate
 @clip_range(lambda config, _eps: (config.ratio_min, config.ratio_max))
 def mu_grpo_loss(
     logprobs: torch.Tensor,

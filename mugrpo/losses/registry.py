@@ -70,6 +70,24 @@ def loss_clip_range(
     return None if bounds is None else bounds(config, clip_eps)
 
 
+def token_surrogate(fn: PolicyLossFn) -> PolicyLossFn:
+    """Decorator declaring that a loss is a clipped token surrogate: at importance ratio 1 every response token's
+    term is ``-A_i`` (no clip, no veto acts) and the terms are aggregated by ``PolicyLossConfig.agg_mode`` (PPO's
+    clip, arXiv 1707.06347 Eq. 7; Mu-GRPO's relaxed clip). The harness audit recomputes such a loss's update-1 value
+    from stored rows (:mod:`mugrpo.audit.normalizer`). Apply it below ``@POLICY_LOSSES.register``."""
+    fn.token_surrogate = True
+    return fn
+
+
+def is_token_surrogate(name: str) -> bool:
+    """Whether the loss registered as ``name`` declared :func:`token_surrogate`.
+
+    Raises:
+        UnknownNameError: no policy loss is registered as ``name``.
+    """
+    return bool(getattr(POLICY_LOSSES[name], "token_surrogate", False))
+
+
 def loss_requirements(name: str) -> LossRequirements:
     """The :class:`LossRequirements` of the loss registered as ``name`` (none declared: no requirement).
 

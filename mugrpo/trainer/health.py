@@ -25,7 +25,6 @@ how the minibatch is cut.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Iterable
 
@@ -35,6 +34,8 @@ from accelerate import Accelerator
 from mugrpo.losses import PolicyLossConfig, loss_clip_range
 from mugrpo.trainer.batch import TokenBatch
 from mugrpo.trainer.data import Rollout
+from schemas.tables import batch_identity as keys_identity
+from schemas.tables import rollout_key
 
 #: The panel's train_steps columns computed from the update's tokens (``s_eta``, ``t_eta``, ``batch_id`` apart).
 TOKEN_PANEL_COLUMNS = (
@@ -112,9 +113,5 @@ def health_panel(rows: torch.Tensor) -> dict[str, float | None]:
 
 
 def batch_identity(rollouts: Iterable[Rollout]) -> str:
-    """``batch_id`` of an update: the first 16 hex digits of sha256 over its rollouts' keys (fresh and replayed,
-    every rank's), sorted and newline-joined. A key is the rollouts table's row identity
-    ``"{stage}/{prompt_id}/{sample_idx}"`` (stage of the rollout, content hash of its prompt, index in its group),
-    so the identity does not depend on the order of the rows nor on how they were cut into micro-batches."""
-    keys = sorted(f"{r.stage}/{r.prompt_id}/{r.sample_idx}" for r in rollouts)
-    return hashlib.sha256("\n".join(keys).encode()).hexdigest()[:16]
+    """``batch_id`` of an update (:func:`schemas.tables.batch_identity` of its rollouts' row keys)."""
+    return keys_identity(rollout_key(r.stage, r.prompt_id, r.sample_idx) for r in rollouts)

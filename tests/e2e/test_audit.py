@@ -195,10 +195,10 @@ def test_data_order_fails_on_a_dropped_seed_and_passes_on_shared_order(runs, tmp
 
 
 def test_batches_fail_on_a_stuck_batch(runs, tmp_path):
-    """Copy of the run with a batch_id column (the health panel's) written into train_steps, one id for every
-    update: the queue served one batch throughout."""
+    """Copy of the run with train_steps' batch_id (the health panel's) rewritten to one id for every update: the
+    queue served one batch throughout."""
     run = _copy(runs["plain"], tmp_path)
-    _rewrite(run, "train_steps", lambda t: t.append_column("batch_id", pa.array(["0123456789abcdef"] * t.num_rows)))
+    _rewrite(run, "train_steps", lambda t: _set(t, "batch_id", ["0123456789abcdef"] * t.num_rows))
     report = _audit(run)
     status, detail = _status(report, "batches", RUN)
     assert status == FAIL and f"served {STAGES * UPDATES} times in a row from update 1" in detail
@@ -271,3 +271,53 @@ def test_the_rebuilt_minibatch_plan_is_what_the_trainer_trained_on(runs):
             assert sorted(stage_plan(run, r["stage"]).keys(r["stage_update"])) == r["keys"], r
     finally:
         run.catalog.close()
+
+
+def test_idle_clip_and_normalizer_leave_out_update_1_of_a_cooled_learner(runs, tmp_path):
+    """Copies of the run with the update-1 ratio rewritten to 1.05: a bug for a learner at the sampling temperature
+    (fails), by design for one at another temperature (train.learner_temperature, arXiv 2609.36953, written into the
+    copy's stored config): not checked there."""
+
+    def off_at_first(t: pa.Table) -> pa.Table:
+        first = [u == 1 for u in t.column("stage_update").to_pylist()]
+        for name in ("ratio_mean", "ratio_max"):
+            t = _set(t, name, [1.05 if f else v for f, v in zip(first, t.column(name).to_pylist(), strict=True)])
+        return t
+
+    plain = _copy(runs["plain"], tmp_path / "plain")
+    _rewrite(plain, "train_steps", off_at_first)
+    status, detail = _status(_audit(plain), "idle-clip", RUN)
+    assert status == FAIL and "stage 0 update 1: ratio_mean=1.05" in detail
+
+    cooled = _copy(runs["plain"], tmp_path / "cooled")
+    _rewrite(cooled, "train_steps", off_at_first)
+    doc = json.loads((cooled / "run.json").read_text())
+    sampling_t = doc["config"]["generation"]["sampling"]["temperature"]
+    doc["config"]["train"]["learner_temperature"] = sampling_t + 0.5
+    (cooled / "run.json").write_text(json.dumps(doc))
+    report = _audit(cooled)
+    status, detail = _status(report, "idle-clip", RUN)
+    assert status == PASS and "update-1 ratio not 1 by design, not checked" in detail, detail
+    assert _status(report, "normalizer", RUN)[0] == NOT_CHECKED
+
+
+def test_a_run_without_logged_batch_ids_gets_the_same_ids_from_its_rebuilt_plan(runs, tmp_path):
+    """A copy of the plain run with train_steps.batch_id nulled (as a train_steps v3 run has none): the audit's
+    rebuilt minibatch plan gives the ids the trainer logged, so both sources agree."""
+    from mugrpo.audit.batches import batch_ids
+
+    logged_run = open_run(str(runs["plain"].parent), RUN)
+    try:
+        logged, source = batch_ids(logged_run)
+    finally:
+        logged_run.catalog.close()
+    assert source == "train_steps.batch_id" and len(logged) == STAGES * UPDATES
+    run = _copy(runs["plain"], tmp_path)
+    _rewrite(run, "train_steps", lambda t: _set(t, "batch_id", [None] * t.num_rows))
+    rebuilt_run = open_run(str(run.parent), RUN)
+    try:
+        rebuilt, source = batch_ids(rebuilt_run)
+    finally:
+        rebuilt_run.catalog.close()
+    assert source == "minibatch plan rebuilt from seed and rollouts"
+    assert rebuilt == logged

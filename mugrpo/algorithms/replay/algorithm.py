@@ -22,9 +22,11 @@ from typing import Any
 from mugrpo.algorithms.base import (
     ALGORITHMS,
     Algorithm,
+    AuditFindings,
     CheckpointAt,
     CommitRecord,
     RolloutRef,
+    RunQuery,
     SavedState,
     Settings,
     StageCommit,
@@ -33,6 +35,7 @@ from mugrpo.algorithms.base import (
     TrainHooks,
     UpdateRows,
 )
+from mugrpo.algorithms.replay import audit
 from mugrpo.algorithms.replay.buffer import RolloutKey
 from mugrpo.algorithms.replay.config import ReplayConfig
 from mugrpo.algorithms.replay.records import audit_part_records, delete_audit_parts_after, write_audit_part
@@ -172,6 +175,16 @@ class Replay(Algorithm):
             )
         if settings.group_minibatches:
             raise ValueError("replay.enabled needs train.group_minibatches: false (the replay unit is one rollout)")
+
+    @classmethod
+    def audit_batches(cls, section: Any, rows: RunQuery, max_repeat: int) -> AuditFindings | None:
+        """Replay draws distinct in a row and ages within tau_max (:mod:`.audit`)."""
+        return audit.audit_batches(section, rows, max_repeat)
+
+    @classmethod
+    def audit_order(cls, section: Any, rows: RunQuery) -> list[str]:
+        """Each update's rollouts as the replay table records them (:mod:`.audit`)."""
+        return audit.audit_order(section, rows)
 
     @classmethod
     def train_hooks(cls, section: Any, loss: PolicyLossConfig) -> TrainHooks | None:
