@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # bench.support, mugrpo: this checkout
 PROBE = REPO / "bench" / "support" / "job_probe.py"
 DATA = REPO.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
 JOBS = ("generate", "train")
@@ -153,6 +155,7 @@ def one_job(job: str, tree: Path, prepared: dict[str, Path], work: Path, threads
         "interpreter": rec["probe_start"] - t_spawn,
         "policy_load": rec.get("policy_load_s", 0.0),
         "policy_loads": rec.get("policy_loads", 0),
+        "tokenizer_loads": rec.get("tokenizer_loads", 0),
         "moment_load": rec.get("moment_load_s", 0.0),
         "less_loads": first - t_spawn - loads,
         "exit": t_exit - t_spawn,
@@ -227,8 +230,9 @@ def main() -> None:
         b, a = medians["before"][what][key], medians["after"][what][key]
         print(f"{label:42} {b:9.2f} {a:9.2f} {a / b if b else float('nan'):13.2f}")
     for job in JOBS:
-        counts = {arm: medians[arm][job]["policy_loads"] for arm in arms}
-        print(f"{job}: from_pretrained weight loads per job: before {counts['before']:g}, after {counts['after']:g}")
+        for what in ("policy_loads", "tokenizer_loads"):
+            n = {arm: medians[arm][job][what] for arm in arms}
+            print(f"{job}: {what} by mugrpo.models per job: before {n['before']:g}, after {n['after']:g}")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "samples": samples, "medians": medians}, indent=1))
 

@@ -14,7 +14,8 @@ comparable with the parent's spawn stamp):
 - ``policy_load_s`` / ``policy_loads``: seconds and count of ``AutoModelForCausalLM.from_pretrained`` calls
   made by ``mugrpo.models`` (the disk-bound weight loads), and ``moment_load_s`` / ``moment_loads``: of
   ``mugrpo.trainer.loop.read_optimizer_state`` and ``read_checkpoint`` (the disk-bound AdamW moment loads), each
-  with the stamp of its first start and last end.
+  with the stamp of its first start and last end; ``tokenizer_load_s`` / ``tokenizer_loads``: the same for the
+  tokenizer reads of ``mugrpo.models`` (``AutoTokenizer.from_pretrained``).
 
 The probe lives beside the bench, not in the product: the job under test may be an older checkout on PYTHONPATH.
 """
@@ -63,18 +64,19 @@ def _first(name: str, fn):
 
 
 class _TimedFromPretrained:
-    """Stands in for ``AutoModelForCausalLM`` in ``mugrpo.models``: ``from_pretrained`` timed as ``policy_load``."""
+    """Stands in for an auto class in ``mugrpo.models``: its ``from_pretrained`` timed as ``name``."""
 
-    def __init__(self, auto) -> None:
+    def __init__(self, auto, name: str) -> None:
         self._auto = auto
-        self.from_pretrained = _timed("policy_load", auto.from_pretrained)
+        self.from_pretrained = _timed(name, auto.from_pretrained)
 
     def __getattr__(self, name):
         return getattr(self._auto, name)
 
 
 def _patch_models(module) -> None:
-    module.AutoModelForCausalLM = _TimedFromPretrained(module.AutoModelForCausalLM)
+    module.AutoModelForCausalLM = _TimedFromPretrained(module.AutoModelForCausalLM, "policy_load")
+    module.AutoTokenizer = _TimedFromPretrained(module.AutoTokenizer, "tokenizer_load")
 
 
 def _patch_engine(module) -> None:
