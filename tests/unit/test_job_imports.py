@@ -38,11 +38,16 @@ def loaded_after_import(module: str, candidates: tuple[str, ...]) -> list[str]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("module", sorted(NOT_IMPORTED))
+@pytest.mark.parametrize(
+    "module",
+    # The train job's module imports torch and transformers (about 3-4 s on a quiet machine): slow tier.
+    ["mugrpo.jobs.generate", pytest.param("mugrpo.jobs.train", marks=pytest.mark.slow)],
+)
 def test_job_module_does_not_import_what_it_needs_only_later(module):
     assert loaded_after_import(module, NOT_IMPORTED[module]) == []
 
 
+@pytest.mark.slow
 def test_the_check_sees_an_eager_import():
     # The same check on a module that does import them eagerly reports them (the check can fail).
     assert loaded_after_import("torch.distributed.checkpoint.state_dict", NOT_IMPORTED["mugrpo.jobs.train"]) == list(
