@@ -79,15 +79,28 @@ def load_policy(
         FileNotFoundError: ``path`` does not exist or is a directory without ``config.json``.
         ImportError: ``path`` is a GGUF file and the ``gguf`` package is missing.
     """
-    path = Path(path)
     tokenizer = load_tokenizer(path)
+    return load_model(path, dtype=dtype), tokenizer
+
+
+def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """The causal LM of :func:`load_policy` without its tokenizer (for a caller that has the tokenizer already or
+    only needs the weights: reading a tokenizer again costs a file read and a parse per call). Eval mode, CPU.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist or is a directory without ``config.json``.
+        ImportError: ``path`` is a GGUF file and the ``gguf`` package is missing.
+    """
+    path = Path(path)
+    _require_exists(path)
     if _is_gguf(path):
+        _require_gguf_package()
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
         _drop_gguf_quantizer(model)
     else:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     model.eval()
-    return model, tokenizer
+    return model
 
 
 def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:

@@ -18,24 +18,42 @@ class VerifierPoolOwner:
     def __init__(self) -> None:
         self._scorer: RewardScorer | None = None
         self._reward_config: RewardConfig | None = None
+        self._ready = False
 
-    def verifier_pool(self, config: RewardConfig) -> RewardScorer:
-        """The verifier pool scoring with ``config``: started (and waited ready) on first use, restarted when
-        ``config`` differs from the running pool's.
+    def start_verifier_pool(self, config: RewardConfig) -> None:
+        """Start the verifier pool scoring with ``config`` without waiting for its workers (restarted when
+        ``config`` differs from the running pool's): they start while the caller loads its engine, and
+        :meth:`verifier_pool` waits them ready.
 
         Raises:
-            RuntimeError: the pool's processes did not start in time (:meth:`TimeoutPool.wait_ready`).
+            RuntimeError: the pool could not be started.
         """
         if self._scorer is not None and self._reward_config != config:
             self.close()
         if self._scorer is None:
             scorer = RewardScorer(config)
             try:
-                scorer.wait_ready()
+                scorer.start()
             except BaseException:
                 scorer.close()
                 raise
-            self._scorer, self._reward_config = scorer, config
+            self._scorer, self._reward_config, self._ready = scorer, config, False
+
+    def verifier_pool(self, config: RewardConfig) -> RewardScorer:
+        """The verifier pool scoring with ``config``: started on first use (or by :meth:`start_verifier_pool`) and
+        waited ready, restarted when ``config`` differs from the running pool's.
+
+        Raises:
+            RuntimeError: the pool's processes did not start in time (:meth:`TimeoutPool.wait_ready`).
+        """
+        self.start_verifier_pool(config)
+        if not self._ready:
+            try:
+                self._scorer.wait_ready()
+            except BaseException:
+                self.close()
+                raise
+            self._ready = True
         return self._scorer
 
     def close(self) -> None:
@@ -44,6 +62,7 @@ class VerifierPoolOwner:
             self._scorer.close()
             self._scorer = None
             self._reward_config = None
+            self._ready = False
 
     def __enter__(self):
         return self

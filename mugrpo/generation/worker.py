@@ -127,6 +127,9 @@ class GenerationWorker(VerifierPoolOwner):
         t_switch = t_gen = 0.0
         tokens = 0
         if todo:
+            # The verifier pool's workers start (spawned interpreters importing the reward modules) while this
+            # process loads the engine; verifier_pool() below then waits them ready.
+            self.start_verifier_pool(spec.reward)
             own_engine = self._engine is None
             engine = (
                 make_engine(spec.engine, policy, dtype=spec.dtype, seed=spec.seed, **spec.engine_kwargs)

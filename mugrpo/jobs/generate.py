@@ -21,13 +21,17 @@ input or a lost run lease.
 
 from __future__ import annotations
 
-from mugrpo.generation import GenerateSpec, GenerationError, run_generate
 from mugrpo.jobs.common import PROCESS_START, fail, load_spec, refuse_untrusted, spec_argument
 from mugrpo.progress import quiet_library_bars
 
 
 def main(argv: list[str] | None = None) -> None:
     """CLI entry point: ``python -m mugrpo.jobs.generate SPEC``."""
+    # Imported here, not at the top: the verifier pool's workers are spawned, and a spawned worker re-imports the
+    # job's main module (``__mp_main__``). At the top, this import made every worker import torch (seconds) before
+    # it could score; tests/unit/test_job_imports.py keeps the module light.
+    from mugrpo.generation import GenerateSpec, GenerationError, run_generate
+
     spec = load_spec(spec_argument(argv, "mugrpo.jobs.generate", GenerateSpec, __doc__), GenerateSpec)
     quiet_library_bars()
     try:

@@ -103,6 +103,7 @@ class TimeoutPool:
             context=multiprocessing.get_context(start_method),
         )
         self._closed = False
+        self._warmup: list = []  # no-op tasks scheduled by start(), answered once the workers are up
         self.num_replaced = 0
         """Workers killed and replaced so far (timeouts and crashes)."""
 
@@ -153,18 +154,33 @@ class TimeoutPool:
                 return Outcome(f"error: {type(e).__name__}: {e}")
         raise AssertionError("unreachable: the last attempt returns")
 
-    def wait_ready(self) -> None:
-        """Block until the workers have started (imported their modules, run the initializer).
+    def start(self) -> None:
+        """Start the workers and return without waiting for them: the no-op tasks :meth:`wait_ready` waits on are
+        scheduled now, so the workers' start (an interpreter and the reward modules' imports each) runs while the
+        caller does other work (the generate job loads its engine meanwhile). Idempotent until ``wait_ready``.
 
         Raises:
-            RuntimeError: the pool is closed, or the workers did not start within ``start_timeout_s``.
+            RuntimeError: the pool is closed.
+        """
+        if self._closed:
+            raise RuntimeError("TimeoutPool is closed")
+        if not self._warmup:
+            self._warmup = [self._pool.schedule(_ready, args=(0.2,)) for _ in range(self._num_workers)]
+
+    def wait_ready(self) -> None:
+        """Block until the workers have started (imported their modules, run the initializer); starts them first
+        unless :meth:`start` did.
+
+        Raises:
+            RuntimeError: the pool is closed, or the workers did not start within ``start_timeout_s`` of this call.
         """
         if self._closed:
             raise RuntimeError("TimeoutPool is closed")
         deadline = time.monotonic() + self._start_timeout_s
         ready: set[int] = set()
         while len(ready) < self._num_workers:  # until every worker has answered once
-            futures = [self._pool.schedule(_ready, args=(0.2,)) for _ in range(self._num_workers)]
+            self.start()
+            futures, self._warmup = self._warmup, []
             try:
                 ready.update(f.result(timeout=max(0.0, deadline - time.monotonic())) for f in futures)
             except Exception as e:

@@ -87,6 +87,15 @@ class RewardScorer:
         """Workers killed and replaced so far (after a timeout or a crash)."""
         return self._pool.num_replaced
 
+    def start(self) -> None:
+        """Start the worker processes without waiting for them (:meth:`TimeoutPool.start`); :meth:`wait_ready`
+        then waits.
+
+        Raises:
+            RuntimeError: the scorer is closed.
+        """
+        self._pool.start()
+
     def wait_ready(self) -> None:
         """Block until every worker process has started; call it early to fail fast on a broken environment.
 

@@ -22,7 +22,6 @@ from pathlib import Path
 import torch
 from accelerate.utils import gather_object
 from rich.table import Table
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
 from mugrpo.algorithms import CheckpointAt, CommitRecord, StageCommit, TrainHooks
 from mugrpo.layout import RunLayout
@@ -37,8 +36,6 @@ from mugrpo.trainer.stage import LivePolicy, StageRun
 from mugrpo.trainer.step import NonFiniteError
 from schemas import FileRecord, JobManifest
 
-#: Full (unsharded, CPU) state dicts: what a checkpoint and a published policy hold, also under FSDP.
-FULL_STATE = StateDictOptions(full_state_dict=True, cpu_offload=True)
 _POLICY_PREFIX = "policy."
 #: train_steps columns summarized (first and last update) when a stage commits.
 _SUMMARY_COLUMNS = (
@@ -55,6 +52,27 @@ _SUMMARY_COLUMNS = (
 )
 
 
+def full_state_options():
+    """``StateDictOptions`` of full (unsharded, CPU) state dicts: what a checkpoint and a published policy hold, also
+    under FSDP.
+
+    torch.distributed.checkpoint's ``state_dict`` module is imported here, on first use (a checkpoint, a publish, a
+    resume, carried AdamW moments), not with this module: a job does not need it before its first update
+    (tests/unit/test_job_imports.py).
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def set_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Load a full optimizer state dict (parameters named as in ``model``, as a checkpoint holds it) into
+    ``optimizer`` (torch.distributed.checkpoint's ``set_optimizer_state_dict``; collective under FSDP)."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state, options=full_state_options())
+
+
 def inner_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """The real optimizer inside accelerate's AcceleratedOptimizer (or ``optimizer`` itself)."""
     return getattr(optimizer, "optimizer", optimizer)
@@ -62,7 +80,9 @@ def inner_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
 
 def policy_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Full (unsharded, CPU) state dict of the wrapped policy with HF parameter names (collective under FSDP)."""
-    state = get_model_state_dict(model, options=FULL_STATE)
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    state = get_model_state_dict(model, options=full_state_options())
     return {k[len(_POLICY_PREFIX) :]: v for k, v in state.items() if k.startswith(_POLICY_PREFIX)}
 
 
@@ -112,8 +132,11 @@ def write_stage_checkpoint(live: LivePolicy, run: StageRun, step: int, rows: lis
     part, then the checkpoint of ``step`` (weights, AdamW, LR schedule, RNG, the algorithms' state), then prune
     older checkpoints. Collective under FSDP: every rank calls it."""
     spec, store, layout, accelerator = run.spec, run.store, run.layout, live.accelerator
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
     model_state = policy_state_dict(live.model)
-    optimizer_state = get_optimizer_state_dict(live.model, inner_optimizer(live.optimizer), options=FULL_STATE)
+    optimizer = inner_optimizer(live.optimizer)
+    optimizer_state = get_optimizer_state_dict(live.model, optimizer, options=full_state_options())
     rng = capture_rng_state()
     rng_states = gather_object([rng]) if accelerator.num_processes > 1 else [rng]
     main = accelerator.is_main_process

@@ -22,14 +22,13 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
-from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
 from mugrpo.algorithms import ResumePoint, StageStart, TrainHooks, make_train_hooks, sections_of
 from mugrpo.config import TrainSection
 from mugrpo.layout import RunLayout
 from mugrpo.losses import positive_labeler
 from mugrpo.manifest import latest_checkpoint, read_job_manifest
-from mugrpo.models import load_policy, load_tokenizer
+from mugrpo.models import load_model, load_policy
 from mugrpo.policies import local_policy_dir
 from mugrpo.progress import console
 from mugrpo.seeds import derive_seed
@@ -37,11 +36,11 @@ from mugrpo.storage import Store
 from mugrpo.tables import RolloutDataError
 from mugrpo.trainer.checkpoint import LoadedCheckpoint, read_checkpoint, read_optimizer_state, restore_rng_state
 from mugrpo.trainer.commit import (
-    FULL_STATE,
     commit_training,
     finish_without_updates,
     inner_optimizer,
     publish_policy,
+    set_full_optimizer_state,
     write_stage_checkpoint,
 )
 from mugrpo.trainer.data import RolloutSet, load_rollouts, make_minibatch_order
@@ -118,7 +117,7 @@ class Trainer:
 
     def _load_weights_from(self, model_dir: Path) -> None:
         """Copy the weights of the HF dir ``model_dir`` into the live policy, in place (same dtype: bitwise)."""
-        fresh, _ = load_policy(model_dir)
+        fresh = load_model(model_dir)
         with torch.no_grad():
             self.policy.load_state_dict(fresh.state_dict())
 
@@ -136,8 +135,7 @@ class Trainer:
         t0 = time.monotonic()
         behavior_dir = local_policy_dir(spec.store(), spec.policy_dir)
         if self.model is None:
-            self.tokenizer = load_tokenizer(behavior_dir)
-            policy, _ = load_policy(behavior_dir)
+            policy, self.tokenizer = load_policy(behavior_dir)  # the tokenizer read once (mugrpo.models)
             self._build(policy, spec.train)
         else:
             self._load_weights_from(behavior_dir)
@@ -247,7 +245,7 @@ class Trainer:
         check_fp32_master(self.model.parameters(), self.optimizer)
         self._start_algorithms(run, ckpt)
         if spec.loss.kl_coef > 0:
-            ref_policy, _ = load_policy(local_policy_dir(run.store, spec.reference_policy_dir))
+            ref_policy = load_model(local_policy_dir(run.store, spec.reference_policy_dir))
             reference = PolicyTokenLogprobs(ref_policy.requires_grad_(False), train.logprob_chunk_size)
             run.reference = reference.to(self.accelerator.device).eval()
 
@@ -304,8 +302,7 @@ class Trainer:
         cold = self.model is None
         if cold:
             behavior_dir = local_policy_dir(store, spec.policy_dir)
-            self.tokenizer = load_tokenizer(behavior_dir)
-            behavior, _ = load_policy(behavior_dir)
+            behavior, self.tokenizer = load_policy(behavior_dir)
         else:
             self.ensure_weights(spec)
             behavior = self.policy
@@ -316,7 +313,7 @@ class Trainer:
             trainer_behavior = self._recompute_behavior(spec, data, order, behavior, device)
             self._recompute_s = time.monotonic() - t0
         if cold:
-            policy = behavior if ckpt is None else load_policy(ckpt.model_dir)[0]
+            policy = behavior if ckpt is None else load_model(ckpt.model_dir)
             self._build(policy, train)
         else:
             if ckpt is not None:
@@ -354,7 +351,7 @@ class Trainer:
         accelerator, inner = self.accelerator, inner_optimizer(self.optimizer)
         schedule = build_lr_schedule(spec.train, spec.total_updates)
         if ckpt is not None:
-            set_optimizer_state_dict(self.model, inner, ckpt.optimizer_state, options=FULL_STATE)
+            set_full_optimizer_state(self.model, inner, ckpt.optimizer_state)
             schedule.load_state_dict(ckpt.trainer_state["lr_schedule"])
             restore_rng_state(ckpt.rng_states[accelerator.process_index])
             self.optimizer_source = (spec.stage, ckpt.step)
@@ -367,7 +364,7 @@ class Trainer:
         if spec.carry_optimizer_state and previous is not None:
             if self.optimizer_source != (spec.stage - 1, previous):
                 prev_rel = layout.checkpoint_dir(spec.stage - 1, previous)
-                set_optimizer_state_dict(self.model, inner, read_optimizer_state(store, prev_rel), options=FULL_STATE)
+                set_full_optimizer_state(self.model, inner, read_optimizer_state(store, prev_rel))
                 console.print(f"train stage {spec.stage}: AdamW moments carried over from {store.uri(prev_rel)}")
             else:
                 console.print(f"train stage {spec.stage}: AdamW moments carried over in memory")
