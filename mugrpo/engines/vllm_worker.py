@@ -11,6 +11,30 @@ from __future__ import annotations
 
 from typing import Any
 
+
+def pack_weights(named_tensors) -> list[tuple[str, str, list[int], bytes]]:
+    """(HF parameter name, tensor) pairs as (name, torch dtype name, shape, raw bytes): what vLLM's RPC channel
+    carries intact (its msgpack encoder turns a bare tensor inside a list into a plain list on the way)."""
+    import torch
+
+    packed = []
+    for name, tensor in named_tensors:
+        t = tensor.detach().to("cpu").contiguous()
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+        packed.append((name, str(t.dtype).removeprefix("torch."), list(t.shape), raw))
+    return packed
+
+
+def unpack_weights(packed) -> list[tuple[str, Any]]:
+    """Inverse of :func:`pack_weights`: (name, tensor) pairs (new CPU tensors)."""
+    import torch
+
+    return [
+        (name, torch.frombuffer(bytearray(raw), dtype=getattr(torch, dtype)).reshape(shape))
+        for name, dtype, shape, raw in packed
+    ]
+
+
 #: What :class:`mugrpo.engines.vllm_engine.VLLMEngine` passes as ``worker_extension_cls``.
 WORKER_EXTENSION = f"{__name__}.MugrpoWorkerExtension"
 
@@ -18,12 +42,11 @@ WORKER_EXTENSION = f"{__name__}.MugrpoWorkerExtension"
 class MugrpoWorkerExtension:
     """Mixed into vLLM's worker (``self`` is the worker: ``self.model_runner.model`` is the loaded model)."""
 
-    def mugrpo_load_weights(self, weights: list[tuple[str, Any]]) -> int:
-        """Copy ``weights`` ((HF parameter name, tensor) pairs, any dtype) into the running model in place, with the
-        model's own checkpoint loader (it maps HF names to vLLM's fused layers and casts); returns the number of
-        tensors received."""
-        self.model_runner.model.load_weights(weights=weights)  # type: ignore[attr-defined]
-        return len(weights)
+    def mugrpo_load_weights(self, packed: list[tuple[str, str, list[int], bytes]]) -> int:
+        """Copy the weights of :func:`pack_weights` into the running model in place, with the model's own checkpoint
+        loader (it maps HF names to vLLM's fused layers and casts); returns the number of tensors received."""
+        self.model_runner.model.load_weights(weights=unpack_weights(packed))  # type: ignore[attr-defined]
+        return len(packed)
 
     def mugrpo_seed(self, seed: int) -> None:
         """Seed the worker process's RNGs (python, numpy, torch): the sampler draws from torch's default generator."""
