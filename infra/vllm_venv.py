@@ -132,7 +132,10 @@ def _check(python: Path) -> None:
     Raises:
         RuntimeError: an import failed (with its output).
     """
-    code = "import vllm, mugrpo.jobs.generate, mugrpo.jobs.eval, mugrpo.engines.vllm_engine; print(vllm.__version__)"
+    code = (
+        "import vllm, mugrpo.jobs.generate, mugrpo.jobs.eval, mugrpo.jobs.segment, mugrpo.engines.vllm_engine; "
+        "print(vllm.__version__)"
+    )
     out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd=tempfile.gettempdir())
     if out.returncode != 0:
         raise RuntimeError(f"{python}: the vLLM environment does not import the jobs:\n{out.stderr[-3000:]}")

@@ -310,7 +310,7 @@ def status_cmd(
             *(str(m.counts[k]) if m and k in m.counts else "-" for k in ("generate/tokens", "generate/probe_tokens")),
             *((f"{getattr(t, f):.0f}s" if t else "-") for f in ("t_gen", "t_train", "t_eval")),
             f"{t.t_switch:.1f}s" if t else "-",
-            f"{t.t_sync:.2f}s" if t else "-",
+            f"{t.t_sync:.3f}s" if t else "-",  # warm weight sync: milliseconds matter
             f"{t.t_total:.0f}s" if t else "-",
         )
     Console(width=max(console.width, 180)).print(table)

@@ -29,6 +29,16 @@ top-p is computed on the top-k-renormalized distribution):
 Each step keeps every token whose tempered logit is >= a per-row threshold, so the kept set is
 ``{v : z_v >= threshold}``; a tie at the top-p boundary keeps all tied tokens (vLLM's sort keeps some of them:
 the only place where this rule and vLLM's can differ, by tokens of exactly equal logit).
+
+Checked against vLLM 0.32's CPU sampler (``vllm/v1/sample/sampler.py``, ``ops/topk_topp_sampler.py``,
+``logits_processor/builtin.py``; Triton is off on CPU, so the PyTorch path runs): temperature, then min-p
+(``MinPLogitsProcessor``: masks p_v < min_p * p_max, computed in probability space where this rule compares
+logits: the two differ only for a token within float rounding of the boundary), then top-k (``apply_top_k_only``,
+or the ascending sort when top-p is on: masks z_v < the k-th largest, ties kept), then top-p on the softmax of the
+top-k survivors (ascending cumulative sum <= 1 - top_p masked, the largest always kept; the sort is not stable);
+``processed_logprobs`` is the log-softmax of the masked logits. Measured (tests/integration/test_vllm_engine.py,
+tiny policy, fp32, T = 1): the trainer's replay gives max |log ratio| 1.1e-5 (top-p 0.9), 6.7e-6 (top-k 20),
+5.7e-6 (min-p 0.05) at update 1, over 192 tokens each.
 """
 
 from __future__ import annotations

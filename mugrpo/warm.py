@@ -12,7 +12,11 @@ runs them through the same objects as the cold jobs (:class:`~mugrpo.generation.
 Weight sync (:class:`WarmEngine`), measured per stage as ``t_sync``:
   - transformers engine: it samples from the trainer's own module (no copy, no reload; generation runs under
     ``torch.inference_mode`` in eval mode, gradients are None between updates, so no grad state leaks in);
-  - vLLM engine: the trainer's weights are loaded into the running engine in place (:meth:`VLLMEngine.update_weights`).
+  - vLLM engine: the trainer's weights are loaded into the running engine in place (:meth:`VLLMEngine.update_weights`),
+    and before each generation and evaluation the engine is reseeded with the cold job's seed and its prefix cache
+    dropped (:meth:`WarmEngine.begin_phase`). Its first stage's rollouts are bitwise the cold run's; later stages
+    sample the same distributions (log-probs bitwise equal on shared prefixes) with noise that vLLM may assign to
+    other requests than a fresh engine does (:mod:`mugrpo.engines.vllm_engine`, tests/e2e/test_warm_vllm.py).
 
 What the segment does so that, on CPU with the transformers engine, warm and cold give bitwise the same rollouts
 and weights: the behavior policy of a stage is evaluated before the stage's updates (the cold eval job evaluates
@@ -132,6 +136,13 @@ class WarmEngine:
         self.synced_stage = stage
         return time.monotonic() - t0
 
+    def begin_phase(self, seed: int) -> None:
+        """Before a stage's generation or evaluation: make the engine sample as the cold job's fresh engine would.
+        vllm: reseed its engine core with ``seed`` and drop its prefix cache (:meth:`VLLMEngine.reset`);
+        transformers: nothing (it seeds every call from ``SamplingParams.seed``)."""
+        if self.name == "vllm":
+            self.engine.reset(seed)
+
     def generate(self, prompt_token_ids, params):
         """:meth:`mugrpo.engines.base.RolloutEngine.generate` with the generation thread count."""
         with torch_threads(self.num_threads):
@@ -203,11 +214,15 @@ class WarmSegment:
             t_sync = self.engine.sync()
             console.print(f"segment stage {k}: weights synced into the {self.engine.name} engine in {t_sync:.3f}s")
         torch.set_flush_denormal(False)  # generation and evaluation: as in the cold generate and eval jobs
+        if before["generate"] is None:
+            self.engine.begin_phase(specs["generate"].seed)
         gen, wall_gen, work_gen, old_switch = _phase(
             before["generate"], self.gen_worker.run_stage, specs["generate"], "gen"
         )
         wall_eval = work_eval = 0.0
         if "eval" in specs:  # the stage's behavior policy, evaluated before its updates change it
+            if before["eval"] is None:
+                self.engine.begin_phase(specs["eval"].seed)
             _, wall_eval, work_eval, old = _phase(before["eval"], self.eval_worker.run_stage, specs["eval"], "eval")
             old_switch += old
         torch.set_flush_denormal(True)  # training: as in the cold train job (see mugrpo.jobs.train)

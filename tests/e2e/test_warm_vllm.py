@@ -1,0 +1,160 @@
+"""Warm execution on the vLLM engine (issue 28, tier c): one segment job runs 3 stages with one vLLM engine, the
+trainer's weights loaded into it in place after each stage's updates (``collective_rpc`` + vLLM's in-place
+``reload_weights``), compared with the cold run of the same config (a fresh engine per generate job).
+
+- Stage 0 (both engines fresh on the same policy and seed): bitwise the same rollouts.
+- Later stages: vLLM's CPU sampler is deterministic given the engine core's torch generator (the segment reseeds it
+  with the cold job's seed before each generation and drops the prefix cache), but it draws one noise seed per row
+  of its persistent batch, and which request sits in which row depends on the requests the engine ran before. So a
+  warm engine can hand a request another row's noise than a fresh engine does, and the two runs' responses then
+  differ. Measured: where a warm and a cold response share a prefix, its log-probs are bitwise equal (the reloaded
+  weights are bitwise those a fresh engine loads), and every warm log-prob equals the teacher-forced log-prob of
+  the stage's published policy within 1e-4 (the engine test's tolerance): the warm engine samples exactly the
+  distribution the cold one does.
+- The weight sync is measured per stage (T_sync) and shown by ``mugrpo status``.
+
+Both runs train in the vLLM virtualenv (``train.python``), as the warm segment does. Tiny policy, real jobs and
+files; needs ``MUGRPO_VLLM_PYTHON`` (tests/conftest.py: a failure under CI without it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from _tiny import REPO_ROOT, job_env, start_job, tiny_config
+from safetensors.torch import load_file
+
+from mugrpo.config import config_from_dict
+from mugrpo.layout import RunLayout
+from mugrpo.manifest import read_manifest
+from mugrpo.models import load_policy, response_logprobs
+from mugrpo.runs import commit_stage, init_run, open_store, write_job_specs
+from mugrpo.warm import SegmentSpec
+from schemas import StageTimings
+
+RUN = "warmvllm"
+STAGES, UPDATES = 3, 2
+VLLM_PYTHON = os.environ.get("MUGRPO_VLLM_PYTHON", "")
+
+pytestmark = pytest.mark.vllm
+
+
+def vllm_config(root: Path, model_dir: Path, **orchestration) -> dict:
+    return tiny_config(
+        root,
+        model_dir,
+        run_id=RUN,
+        run={"seed": 3, "num_stages": STAGES},
+        loss={"name": "grpo"},
+        generation={
+            "engine": "vllm",
+            "python": VLLM_PYTHON,
+            "engine_kwargs": {"max_model_len": 512, "kv_cache_memory_bytes": 2**26},  # 64 MiB: the tiny policy
+            "sampling": {"max_new_tokens": 8},
+        },
+        train={"updates_per_stage": UPDATES, "checkpoint_every": UPDATES, "python": VLLM_PYTHON},
+        orchestration=orchestration,
+    )
+
+
+def _ok(proc: subprocess.Popen, log: Path) -> None:
+    assert proc.wait(timeout=1200) == 0, log.read_text()[-5000:]
+
+
+def _env() -> dict[str, str]:
+    return job_env()  # one torch thread per job (the cold chain and the segment run side by side)
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model_dir, tmp_path_factory) -> dict:
+    """The cold run (generate and train jobs per stage, as the stage flow launches them) and the warm segment."""
+    tmp = tmp_path_factory.mktemp("warm-vllm")
+    warm = config_from_dict(vllm_config(tmp / "warm", tiny_model_dir, execution="warm", segment_stages=STAGES))
+    init_run(warm)
+    spec = tmp / "segment.json"
+    spec.write_text(SegmentSpec.from_config(warm, 0, STAGES).model_dump_json())
+    segment = start_job("segment", spec, tmp / "warm.log", env=_env(), python=VLLM_PYTHON)  # runs beside the cold
+    cold = config_from_dict(vllm_config(tmp / "cold", tiny_model_dir))
+    init_run(cold)
+    log = tmp / "cold.log"
+    for k in range(STAGES):
+        urls = write_job_specs(cold, k)
+        for job in ("generate", "train"):
+            _ok(start_job(job, urls[job], log, env=_env(), python=VLLM_PYTHON), log)
+        commit_stage(cold, k, StageTimings())
+    _ok(segment, tmp / "warm.log")
+    return {"cold": cold, "warm": warm, "tmp": tmp, "warm_log": (tmp / "warm.log").read_text()}
+
+
+def _rollouts(cfg, stage: int):
+    path = open_store(cfg).local_path(RunLayout(RUN).rollouts_dir(stage))
+    return pq.read_table(path).sort_by([("prompt_id", "ascending"), ("sample_idx", "ascending")])
+
+
+def test_warm_vllm_samples_the_synced_policy_and_matches_the_cold_run_where_the_noise_does(runs):
+    cold, warm = runs["cold"], runs["warm"]
+    # stage 0 (both engines fresh on the same policy, same seed): bitwise the same rollouts
+    a, b = _rollouts(cold, 0), _rollouts(warm, 0)
+    assert a.num_rows == b.num_rows == 4 * 2
+    for column in ("prompt_id", "sample_idx", "response_token_ids", "behavior_logprobs", "reward", "advantage"):
+        assert a.column(column).to_pylist() == b.column(column).to_pylist(), column
+    shared = 0
+    for k in range(1, STAGES):
+        # after in-place syncs the sampling noise may land on other requests than in a fresh engine (module
+        # docstring); where a warm and a cold response share a prefix, its log-probs are bitwise equal: the
+        # reloaded weights are bitwise those a fresh engine loads from the published policy
+        for ra, rb in zip(_rollouts(cold, k).to_pylist(), _rollouts(warm, k).to_pylist(), strict=True):
+            assert (ra["prompt_id"], ra["sample_idx"]) == (rb["prompt_id"], rb["sample_idx"])
+            n = 0
+            while n < min(len(ra["response_token_ids"]), len(rb["response_token_ids"])) and (
+                ra["response_token_ids"][n] == rb["response_token_ids"][n]
+            ):
+                n += 1
+            assert ra["behavior_logprobs"][:n] == rb["behavior_logprobs"][:n], (k, ra["prompt_id"])
+            shared += n
+        # and the warm engine sampled from the synced policy: its log-probs are the teacher-forced ones of the
+        # stage's published behavior policy
+        rows = _rollouts(warm, k).to_pylist()
+        model, _ = load_policy(open_store(warm).local_path(RunLayout(RUN).policy_dir(k)))
+        reference = response_logprobs(
+            model, [r["prompt_token_ids"] for r in rows], [r["response_token_ids"] for r in rows], 1.0
+        )
+        diff = max(
+            abs(x - y)
+            for r, ref in zip(rows, reference, strict=True)
+            for x, y in zip(r["behavior_logprobs"], ref, strict=True)
+        )
+        assert diff < 1e-4, (k, diff)
+    assert shared > 0
+    # one engine for the segment, weights loaded into it in place before stages 1 and 2
+    assert runs["warm_log"].count("weights synced into the vllm engine") == STAGES
+
+
+def test_t_sync_is_measured_per_stage_and_shown_by_status(runs):
+    warm = runs["warm"]
+    store = open_store(warm)
+    t_sync = [read_manifest(store, RUN, k).timings.t_sync for k in range(STAGES)]
+    assert t_sync[0] < 0.05  # the engine started on stage 0's behavior policy: nothing to load
+    assert all(t > 0 for t in t_sync[1:]), t_sync
+    print(f"\nwarm vLLM T_sync per stage: {[round(t, 4) for t in t_sync]} s", file=sys.stderr)
+    out = subprocess.run(
+        [sys.executable, "-m", "mugrpo.cli", "status", RUN, "--root", str(warm.run.root)],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "COLUMNS": "250"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "T_sync" in out.stdout and "warm execution" in out.stdout
+    rows = [line for line in out.stdout.splitlines() if re.match(r"\W*[0-2]\W+committed", line)]
+    assert len(rows) == STAGES, out.stdout
+    for row, t in zip(rows, t_sync, strict=True):
+        assert f"{t:.3f}s" in row, (row, t)
