@@ -43,7 +43,7 @@ test-main: lint
 	$(PY) -m pytest -q -m "not vllm" --durations=30 $(ARGS)
 
 test-vllm: vllm-venv
-	MUGRPO_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m pytest -q -m vllm --durations=30 $(ARGS)
+	MUGRPO_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) -m pytest -q -m vllm --durations=30 $(ARGS)
 
 demo: $(STAMP)
 	$(VENV)/bin/mugrpo run $(CONFIG) $(ARGS)

@@ -143,7 +143,9 @@ def _check(python: Path) -> None:
 
 def link(cached: Path, target: Path) -> Path:
     """A small virtualenv at ``target`` whose site-packages reach the cached build and this clone; returns its
-    interpreter. Replaces whatever ``target`` was (a symlink or an older link venv)."""
+    interpreter (an absolute path: ``target`` may be relative, e.g. Makefile's ``--target .venv-vllm``, and the
+    interpreter is run from other directories). Replaces whatever ``target`` was (a symlink or an older link venv)."""
+    target = target.absolute()
     if target.is_symlink() or target.is_file():
         target.unlink()
     elif target.exists():

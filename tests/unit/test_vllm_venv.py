@@ -97,3 +97,16 @@ def test_the_gpu_image_builds_the_same_vllm_release_from_the_same_extra(vllm_ven
     assert "infra/vllm_venv.py requirements" in gpu_stage
     assert "tomllib" not in gpu_stage
     assert gpu_stage.index("COPY infra ./infra") < gpu_stage.index("infra/vllm_venv.py requirements")
+
+
+def test_a_relative_target_gives_an_interpreter_that_runs_from_anywhere(vllm_venv, tmp_path, monkeypatch):
+    """`make vllm-venv` passes ``--target .venv-vllm``; the build's import check runs the interpreter from the temp
+    directory, and the tests from theirs."""
+    cached = tmp_path / "cache" / "vllm-venv" / "key"
+    venv.EnvBuilder(with_pip=False).create(cached)
+    (tmp_path / "clone").mkdir()
+    monkeypatch.chdir(tmp_path / "clone")
+    python = vllm_venv.link(cached, Path(".venv-vllm"))
+    assert python.is_absolute() and python == tmp_path / "clone" / ".venv-vllm" / "bin" / "python"
+    out = subprocess.run([str(python), "-c", "print(1 + 1)"], capture_output=True, text=True, cwd="/", check=True)
+    assert out.stdout.strip() == "2"
