@@ -14,9 +14,9 @@ Weight sync (:class:`WarmEngine`), measured per stage as ``t_sync``:
     ``torch.inference_mode`` in eval mode, gradients are None between updates, so no grad state leaks in);
   - vLLM engine: the trainer's weights are loaded into the running engine in place (:meth:`VLLMEngine.update_weights`),
     and before each generation and evaluation the engine is reseeded with the cold job's seed and its prefix cache
-    dropped (:meth:`WarmEngine.begin_phase`). Its first stage's rollouts are bitwise the cold run's; later stages
-    sample the same distributions (log-probs bitwise equal on shared prefixes) with noise that vLLM may assign to
-    other requests than a fresh engine does (:mod:`mugrpo.engines.vllm_engine`, tests/e2e/test_warm_vllm.py).
+    dropped (:meth:`WarmEngine.begin_phase`). Every stage samples the distributions of the cold run (log-probs
+    bitwise equal on shared prefixes) with noise that vLLM may assign to other requests than a fresh engine does,
+    the first stage's included (:mod:`mugrpo.engines.vllm_engine`, tests/e2e/test_warm_vllm.py).
 
 What the segment does so that, on CPU with the transformers engine, warm and cold give bitwise the same rollouts
 and weights: the behavior policy of a stage is evaluated before the stage's updates (the cold eval job evaluates
