@@ -198,6 +198,7 @@ def test_run_flow_as_a_deployment_on_a_process_work_pool(tmp_path, tiny_model_di
     assert (run / "stages/stage=0.json").exists() and (run / "policies/stage=1/_COMPLETE").exists()
     assert (run / "evals/stage=1/gsm8k.parquet").exists()
     report = (run / "report.html").read_text()
-    assert report.count("<svg") == 7 and "Per-stage summary" in report
+    # the seven plots of every report and the health panel's (drawn when train_steps carries it: this run does)
+    assert report.count("<svg") == 8 and "Per-stage summary" in report and "Health vs updates" in report
     worker_output = process_worker.log_tail(2000)  # the flow-run subprocess logs to the worker's output
     assert "[generate]" in worker_output and "[train]" in worker_output
