@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml
 # not marked slow, on TEST_WORKERS pytest-xdist workers (0: in one process); `make test-fast` is the same without
 # lint. `make test-all` runs every tier: `make test-main` (lint, then every test but the `vllm` ones, in one process,
 # listing the 30 slowest) and `make test-vllm` (builds or reuses the vLLM virtualenv, then the `vllm` tests with
-# MUGRPO_VLLM_PYTHON set). .ci/run calls the two halves itself, building the vLLM env while test-main runs.
+# MUGRPO_VLLM_PYTHON set). .ci/run calls the two halves itself, side by side (the vLLM half niced, in the background).
 TEST_WORKERS ?= 2
 VLLM_VENV ?= .venv-vllm
 .PHONY: test-all test-main test-vllm

@@ -1,8 +1,10 @@
 """CI's two halves select every test exactly once: `make test-main` (-m "not vllm") and `make test-vllm` (-m vllm with
-MUGRPO_VLLM_PYTHON set), both in `make test-all` and in .ci/run, which builds the vLLM env during the first half."""
+MUGRPO_VLLM_PYTHON set), both in `make test-all` and in .ci/run, which runs the vLLM half (build, then tests) beside
+the main one."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import tomllib
@@ -31,14 +33,48 @@ def test_make_test_all_is_the_main_half_then_the_vllm_half():
     assert re.search(r"MUGRPO_VLLM_PYTHON=(\S+)/bin/python ", line).group(1) == str(REPO / ".venv-vllm"), line
 
 
-def test_ci_run_overlaps_the_vllm_build_with_the_main_half_and_fails_on_either():
-    script = (REPO / ".ci" / "run").read_text()
-    subprocess.run(["bash", "-n", str(REPO / ".ci" / "run")], check=True)  # parses
-    order = [script.index(s) for s in ("make install", "make vllm-venv", "make test-main", "wait ", "make test-vllm")]
-    assert order == sorted(order)
-    assert re.search(r"make vllm-venv[^\n]*&\n", script)  # in the background
-    assert 'failed+=("make test-main")' in script and 'failed+=("make test-vllm")' in script
-    assert "exit 1" in script
+FAKE_MAKE = """#!/usr/bin/env bash
+# Stands in for make: records "start TARGET" / "end TARGET" in $CALLS, sleeps, exits as $FAIL_TARGET says.
+echo "start $1" >> "$CALLS"
+case "$1" in test-main) sleep 0.8 ;; *) sleep 0.1 ;; esac
+echo "end $1" >> "$CALLS"
+[ "$1" != "${FAIL_TARGET:-}" ]
+"""
+
+
+def _run_ci(tmp_path: Path, fail: str = "") -> tuple[subprocess.CompletedProcess, list[str]]:
+    """.ci/run of a copy of the repository's script with make (and chromium) standing in: the script's own control
+    flow (order, background tier, exit codes) runs for real."""
+    repo = tmp_path / "repo"
+    (repo / ".ci").mkdir(parents=True)
+    (repo / ".ci" / "run").write_text((REPO / ".ci" / "run").read_text())
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (("make", FAKE_MAKE), ("chromium", "#!/bin/sh\n")):
+        (bin_dir / name).write_text(body)
+        (bin_dir / name).chmod(0o755)
+    calls = tmp_path / "calls"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(calls), "FAIL_TARGET": fail}
+    env["VLLM_TIER_LOG"] = str(tmp_path / "tier.log")
+    proc = subprocess.run(["bash", str(repo / ".ci" / "run")], capture_output=True, text=True, env=env, timeout=60)
+    return proc, calls.read_text().split("\n")[:-1]
+
+
+def test_ci_run_runs_the_vllm_tier_beside_the_main_half_and_fails_on_either(tmp_path):
+    proc, calls = _run_ci(tmp_path)
+    assert proc.returncode == 0 and "every tier passed" in proc.stdout, proc.stdout + proc.stderr
+    assert calls[:2] == ["start install", "end install"]  # before either half
+    # the vLLM half (build, then its tests) runs while test-main runs
+    assert calls.index("end vllm-venv") < calls.index("start test-vllm") < calls.index("end test-main")
+    assert calls.index("start test-main") < calls.index("end vllm-venv")
+    assert "end test-vllm" in calls and "vLLM tier (build or reuse, then the tests) took" in proc.stdout
+    for target in ("test-main", "vllm-venv", "test-vllm"):
+        proc, calls = _run_ci(tmp_path / target, fail=target)
+        assert proc.returncode == 1, (target, proc.stdout)
+        assert "FAILED" in proc.stderr and "every tier passed" not in proc.stdout, target
+        assert "end test-main" in calls  # one half failing never stops the other
+        if target == "vllm-venv":
+            assert "start test-vllm" not in calls  # a failed build runs no vLLM test
 
 
 def test_the_vllm_marker_is_registered_and_every_vllm_module_uses_it():
