@@ -14,7 +14,7 @@ from test_sql import write_run
 from mugrpo.report import collect, write_report
 from mugrpo.storage import Store
 
-PLOTS = 7
+PLOTS = 8  # reward x2, accuracy x2, E[ratio | A<0], veto fraction, response lengths, the health panel
 
 
 def chromium() -> str:
