@@ -19,6 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from mugrpo.sql import connect  # noqa: E402
+from schemas.tables import TRAIN_STEP_V4_COLUMNS  # noqa: E402
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1100px;color:#222}
@@ -336,18 +337,7 @@ _LENGTH_COLUMNS = [
 
 
 #: train_steps columns of the health panel the report shows (docs/sql.md, "Health panel").
-HEALTH_COLUMNS = (
-    "ess",
-    "kl_sampler",
-    "sampler_ratio_p1",
-    "sampler_ratio_p99",
-    "sampler_ratio_max",
-    "sampler_clip_frac",
-    "logit_var",
-    "s_eta",
-    "t_eta",
-    "batch_id",
-)
+HEALTH_COLUMNS = TRAIN_STEP_V4_COLUMNS
 #: Updates listed in the report's health table (the latest ones).
 HEALTH_TABLE_ROWS = 30
 

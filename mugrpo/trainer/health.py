@@ -34,19 +34,11 @@ from accelerate import Accelerator
 from mugrpo.losses import PolicyLossConfig, loss_clip_range
 from mugrpo.trainer.batch import TokenBatch
 from mugrpo.trainer.data import Rollout
+from schemas.tables import TRAIN_STEP_V4_COLUMNS, rollout_key
 from schemas.tables import batch_identity as keys_identity
-from schemas.tables import rollout_key
 
 #: The panel's train_steps columns computed from the update's tokens (``s_eta``, ``t_eta``, ``batch_id`` apart).
-TOKEN_PANEL_COLUMNS = (
-    "ess",
-    "kl_sampler",
-    "sampler_ratio_p1",
-    "sampler_ratio_p99",
-    "sampler_ratio_max",
-    "sampler_clip_frac",
-    "logit_var",
-)
+TOKEN_PANEL_COLUMNS = tuple(c for c in TRAIN_STEP_V4_COLUMNS if c not in ("s_eta", "t_eta", "batch_id"))
 
 
 def token_health_rows(
