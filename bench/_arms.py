@@ -11,7 +11,8 @@ Per-phase seconds of an arm (summed over its stages), the columns of the Mu-GRPO
   switching;
 - T_switch: T_total - T_roll - T_train - T_ckpt (process start, imports, weight and optimizer-state load, engine
   start, weight sync, policy publish, Parquet commits and bookkeeping), the same formula for cold and warm arms;
-- T_total: the stage manifests' ``t_total`` summed (wall clock of the stages; the run's init is excluded for all).
+- T_total: the stage manifests' ``t_total`` less their ``t_eval`` summed (wall clock of the stages without in-stage
+  evaluation; the run's init is excluded for all).
 """
 
 from __future__ import annotations
@@ -110,17 +111,23 @@ def arm_config(arm: str, root: Path, run_id: str, b: Budget):
     return config_from_dict(data, source=f"bench arm {arm}")
 
 
-def run_arm(arm: str, cfg, log: Path, tmp: Path) -> dict:
-    """Run the arm's stages (timed), then evaluate its final policy (untimed); returns :func:`arm_report`."""
+def execute(cfg, log: Path, tmp: Path) -> None:
+    """Run ``cfg``'s stages through the job processes (cold: three per stage; warm: one segment job; as its
+    ``orchestration.execution`` says), then evaluate its final policy (an eval job)."""
     from mugrpo.runs import write_final_eval_spec
 
-    if arm.endswith("-warm"):
+    if cfg.orchestration.execution == "warm":
         run_warm(cfg, log, tmp)
     else:
         run_cold(cfg, log)
     spec = write_final_eval_spec(cfg)
     if spec is not None:
         job("eval", spec, log)
+
+
+def run_arm(arm: str, cfg, log: Path, tmp: Path) -> dict:
+    """Run the arm's stages (timed), then evaluate its final policy (untimed); returns :func:`arm_report`."""
+    execute(cfg, log, tmp)
     return arm_report(cfg)
 
 
@@ -128,21 +135,11 @@ def arm_report(cfg) -> dict:
     """Per-phase seconds (module docstring), rewards per stage and per update, and the final eval of a run."""
     import pyarrow.dataset as ds
 
-    from mugrpo.manifest import read_job_manifest, read_manifest
+    from mugrpo.manifest import read_job_manifest
     from mugrpo.runs import open_store
 
     store, run = open_store(cfg), cfg.run.id
-    stages = []
-    for k in range(cfg.run.num_stages):
-        m = read_manifest(store, run, k)
-        gen = read_job_manifest(store, run, k, "generate").timings.get("gen", 0.0)
-        train = read_job_manifest(store, run, k, "train").timings
-        ckpt = train.get("checkpoint", 0.0)
-        stages.append(
-            {"t_roll": gen, "t_train": train.get("train", 0.0) - ckpt, "t_ckpt": ckpt, "t_total": m.timings.t_total}
-        )
-    t = {key: sum(s[key] for s in stages) for key in ("t_roll", "t_train", "t_ckpt", "t_total")}
-    t["t_switch"] = max(t["t_total"] - t["t_roll"] - t["t_train"] - t["t_ckpt"], 0.0)
+    stages, t = phase_seconds(cfg)
     base = Path(cfg.run.root) / run
     rollouts = ds.dataset(base / "rollouts", format="parquet", partitioning="hive").to_table(
         columns=["stage", "reward"]
@@ -168,6 +165,41 @@ def arm_report(cfg) -> dict:
         "final_train_reward": sum(last) / max(len(last), 1),
         "final_eval": final.metrics if final is not None else {},
     }
+
+
+def phase_seconds(cfg) -> tuple[list[dict[str, float]], dict[str, float]]:
+    """Per-phase seconds of a committed run (module docstring), per stage and summed.
+
+    Each stage's ``t_total`` excludes its in-stage evaluation (the stage manifest's ``t_eval``: the bench's
+    measuring instrument, not training), so T_switch never counts evaluation.
+
+    Returns:
+        (one dict per stage with t_roll, t_train, t_ckpt, t_eval, t_total; their sums plus t_switch).
+    Raises:
+        AttributeError: a stage or its generate / train job has no committed manifest.
+    """
+    from mugrpo.manifest import read_job_manifest, read_manifest
+    from mugrpo.runs import open_store
+
+    store, run = open_store(cfg), cfg.run.id
+    stages = []
+    for k in range(cfg.run.num_stages):
+        m = read_manifest(store, run, k)
+        gen = read_job_manifest(store, run, k, "generate").timings.get("gen", 0.0)
+        train = read_job_manifest(store, run, k, "train").timings
+        ckpt = train.get("checkpoint", 0.0)
+        stages.append(
+            {
+                "t_roll": gen,
+                "t_train": train.get("train", 0.0) - ckpt,
+                "t_ckpt": ckpt,
+                "t_eval": m.timings.t_eval,
+                "t_total": m.timings.t_total - m.timings.t_eval,
+            }
+        )
+    t = {key: sum(s[key] for s in stages) for key in ("t_roll", "t_train", "t_ckpt", "t_eval", "t_total")}
+    t["t_switch"] = max(t["t_total"] - t["t_roll"] - t["t_train"] - t["t_ckpt"], 0.0)
+    return stages, t
 
 
 def amdahl_bound(f_train: float, rollout_speedup: float) -> float:

@@ -37,7 +37,8 @@ def lab_init(cache: Path | None) -> dict:
     return {**json.loads((path / "lab.json").read_text()), "wall_s": wall, "path": str(path)}
 
 
-def _accuracy(run_dir: Path, benchmark: str) -> dict[int, float]:
+def accuracy(run_dir: Path, benchmark: str) -> dict[int, float]:
+    """Held-out accuracy of ``benchmark`` by evaluated policy (stage k: stage k's behavior policy; the last: final)."""
     from mugrpo.sql import connect
 
     with connect(str(run_dir)) as cat:
@@ -60,7 +61,7 @@ def run_algo(algo: str, seed: int, root: Path, overrides: list[str]) -> dict:
     wall = time.monotonic() - t0
     if code != 0:
         raise SystemExit(f"{run_id} failed (exit {code}):\n{log.read_text()[-3000:]}")
-    greedy, sampled = _accuracy(root / run_id, "lab-heldout"), _accuracy(root / run_id, "lab-heldout-t1")
+    greedy, sampled = accuracy(root / run_id, "lab-heldout"), accuracy(root / run_id, "lab-heldout-t1")
     last = max(greedy)
     return {
         "algo": algo,

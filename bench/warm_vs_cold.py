@@ -62,9 +62,28 @@ def config(root: Path, run_id: str, quick: bool, stages: int, model: str) -> dic
     return load_config(REPO / "configs" / "gsm8k-smollm2-grpo.yaml", overrides)
 
 
+#: Set to "in-process" to run each job's ``main`` in this process instead of a new one (bench/quality.py --quick: CI
+#: checks structure; job start-up times, T_switch included, are then not those of real job processes).
+JOBS_ENV = "MUGRPO_BENCH_JOBS"
+
+
 def job(module: str, spec: str, log: Path) -> float:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    """Run job ``mugrpo.jobs.MODULE SPEC`` (a process, or in this one: :data:`JOBS_ENV`); returns wall seconds.
+
+    Raises:
+        SystemExit: the job failed (see ``log``).
+    """
     t0 = time.monotonic()
+    if os.environ.get(JOBS_ENV) == "in-process":
+        import importlib
+
+        try:
+            importlib.import_module(f"mugrpo.jobs.{module}").main([spec])
+        except SystemExit as e:
+            if e.code not in (0, None):
+                raise SystemExit(f"{module} job failed ({e.code}) in process") from e
+        return time.monotonic() - t0
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     with open(log, "ab") as out:
         code = subprocess.run([sys.executable, "-m", f"mugrpo.jobs.{module}", spec], env=env, stdout=out, stderr=out)
     if code.returncode != 0:
