@@ -25,7 +25,8 @@ Per cell (regime x mu x lr, over seeds):
 - collapse update: the first evaluated update u after the best one such that accuracy at u and at every later
   evaluation is more than ``--margin`` below the run's best (None: no collapse);
 - E[ratio | A<0]: train_steps.ratio_mean_neg_adv (ratio against the stage's behavior policy over the tokens of
-  negative-advantage responses), mean over the run's updates and its maximum;
+  negative-advantage responses), mean over the run's updates that have such tokens (an update without any logs 0)
+  and its maximum;
 - ESS (train_steps.ess) and S*eta (train_steps.s_eta) at the collapse update (the row of that update).
 
 The claims tested (``claims`` in the JSON), each reproduced or not with its numbers:
@@ -260,7 +261,8 @@ def read_run(cfg, regime: str, mu: int, lr: float, grid: Grid, wall: float) -> R
     curve = [(int(r["stage"]) * mu, float(r["acc"])) for r in evals]  # stage k's policy has had k x mu updates
     col = collapse_update(curve, grid.margin)
     at = next((s for s in steps if s["update"] == col), {}) if col else {}
-    neg = [s["ratio_mean_neg_adv"] for s in steps if s["ratio_mean_neg_adv"] is not None]
+    # an update without negative-advantage tokens logs the empty mean as 0 (mugrpo.losses.metrics): left out
+    neg = [s["ratio_mean_neg_adv"] for s in steps if s["ratio_mean_neg_adv"]]
     return RunResult(
         regime=regime,
         mu=mu,
@@ -491,7 +493,9 @@ def run_grid(grid: Grid, out: Path, root: Path, jobs: int, keep_runs: bool, in_p
                 if len(done_by_cell[cell]) == len(grid.seeds):
                     report = audit_cell(root, [x.run for x in done_by_cell[cell]])
                     audits.append(report.to_json())
-                    failures += [f"{x.run}: {x.check}: {x.detail}" for x in report.results if x.status == "fail"]
+                    failed = [f"{x.run}: {x.check}: {x.detail}" for x in report.results if x.status == "fail"]
+                    print(f"audit {cell}: {'FAILED: ' + '; '.join(failed) if failed else 'ok'}", flush=True)
+                    failures += failed
                     if not keep_runs:
                         for x in done_by_cell[cell]:
                             shutil.rmtree(root / x.run, ignore_errors=True)
