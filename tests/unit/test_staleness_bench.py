@@ -6,7 +6,18 @@ import math
 
 import pytest
 
-from bench.staleness import QUICK, REGIMES, Grid, RunResult, _spearman, claims, collapse_update, run_config, summarize
+from bench.staleness import (
+    QUICK,
+    REGIMES,
+    Grid,
+    RunResult,
+    _spearman,
+    claims,
+    collapse_update,
+    run_config,
+    run_id,
+    summarize,
+)
 from mugrpo.schedules import total_updates
 
 
@@ -62,7 +73,7 @@ def test_regimes_differ_only_in_the_loss_and_the_temperatures(tmp_path):
 
 
 def _run(regime, mu, lr, seed, final, col):
-    return RunResult(regime, mu, lr, seed, f"r{regime}{mu}{lr}{seed}", [], final, col, 1.0, 1.0, None, None, 8, 1.0)
+    return RunResult(regime, mu, lr, seed, run_id(regime, mu, lr, seed), [], final, col, 1.0, 1.0, None, None, 8, 1.0)
 
 
 def test_claims_read_the_cells():
@@ -89,3 +100,29 @@ def test_claims_read_the_cells():
         claims(cells[:2], results[:2], Grid(mus=(4, 64), regimes=("ppo",)))["cooling_moves_the_cliff"]["reproduced"]
         is None
     )
+
+
+def test_a_failed_audit_refuses_the_table(tmp_path, monkeypatch):
+    """The refusal rule alone: the runs and the audit's verdict are stand-ins here (the audit's checks are tested on
+    real runs made to exhibit each bug in tests/e2e/test_audit.py; the bench's real runs in the e2e quick test)."""
+    import json
+
+    import bench.staleness as st
+    from mugrpo.audit import FAIL, PASS, AuditOptions, AuditReport, CheckResult
+
+    g = Grid(mus=(2, 4), lrs=(1e-4,), seeds=(0,), regimes=("ppo",), updates=4, rollouts_per_update=8, group_size=4)
+
+    def report(root, runs):
+        r = AuditReport(runs, AuditOptions())
+        bad = "stale-ppo-mu4-lr0.0001-s0"
+        r.results = [CheckResult("idle-clip", x, FAIL if x == bad else PASS, "ratio 1 everywhere") for x in runs]
+        return r
+
+    monkeypatch.setattr(st, "launch", lambda cfg, work, core, in_process=False: 1.0)
+    monkeypatch.setattr(st, "read_run", lambda cfg, rg, mu, lr, grid, wall: _run(rg, mu, lr, cfg.run.seed, 0.4, None))
+    monkeypatch.setattr(st, "audit_cell", report)
+    with pytest.raises(SystemExit, match=r"refused[\s\S]*stale-ppo-mu4-lr0.0001-s0: idle-clip: ratio 1 everywhere"):
+        st.run_grid(g, tmp_path / "out", tmp_path / "runs", jobs=1, keep_runs=True, in_process=True)
+    payload = json.loads((tmp_path / "out" / "staleness.json").read_text())
+    assert payload["audit_ok"] is False and "heatmaps" not in payload
+    assert not list((tmp_path / "out").glob("heatmap-*.png"))
