@@ -1,0 +1,588 @@
+"""The staleness frontier on the lab task: at a fixed total number of optimizer updates, sweep mu (updates per stage)
+across five loss regimes and two learning rates, 3 seeds per cell, and find where each regime collapses.
+
+    python bench/staleness.py --jobs 2 --out /tmp/staleness     # the full grid (docs/benchmarks.md: its wall time)
+    python bench/staleness.py --quick --out /tmp/staleness-q    # CI: every regime, tiny budget; structure + audit
+
+Regimes (:data:`REGIMES`; every other config key is configs/lab/mu-grpo.yaml's):
+- ``ppo``: PPO/GRPO clip [0.8, 1.2], no veto (arXiv 2402.03300);
+- ``relaxed``: Mu-GRPO's relaxed clip [0, 5] with the veto off (arXiv 2605.17570, its ablation);
+- ``mu-grpo``: relaxed [0, 5] + the negative-advantage veto, suffix scope S_kappa (the default);
+- ``tis``: PPO clip with token-level truncated importance sampling, cap 2 (``loss.tis_cap``; Yao et al. 2025);
+- ``cooled``: ``tis`` with the sampler at T = 0.8 and the learner at T = 1.0 (``train.learner_temperature``), the
+  behavior log-probs those of the tempered sampler ("Cool the Sampler, Not the Learner", arXiv 2609.36953).
+
+Every run has the same budget: ``updates`` optimizer updates of ``rollouts_per_update`` rollouts (G = 8), so the same
+prompts in the same seed-fixed order; mu only changes how many updates share one behavior policy (a stage of mu
+updates samples mu x rollouts_per_update / G prompts, each rollout trained on once). Held-out greedy accuracy is
+evaluated at the same update counts for every mu (0, E, 2E, ..., updates with E = the grid's largest mu: every
+``E / mu`` stages), so the collapse update does not depend on mu's stage boundaries. Execution is warm (one segment
+job per run, ``orchestration.execution: warm``), then one evaluation of the final policy, both in one child process
+per run (``--jobs N`` runs N at once, each pinned to one core with one torch thread).
+
+Per cell (regime x mu x lr, over seeds):
+- final held-out greedy accuracy (mean and per seed);
+- collapse update: the first evaluated update u after the best one such that accuracy at u and at every later
+  evaluation is more than ``--margin`` below the run's best (None: no collapse);
+- E[ratio | A<0]: train_steps.ratio_mean_neg_adv (ratio against the stage's behavior policy over the tokens of
+  negative-advantage responses), mean over the run's updates that have such tokens (an update without any logs 0)
+  and its maximum;
+- ESS (train_steps.ess) and S*eta (train_steps.s_eta) at the collapse update (the row of that update).
+
+The claims tested (``claims`` in the JSON), each reproduced or not with its numbers:
+- naive clipping degrades as mu grows while Mu-GRPO holds: at some lr, ppo's mean final accuracy at the largest mu is
+  more than ``margin`` below its smallest mu's, and mu-grpo's is not;
+- collapse tracks S*eta: over all runs, the Spearman correlation of mu*lr (S*eta at a stage's last update) with the
+  collapse update (runs that never collapse counted at updates + E) is <= -0.5;
+- cooling moves the cliff: the cooled regime's cliff (smallest mu*lr at which most seeds collapse; inf when none)
+  is larger than tis's.
+
+Every run is audited (mugrpo.audit, the seeds of a cell together: data order differs by seed, configs differ only in
+``run.seed``); a failed audit refuses the table: exit 1 naming the run and the check. Outputs under --out:
+staleness.json (cells, runs, claims, audit), heatmap-REGIME.png (mu x lr -> mean final accuracy) and the run logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as futures
+import itertools
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+BASE_CONFIG = REPO / "configs" / "lab" / "mu-grpo.yaml"
+HELDOUT = "lab-heldout"
+#: Loss regime -> config overrides on top of configs/lab/mu-grpo.yaml (module docstring).
+REGIMES: dict[str, tuple[str, ...]] = {
+    "ppo": ("loss.name=grpo", "loss.eps_low=0.2", "loss.eps_high=0.2"),
+    "relaxed": ("loss.name=mu_grpo", "loss.ratio_min=0.0", "loss.ratio_max=5.0", "loss.veto_enabled=false"),
+    "mu-grpo": ("loss.name=mu_grpo", "loss.ratio_min=0.0", "loss.ratio_max=5.0", "loss.veto_scope=suffix"),
+    "tis": ("loss.name=grpo", "loss.eps_low=0.2", "loss.eps_high=0.2", "loss.tis_cap=2.0"),
+    "cooled": (
+        "loss.name=grpo",
+        "loss.eps_low=0.2",
+        "loss.eps_high=0.2",
+        "loss.tis_cap=2.0",
+        "generation.sampling.temperature=0.8",
+        "train.learner_temperature=1.0",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The sweep: every regime x mu x lr x seed at ``updates`` updates of ``rollouts_per_update`` rollouts."""
+
+    mus: tuple[int, ...] = (4, 16, 64)
+    lrs: tuple[float, ...] = (1e-4, 5e-4)
+    seeds: tuple[int, ...] = (0, 1, 2)
+    regimes: tuple[str, ...] = tuple(REGIMES)
+    updates: int = 256
+    rollouts_per_update: int = 32
+    group_size: int = 8
+    max_new_tokens: int = 40
+    eval_prompts: int = 200
+    margin: float = 0.08
+
+    @property
+    def eval_every(self) -> int:
+        """E: updates between held-out evaluations, the same for every mu (the grid's largest mu)."""
+        return max(self.mus)
+
+    def check(self) -> None:
+        """Raises ValueError when a mu cannot share the budget and the evaluation points exactly."""
+        for mu in self.mus:
+            if self.eval_every % mu or self.updates % self.eval_every:
+                raise ValueError(f"mu={mu}: every mu must divide E={self.eval_every}, and E the updates {self.updates}")
+        if (self.rollouts_per_update * min(self.mus)) % self.group_size:
+            raise ValueError("a stage must hold whole groups: mu x rollouts_per_update must be a multiple of G")
+        unknown = set(self.regimes) - set(REGIMES)
+        if unknown:
+            raise ValueError(f"unknown regime(s) {sorted(unknown)}: one of {', '.join(REGIMES)}")
+
+    def cells(self) -> list[tuple[str, int, float]]:
+        return list(itertools.product(self.regimes, self.mus, self.lrs))
+
+
+#: CI: every regime at a tiny budget, 1 seed, 1 lr, 2 mu values (structure and audit, never accuracy).
+QUICK = Grid(
+    mus=(2, 4), lrs=(1e-4,), seeds=(0,), updates=4, rollouts_per_update=8, group_size=4, max_new_tokens=40,
+    eval_prompts=8,
+)  # fmt: skip
+
+
+def run_id(regime: str, mu: int, lr: float, seed: int) -> str:
+    return f"stale-{regime}-mu{mu}-lr{lr:g}-s{seed}"
+
+
+def run_config(grid: Grid, regime: str, mu: int, lr: float, seed: int, root: Path):
+    """The resolved Config of one run (module docstring: same budget and evaluation points for every mu)."""
+    from mugrpo.config import config_from_dict, load_config
+
+    stages = grid.updates // mu
+    mb = min(grid.rollouts_per_update, 64)
+    overrides = [
+        f"run.root={root}",
+        f"run.id={run_id(regime, mu, lr, seed)}",
+        f"run.seed={seed}",
+        f"run.num_stages={stages}",
+        f"generation.prompts_per_stage={mu * grid.rollouts_per_update // grid.group_size}",
+        f"generation.sampling.n={grid.group_size}",
+        f"generation.sampling.max_new_tokens={grid.max_new_tokens}",
+        f"train.updates_per_stage={mu}",
+        f"train.rollouts_per_update={grid.rollouts_per_update}",
+        f"train.micro_batch_size={mb}",
+        f"train.checkpoint_every={mu}",
+        f"train.lr={lr}",
+        "train.skip_zero_variance_groups=false",  # every run does exactly `updates` updates of equal size
+        "eval.every_stage=true",
+        f"eval.every_n_stages={grid.eval_every // mu}",
+        "tracking.sinks=[]",
+        "orchestration.execution=warm",
+        f"orchestration.segment_stages={stages}",
+        *REGIMES[regime],
+    ]
+    data = load_config(BASE_CONFIG, overrides).to_json_dict()
+    greedy = [b for b in data["eval"]["benchmarks"] if b["dataset"]["name"] == HELDOUT]
+    for b in greedy:
+        b.update(num_prompts=grid.eval_prompts, max_new_tokens=grid.max_new_tokens)
+    data["eval"]["benchmarks"] = greedy
+    return config_from_dict(data, source=f"staleness bench {regime} mu={mu} lr={lr:g} seed={seed}")
+
+
+def _child(config_json: Path) -> None:
+    """One run in this process: its warm segment (all stages), then the evaluation of its final policy."""
+    from mugrpo.config import config_from_dict
+    from mugrpo.jobs import eval as eval_job
+    from mugrpo.jobs import segment as segment_job
+    from mugrpo.runs import init_run, write_final_eval_spec
+    from mugrpo.warm import SegmentSpec
+
+    cfg = config_from_dict(json.loads(config_json.read_text()), source=str(config_json))
+    init_run(cfg)
+    spec = config_json.with_suffix(".segment.json")
+    spec.write_text(SegmentSpec.from_config(cfg, 0, cfg.run.num_stages).model_dump_json())
+    segment_job.main([str(spec)])
+    final = write_final_eval_spec(cfg)
+    if final is not None:
+        eval_job.main([final])
+
+
+def launch(cfg, work: Path, core: int | None, in_process: bool = False) -> float:
+    """Run one config in a child process (pinned to ``core`` with one torch thread when given), or in this process
+    with ``in_process`` (no interpreter start and imports per run: what --quick does); its wall seconds.
+
+    Raises:
+        RuntimeError: the child failed (the message names the run and the tail of its log).
+    """
+    path = work / f"{cfg.run.id}.config.json"
+    path.write_text(json.dumps(cfg.to_json_dict()))
+    log = work / f"{cfg.run.id}.log"
+    if in_process:
+        t0 = time.monotonic()
+        _child(path)
+        return time.monotonic() - t0
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(path)]
+    if core is not None and shutil.which("taskset"):
+        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        cmd = ["taskset", "-c", str(core), *cmd]
+    t0 = time.monotonic()
+    with log.open("wb") as out:
+        code = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+    if code != 0:
+        raise RuntimeError(f"run {cfg.run.id} failed (exit {code}):\n{log.read_text()[-3000:]}")
+    return time.monotonic() - t0
+
+
+def collapse_update(curve: list[tuple[int, float]], margin: float) -> int | None:
+    """First evaluated update after the best one from which held-out accuracy stays more than ``margin`` below
+    the best (at it and at every later evaluation); None when the run never collapses.
+
+    Args:
+        curve: (update, accuracy) pairs, sorted by update; accuracy in [0, 1].
+        margin: accuracy points (0.08 = 8 points).
+    """
+    if not curve:
+        return None
+    best = max(a for _, a in curve)
+    first_best = next(i for i, (_, a) in enumerate(curve) if a == best)
+    for i in range(first_best + 1, len(curve)):
+        if all(a < best - margin for _, a in curve[i:]):
+            return curve[i][0]
+    return None
+
+
+@dataclass
+class RunResult:
+    """One run's figures (module docstring)."""
+
+    regime: str
+    mu: int
+    lr: float
+    seed: int
+    run: str
+    curve: list[tuple[int, float]]
+    final: float
+    collapse: int | None
+    ratio_neg_adv_mean: float | None
+    ratio_neg_adv_max: float | None
+    ess_at_collapse: float | None
+    s_eta_at_collapse: float | None
+    updates: int
+    wall_s: float
+    extra: dict = field(default_factory=dict)
+
+
+def read_run(cfg, regime: str, mu: int, lr: float, grid: Grid, wall: float) -> RunResult:
+    """The run's held-out curve (by update) and train_steps figures, read back from its committed tables."""
+    from mugrpo.sql import connect
+
+    base = str(Path(cfg.run.root) / cfg.run.id)
+    with connect(base) as cat:
+        evals = cat.arrow(
+            "SELECT stage, avg(CASE WHEN correct THEN 1.0 ELSE 0.0 END) AS acc FROM evals "
+            f"WHERE benchmark = '{HELDOUT}' GROUP BY stage ORDER BY stage"
+        ).to_pylist()
+        steps = cat.arrow('SELECT "update", ratio_mean_neg_adv, ess, s_eta FROM train_steps ORDER BY "update"')
+        steps = steps.to_pylist()
+    curve = [(int(r["stage"]) * mu, float(r["acc"])) for r in evals]  # stage k's policy has had k x mu updates
+    col = collapse_update(curve, grid.margin)
+    at = next((s for s in steps if s["update"] == col), {}) if col else {}
+    # an update without negative-advantage tokens logs the empty mean as 0 (mugrpo.losses.metrics): left out
+    neg = [s["ratio_mean_neg_adv"] for s in steps if s["ratio_mean_neg_adv"]]
+    return RunResult(
+        regime=regime,
+        mu=mu,
+        lr=lr,
+        seed=cfg.run.seed,
+        run=cfg.run.id,
+        curve=curve,
+        final=curve[-1][1] if curve else float("nan"),
+        collapse=col,
+        ratio_neg_adv_mean=sum(neg) / len(neg) if neg else None,
+        ratio_neg_adv_max=max(neg) if neg else None,
+        ess_at_collapse=at.get("ess"),
+        s_eta_at_collapse=at.get("s_eta"),
+        updates=len(steps),
+        wall_s=wall,
+    )
+
+
+def audit_cell(root: Path, runs: list[str]):
+    """The audit of one cell's runs together (seeds compared: data order differs, configs differ in run.seed)."""
+    from mugrpo.audit import AuditOptions, audit_runs, open_run
+
+    opened = [open_run(str(root), r) for r in runs]
+    try:
+        return audit_runs(opened, AuditOptions(vary=("run.seed",)))
+    finally:
+        for r in opened:
+            r.catalog.close()
+
+
+def _spearman(x: list[float], y: list[float]) -> float | None:
+    """Spearman rank correlation (average ranks for ties); None with fewer than 3 points or a constant input."""
+
+    def ranks(v: list[float]) -> list[float]:
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+
+    if len(x) < 3:
+        return None
+    rx, ry = ranks(x), ranks(y)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
+    return sxy / math.sqrt(sxx * syy) if sxx and syy else None
+
+
+def summarize(results: list[RunResult], grid: Grid) -> tuple[list[dict], dict]:
+    """Per-cell aggregates and the three claims (module docstring), from the runs' figures."""
+    cells = []
+    for regime, mu, lr in grid.cells():
+        rs = [r for r in results if (r.regime, r.mu, r.lr) == (regime, mu, lr)]
+        if not rs:
+            continue
+        collapsed = [r for r in rs if r.collapse is not None]
+
+        def mean(v):
+            v = [x for x in v if x is not None]
+            return sum(v) / len(v) if v else None
+
+        cells.append(
+            {
+                "regime": regime,
+                "mu": mu,
+                "lr": lr,
+                "mu_lr": mu * lr,
+                "final_mean": mean([r.final for r in rs]),
+                "final_per_seed": [r.final for r in rs],
+                "collapse_per_seed": [r.collapse for r in rs],
+                "collapsed_seeds": len(collapsed),
+                "ratio_neg_adv_mean": mean([r.ratio_neg_adv_mean for r in rs]),
+                "ratio_neg_adv_max": max((r.ratio_neg_adv_max or 0.0) for r in rs),
+                "ess_at_collapse": mean([r.ess_at_collapse for r in collapsed]),
+                "s_eta_at_collapse": mean([r.s_eta_at_collapse for r in collapsed]),
+            }
+        )
+    return cells, claims(cells, results, grid)
+
+
+def claims(cells: list[dict], results: list[RunResult], grid: Grid) -> dict:
+    """The three claims, each ``{"reproduced": bool | None, ...numbers}`` (None: the grid cannot test it)."""
+    cell = {(c["regime"], c["mu"], c["lr"]): c for c in cells}
+    lo, hi = min(grid.mus), max(grid.mus)
+    out: dict = {}
+    per_lr = []
+    for lr in grid.lrs:
+        ppo_lo, ppo_hi = cell.get(("ppo", lo, lr)), cell.get(("ppo", hi, lr))
+        mu_lo, mu_hi = cell.get(("mu-grpo", lo, lr)), cell.get(("mu-grpo", hi, lr))
+        if not (ppo_lo and ppo_hi and mu_lo and mu_hi):
+            continue
+        d_ppo, d_mu = ppo_hi["final_mean"] - ppo_lo["final_mean"], mu_hi["final_mean"] - mu_lo["final_mean"]
+        per_lr.append({"lr": lr, "ppo_change": d_ppo, "mu_grpo_change": d_mu, "mu_low": lo, "mu_high": hi})
+    out["naive_degrades_mu_grpo_holds"] = {
+        "rule": f"ppo final(mu={hi}) - final(mu={lo}) < -{grid.margin} and mu-grpo's >= -{grid.margin}, at some lr",
+        "reproduced": any(p["ppo_change"] < -grid.margin <= p["mu_grpo_change"] for p in per_lr) if per_lr else None,
+        "per_lr": per_lr,
+    }
+    horizon = grid.updates + grid.eval_every
+    x = [r.mu * r.lr for r in results]
+    y = [float(r.collapse if r.collapse is not None else horizon) for r in results]
+    rho = _spearman(x, y)
+    out["collapse_tracks_s_eta"] = {
+        "rule": f"Spearman(mu*lr, collapse update; no collapse = {horizon}) <= -0.5 over all runs",
+        "spearman": rho,
+        "runs": len(results),
+        "collapsed_runs": sum(r.collapse is not None for r in results),
+        "reproduced": None if rho is None else rho <= -0.5,
+    }
+
+    def cliff(regime: str) -> float | None:
+        rows = [c for c in cells if c["regime"] == regime]
+        if not rows:
+            return None
+        hit = [c["mu_lr"] for c in rows if c["collapsed_seeds"] * 2 > len(c["collapse_per_seed"])]
+        return min(hit) if hit else math.inf
+
+    tis, cooled = cliff("tis"), cliff("cooled")
+    out["cooling_moves_the_cliff"] = {
+        "rule": "cliff (smallest mu*lr where most seeds collapse; inf: none) of cooled > tis's",
+        "cliff_tis": tis,
+        "cliff_cooled": cooled,
+        "reproduced": None if tis is None or cooled is None or tis == cooled == math.inf else cooled > tis,
+    }
+    return out
+
+
+def heatmaps(cells: list[dict], grid: Grid, out: Path) -> list[Path]:
+    """One PNG per regime: mean final held-out accuracy over mu (rows) x lr (columns) (matplotlib, Agg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for regime in grid.regimes:
+        z = [
+            [next((c["final_mean"] for c in cells if (c["regime"], c["mu"], c["lr"]) == (regime, mu, lr)), math.nan)]
+            for mu in grid.mus
+            for lr in grid.lrs
+        ]
+        z = [[v[0] for v in z[i * len(grid.lrs) : (i + 1) * len(grid.lrs)]] for i in range(len(grid.mus))]
+        fig, ax = plt.subplots(figsize=(1.6 + 1.2 * len(grid.lrs), 1.4 + 0.6 * len(grid.mus)), dpi=90)
+        im = ax.imshow(z, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
+        ax.set_xticks(range(len(grid.lrs)), [f"{lr:g}" for lr in grid.lrs])
+        ax.set_yticks(range(len(grid.mus)), [str(m) for m in grid.mus])
+        for i, row in enumerate(z):
+            for j, v in enumerate(row):
+                ax.text(j, i, "-" if math.isnan(v) else f"{v:.2f}", ha="center", va="center", color="w", fontsize=8)
+        ax.set_xlabel("learning rate")
+        ax.set_ylabel("mu (updates per stage)")
+        ax.set_title(f"{regime}: final held-out greedy", fontsize=9)
+        fig.colorbar(im, ax=ax)
+        fig.tight_layout()
+        path = out / f"heatmap-{regime}.png"
+        fig.savefig(path)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+class _Inline:
+    """An executor that runs each job in the calling (main) thread: the jobs install signal handlers."""
+
+    def submit(self, fn, *args) -> futures.Future:
+        fut: futures.Future = futures.Future()
+        try:
+            fut.set_result(fn(*args))
+        except BaseException as e:  # noqa: BLE001  (re-raised by fut.result(), as a pool would)
+            fut.set_exception(e)
+        return fut
+
+    def __enter__(self) -> _Inline:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+def run_grid(grid: Grid, out: Path, root: Path, jobs: int, keep_runs: bool, in_process: bool = False) -> dict:
+    """Every run of the grid (``jobs`` at once, seeds of a cell together so each cell is audited when done), then
+    the cells, claims and heatmaps. A failed audit raises SystemExit naming the run and the check."""
+    grid.check()
+    out.mkdir(parents=True, exist_ok=True)
+    root.mkdir(parents=True, exist_ok=True)
+    ncores = os.cpu_count() or 1
+    plan = [(rg, mu, lr, s) for rg, mu, lr in grid.cells() for s in grid.seeds]
+    cfgs = {p: run_config(grid, *p, root) for p in plan}
+    results: list[RunResult] = []
+    audits: list[dict] = []
+    failures: list[str] = []
+    t0 = time.monotonic()
+    with _Inline() if in_process else futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        slots = list(range(jobs))
+        pending = {}
+        todo = list(plan)
+
+        def submit(p):
+            core = slots.pop(0)
+            fut = pool.submit(launch, cfgs[p], out, core % ncores if jobs > 1 else None, in_process)
+            pending[fut] = (p, core)
+
+        while todo and slots:
+            submit(todo.pop(0))
+        done_by_cell: dict[tuple, list[RunResult]] = {}
+        while pending:
+            finished, _ = futures.wait(pending, return_when=futures.FIRST_COMPLETED)
+            for fut in finished:
+                p, core = pending.pop(fut)
+                slots.append(core)
+                wall = fut.result()
+                r = read_run(cfgs[p], p[0], p[1], p[2], grid, wall)
+                results.append(r)
+                print(
+                    f"{r.run}: final {r.final:.3f}, collapse {r.collapse}, E[ratio|A<0] "
+                    f"{_fmt(r.ratio_neg_adv_mean)}, {wall:.0f} s ({time.monotonic() - t0:.0f} s elapsed)",
+                    flush=True,
+                )
+                cell = p[:3]
+                done_by_cell.setdefault(cell, []).append(r)
+                if len(done_by_cell[cell]) == len(grid.seeds):
+                    report = audit_cell(root, [x.run for x in done_by_cell[cell]])
+                    audits.append(report.to_json())
+                    failed = [f"{x.run}: {x.check}: {x.detail}" for x in report.results if x.status == "fail"]
+                    print(f"audit {cell}: {'FAILED: ' + '; '.join(failed) if failed else 'ok'}", flush=True)
+                    failures += failed
+                    if not keep_runs:
+                        for x in done_by_cell[cell]:
+                            shutil.rmtree(root / x.run, ignore_errors=True)
+                if todo:
+                    submit(todo.pop(0))
+    cells, claim = summarize(results, grid)
+    payload = {
+        "grid": asdict(grid),
+        "eval_every": grid.eval_every,
+        "regimes": {k: list(REGIMES[k]) for k in grid.regimes},
+        "wall_s": time.monotonic() - t0,
+        "jobs": jobs,
+        "audit_ok": not failures,
+        "audit_failures": failures,
+        "audit": audits,
+        "runs": [asdict(r) for r in results],
+        "cells": cells,
+        "claims": claim,
+    }
+    (out / "staleness.json").write_text(json.dumps(payload, indent=2, default=str))
+    if failures:
+        raise SystemExit("audit failed; the table is refused:\n" + "\n".join(failures))
+    payload["heatmaps"] = [str(p) for p in heatmaps(cells, grid, out)]
+    (out / "staleness.json").write_text(json.dumps(payload, indent=2, default=str))
+    return payload
+
+
+def _fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def print_table(payload: dict) -> None:
+    print("\n| regime | mu | lr | final (mean; per seed) | collapse update per seed | E[ratio|A<0] mean / max | "
+          "ESS at collapse | S*eta at collapse |")  # fmt: skip
+    print("|---|---:|---:|---|---|---|---:|---:|")
+    for c in payload["cells"]:
+        seeds = ", ".join(f"{v:.3f}" for v in c["final_per_seed"])
+        col = ", ".join("-" if v is None else str(v) for v in c["collapse_per_seed"])
+        print(
+            f"| {c['regime']} | {c['mu']} | {c['lr']:g} | {c['final_mean']:.3f} ({seeds}) | {col} | "
+            f"{_fmt(c['ratio_neg_adv_mean'])} / {c['ratio_neg_adv_max']:.3f} | {_fmt(c['ess_at_collapse'])} | "
+            f"{_fmt(c['s_eta_at_collapse'])} |"
+        )
+    for name, claim in payload["claims"].items():
+        verdict = {True: "reproduced", False: "not reproduced", None: "not testable on this grid"}[claim["reproduced"]]
+        numbers = {k: v for k, v in claim.items() if k not in ("rule", "reproduced")}
+        print(f"- {name}: {verdict} ({claim['rule']}): {json.dumps(numbers, default=str)}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="CI: every regime, 2 mu, 1 lr, 1 seed, tiny budget")
+    parser.add_argument("--mus", nargs="*", type=int, default=None)
+    parser.add_argument("--lrs", nargs="*", type=float, default=None)
+    parser.add_argument("--seeds", nargs="*", type=int, default=None)
+    parser.add_argument("--regimes", nargs="*", default=None, choices=list(REGIMES))
+    parser.add_argument("--updates", type=int, default=None, help="Total optimizer updates of every run.")
+    parser.add_argument("--margin", type=float, default=None, help="Collapse margin in accuracy points (0.08).")
+    parser.add_argument("--jobs", type=int, default=1, help="Runs at once, each pinned to one core (taskset).")
+    parser.add_argument("--out", type=Path, default=None, help="Output folder (default: a temporary one).")
+    parser.add_argument("--root", type=Path, default=None, help="Run folders (default: OUT/runs).")
+    parser.add_argument(
+        "--in-process", action="store_true", help="Runs one after another in this process (--quick's default)."
+    )
+    parser.add_argument("--keep-runs", action="store_true", help="Keep the run folders (else deleted once audited).")
+    parser.add_argument("--child", type=Path, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child is not None:
+        _child(args.child)
+        return
+    grid = QUICK if args.quick else Grid()
+    given = {
+        "mus": tuple(args.mus) if args.mus else None,
+        "lrs": tuple(args.lrs) if args.lrs else None,
+        "seeds": tuple(args.seeds) if args.seeds else None,
+        "regimes": tuple(args.regimes) if args.regimes else None,
+        "updates": args.updates,
+        "margin": args.margin,
+    }
+    grid = Grid(**{**asdict(grid), **{k: v for k, v in given.items() if v is not None}})
+    out = args.out or Path(tempfile.mkdtemp(prefix="mugrpo-staleness-"))
+    in_process = args.in_process or (args.quick and args.jobs == 1)
+    jobs = 1 if in_process else max(args.jobs, 1)
+    payload = run_grid(grid, out, args.root or out / "runs", jobs, args.keep_runs, in_process)
+    print_table(payload)
+    print(f"\n{out / 'staleness.json'}; {payload['wall_s']:.0f} s wall, {args.jobs} job(s)")
+
+
+if __name__ == "__main__":
+    main()

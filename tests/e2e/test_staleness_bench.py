@@ -1,0 +1,63 @@
+"""bench/staleness.py --quick end to end (slow): the regimes at a tiny budget on the real lab policy, each run audited.
+
+To fit the CI's time, the test runs 3 of the 5 regimes (:data:`TESTED`, 6 runs, about 90 s of CPU): ``ppo`` (PPO clip),
+``mu-grpo`` (relaxed clip + veto) and ``cooled`` (truncated IS, sampler at T 0.8, learner at T 1.0: the code paths of
+``tis`` and of the learner temperature). ``relaxed`` is ``mu-grpo`` with the veto off and ``tis`` is ``cooled`` at one
+temperature; `python bench/staleness.py --quick` runs all 5.
+
+It asserts the output's structure and the audit, never speed or accuracy: every regime x mu ran the budget's updates
+with held-out accuracy at the same update counts, each run's idle-clip check passed (its importance ratio moved after
+a stage's first update), every claim has a verdict slot, and one heatmap per regime was drawn.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("reasoning_gym")
+
+from bench.staleness import QUICK, REGIMES
+
+REPO = Path(__file__).resolve().parents[2]
+TESTED = ("ppo", "mu-grpo", "cooled")
+assert set(TESTED) <= set(REGIMES)
+
+
+def test_quick_runs_every_regime_audited(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "staleness.py"), "--quick", "--regimes", *TESTED, "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    payload = json.loads((out / "staleness.json").read_text())
+    assert payload["audit_ok"] is True and payload["audit_failures"] == []
+    runs = payload["runs"]
+    assert sorted((r["regime"], r["mu"]) for r in runs) == sorted((g, m) for g in TESTED for m in QUICK.mus)
+    for r in runs:
+        assert r["updates"] == QUICK.updates, r["run"]
+        assert [u for u, _ in r["curve"]] == [0, QUICK.updates], r["run"]  # same update counts for every mu
+        assert 0.0 <= r["final"] <= 1.0 and r["ratio_neg_adv_mean"] is not None
+    audited = {row["run"]: row for a in payload["audit"] for row in a["results"] if row["check"] == "idle-clip"}
+    assert set(audited) == {r["run"] for r in runs}
+    assert all(row["status"] == "pass" for row in audited.values()), audited
+    assert len(payload["cells"]) == len(TESTED) * len(QUICK.mus)
+    assert set(payload["claims"]) == {
+        "naive_degrades_mu_grpo_holds",
+        "collapse_tracks_s_eta",
+        "cooling_moves_the_cliff",
+    }
+    assert all(c["reproduced"] in (True, False, None) for c in payload["claims"].values())
+    assert sorted(Path(p).name for p in payload["heatmaps"]) == sorted(f"heatmap-{g}.png" for g in TESTED)
+    assert all(Path(p).stat().st_size > 0 for p in payload["heatmaps"])
+    assert not (out / "runs" / runs[0]["run"]).exists()  # run folders freed once audited
+    assert "reproduced" in proc.stdout and "| regime | mu | lr |" in proc.stdout

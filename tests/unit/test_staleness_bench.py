@@ -1,0 +1,128 @@
+"""bench/staleness.py's pure parts: the grid's budget, the collapse rule, the claims' statistics, the run configs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench.staleness import (
+    QUICK,
+    REGIMES,
+    Grid,
+    RunResult,
+    _spearman,
+    claims,
+    collapse_update,
+    run_config,
+    run_id,
+    summarize,
+)
+from mugrpo.schedules import total_updates
+
+
+def test_collapse_is_the_first_update_from_which_accuracy_stays_below_best_minus_margin():
+    curve = [(0, 0.35), (64, 0.45), (128, 0.30), (192, 0.40), (256, 0.20)]
+    assert collapse_update(curve, 0.08) == 256  # 128 dips below 0.37 but 192 recovers to 0.40
+    assert collapse_update([(0, 0.35), (64, 0.45), (128, 0.30), (192, 0.25)], 0.08) == 128
+    assert collapse_update([(0, 0.35), (64, 0.40), (128, 0.38)], 0.08) is None  # within the margin
+    assert collapse_update([(0, 0.5), (64, 0.1)], 0.08) == 64
+    assert collapse_update([], 0.08) is None
+
+
+def test_spearman():
+    assert _spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert _spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert _spearman([1, 2, 2, 3], [1, 2, 2, 3]) == pytest.approx(1.0)  # ties: average ranks
+    assert _spearman([1, 2], [2, 1]) is None and _spearman([1, 1, 1], [1, 2, 3]) is None
+
+
+def test_grid_rejects_mus_that_cannot_share_the_evaluation_points():
+    Grid().check()
+    QUICK.check()
+    with pytest.raises(ValueError, match="divide"):
+        Grid(mus=(4, 24, 64)).check()
+    with pytest.raises(ValueError, match="unknown regime"):
+        Grid(regimes=("ppo", "nope")).check()
+
+
+def test_every_mu_has_the_same_budget_and_evaluation_points(tmp_path):
+    g = Grid()
+    shapes = set()
+    for mu in g.mus:
+        cfg = run_config(g, "mu-grpo", mu, 1e-4, 0, tmp_path)
+        assert total_updates(cfg) == g.updates and cfg.train.updates_per_stage == mu
+        prompts = cfg.run.num_stages * cfg.generation.prompts_per_stage
+        evaluated = [k * mu for k in range(cfg.run.num_stages) if k % cfg.eval.every_n_stages == 0]
+        shapes.add((prompts, cfg.train.rollouts_per_update, tuple(evaluated), cfg.orchestration.execution))
+        assert [b.dataset.name for b in cfg.eval.benchmarks] == ["lab-heldout"]
+    assert shapes == {(1024, 32, (0, 64, 128, 192), "warm")}  # + the final policy at 256
+
+
+def test_regimes_differ_only_in_the_loss_and_the_temperatures(tmp_path):
+    cfgs = {r: run_config(QUICK, r, 2, 1e-4, 0, tmp_path) for r in REGIMES}
+    assert cfgs["ppo"].loss.name == "grpo" and (cfgs["ppo"].loss.eps_low, cfgs["ppo"].loss.eps_high) == (0.2, 0.2)
+    assert cfgs["relaxed"].loss.veto_enabled is False and cfgs["relaxed"].loss.ratio_max == 5.0
+    assert cfgs["mu-grpo"].loss.veto_enabled is not False and cfgs["mu-grpo"].loss.veto_scope == "suffix"
+    assert cfgs["tis"].loss.tis_cap == 2.0 and cfgs["tis"].train.learner_temperature is None
+    cooled = cfgs["cooled"]
+    assert cooled.generation.sampling.temperature == 0.8 and cooled.train.learner_temperature == 1.0
+    assert cooled.loss == cfgs["tis"].loss
+    base = {k: v for k, v in cfgs["ppo"].to_json_dict().items() if k not in ("run", "loss")}
+    assert {k: v for k, v in cfgs["relaxed"].to_json_dict().items() if k not in ("run", "loss")} == base
+
+
+def _run(regime, mu, lr, seed, final, col):
+    return RunResult(regime, mu, lr, seed, run_id(regime, mu, lr, seed), [], final, col, 1.0, 1.0, None, None, 8, 1.0)
+
+
+def test_claims_read_the_cells():
+    g = Grid(mus=(4, 64), lrs=(1e-4,), seeds=(0,), regimes=("ppo", "mu-grpo", "tis", "cooled"))
+    results = [
+        _run("ppo", 4, 1e-4, 0, 0.45, None),
+        _run("ppo", 64, 1e-4, 0, 0.20, 128),
+        _run("mu-grpo", 4, 1e-4, 0, 0.45, None),
+        _run("mu-grpo", 64, 1e-4, 0, 0.44, None),
+        _run("tis", 4, 1e-4, 0, 0.45, None),
+        _run("tis", 64, 1e-4, 0, 0.10, 64),
+        _run("cooled", 4, 1e-4, 0, 0.45, None),
+        _run("cooled", 64, 1e-4, 0, 0.40, None),
+    ]
+    cells, c = summarize(results, g)
+    assert len(cells) == 8
+    assert c["naive_degrades_mu_grpo_holds"]["reproduced"] is True
+    assert c["naive_degrades_mu_grpo_holds"]["per_lr"][0]["ppo_change"] == pytest.approx(-0.25)
+    assert c["cooling_moves_the_cliff"] == {**c["cooling_moves_the_cliff"], "cliff_tis": 64e-4, "reproduced": True}
+    assert math.isinf(c["cooling_moves_the_cliff"]["cliff_cooled"])
+    assert c["collapse_tracks_s_eta"]["spearman"] < -0.5 and c["collapse_tracks_s_eta"]["reproduced"] is True
+    # a grid without the regimes a claim compares cannot test it
+    assert (
+        claims(cells[:2], results[:2], Grid(mus=(4, 64), regimes=("ppo",)))["cooling_moves_the_cliff"]["reproduced"]
+        is None
+    )
+
+
+def test_a_failed_audit_refuses_the_table(tmp_path, monkeypatch):
+    """The refusal rule alone: the runs and the audit's verdict are stand-ins here (the audit's checks are tested on
+    real runs made to exhibit each bug in tests/e2e/test_audit.py; the bench's real runs in the e2e quick test)."""
+    import json
+
+    import bench.staleness as st
+    from mugrpo.audit import FAIL, PASS, AuditOptions, AuditReport, CheckResult
+
+    g = Grid(mus=(2, 4), lrs=(1e-4,), seeds=(0,), regimes=("ppo",), updates=4, rollouts_per_update=8, group_size=4)
+
+    def report(root, runs):
+        r = AuditReport(runs, AuditOptions())
+        bad = "stale-ppo-mu4-lr0.0001-s0"
+        r.results = [CheckResult("idle-clip", x, FAIL if x == bad else PASS, "ratio 1 everywhere") for x in runs]
+        return r
+
+    monkeypatch.setattr(st, "launch", lambda cfg, work, core, in_process=False: 1.0)
+    monkeypatch.setattr(st, "read_run", lambda cfg, rg, mu, lr, grid, wall: _run(rg, mu, lr, cfg.run.seed, 0.4, None))
+    monkeypatch.setattr(st, "audit_cell", report)
+    with pytest.raises(SystemExit, match=r"refused[\s\S]*stale-ppo-mu4-lr0.0001-s0: idle-clip: ratio 1 everywhere"):
+        st.run_grid(g, tmp_path / "out", tmp_path / "runs", jobs=1, keep_runs=True, in_process=True)
+    payload = json.loads((tmp_path / "out" / "staleness.json").read_text())
+    assert payload["audit_ok"] is False and "heatmaps" not in payload
+    assert not list((tmp_path / "out").glob("heatmap-*.png"))
