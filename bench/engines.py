@@ -1,8 +1,11 @@
 """vLLM against the transformers engine on this machine, side by side: tokens/s at GRPO's and Mu-GRPO's stage size
 (the batching effect the Mu-GRPO paper's rollout speedup rests on), engine start, cold job start and warm sync.
 
-    python bench/engines.py --vllm-python .venv-vllm/bin/python --json engines.json      # SmolLM2-135M, ~20 min
+    python bench/engines.py --vllm-python .venv-vllm/bin/python --json engines.json      # SmolLM2-135M, ~18 min (*)
     python bench/engines.py --vllm-python .venv-vllm/bin/python --quick                   # tiny policy, plumbing
+
+(*) on 2 quiet cores if a vLLM start takes ~25 s; ~35 min if it takes ~100 s (then ``--rounds 1``): each round
+starts vLLM 6 times and generates ~37k tokens (docs/benchmarks.md).
 
 Stage sizes are those of bench/speedup.py's arms (bench/_arms.py's Budget, same flags): GRPO's stage holds
 mu = 4 updates of rollouts (16 rollouts by default), Mu-GRPO's U / K updates (32). Per dtype (bf16, fp32) and round,
