@@ -47,6 +47,8 @@ class Budget:
     eval_prompts: int = 8
     mu_stages: int = 4  # Mu-GRPO: K cold stages, mu = U / K
     num_threads: int = 1
+    engine: str = "transformers"  # generation.engine of every arm: "transformers" or "vllm"
+    engine_python: str | None = None  # generation.python (the vLLM virtualenv's interpreter for "vllm")
     extra: tuple[str, ...] = field(default_factory=tuple)
 
     def check(self) -> None:
@@ -90,7 +92,12 @@ def arm_config(arm: str, root: Path, run_id: str, b: Budget):
         f"generation.shard_size={mu_prompts}",
         f"generation.sampling.n={b.group_size}",
         f"generation.sampling.max_new_tokens={b.max_new_tokens}",
-        f"generation.engine_kwargs={{num_threads: {b.num_threads}}}",
+        f"generation.engine={b.engine}",
+        # num_threads is the transformers engine's; vLLM on a CPU takes the product's defaults (cpu_defaults)
+        f"generation.engine_kwargs={{num_threads: {b.num_threads}}}"
+        if b.engine == "transformers"
+        else ("generation.engine_kwargs={}"),
+        *([f"generation.python={b.engine_python}"] if b.engine_python else []),
         f"train.updates_per_stage={per_stage}",
         f"train.rollouts_per_update={b.rollouts_per_update}",
         f"train.micro_batch_size={b.rollouts_per_update}",
@@ -114,6 +121,7 @@ def arm_config(arm: str, root: Path, run_id: str, b: Budget):
 def execute(cfg, log: Path, tmp: Path) -> None:
     """Run ``cfg``'s stages through the job processes (cold: three per stage; warm: one segment job; as its
     ``orchestration.execution`` says), then evaluate its final policy (an eval job)."""
+    from flows.stage import job_python
     from mugrpo.runs import write_final_eval_spec
 
     if cfg.orchestration.execution == "warm":
@@ -122,7 +130,7 @@ def execute(cfg, log: Path, tmp: Path) -> None:
         run_cold(cfg, log)
     spec = write_final_eval_spec(cfg)
     if spec is not None:
-        job("eval", spec, log)
+        job("eval", spec, log, job_python(cfg, "eval"))
 
 
 def run_arm(arm: str, cfg, log: Path, tmp: Path) -> dict:

@@ -62,32 +62,42 @@ def _check(proc: subprocess.CompletedProcess, what: str) -> None:
         sys.exit(f"{what} failed ({proc.returncode}):\n{proc.stdout[-4000:]}")
 
 
-def prepare(work: Path, model: str, threads: int, prompts: int, max_new_tokens: int) -> dict[str, Path]:
-    """The prepared run folders (``generate``, ``train``) and their job specs, made with this checkout."""
-    from bench.support.synthetic import commit_synthetic_stage
+def generate_spec(run_id: str, prompts: int, shard_size: int, max_new_tokens: int, group_size: int = 4, **fields):
+    """A stage-0 GenerateSpec of run ``run_id`` (root ``"ROOT"``, replaced per spawn by :func:`one_job`) on GSM8K
+    train prompts, policy ``policies/stage=0``, the verifier pool of one worker; ``fields`` override the rest (e.g.
+    ``engine``, ``dtype``, ``engine_kwargs``)."""
     from mugrpo.data import DatasetConfig
     from mugrpo.generation import GenerateSpec
     from mugrpo.layout import RunLayout
-    from mugrpo.models import bench_model_dir
     from mugrpo.rewards import RewardConfig
+
+    return GenerateSpec(
+        root="ROOT",
+        run_id=run_id,
+        stage=0,
+        seed=3,
+        policy_dir=RunLayout(run_id).policy_dir(0),
+        dataset=DatasetConfig(name="gsm8k", path=str(DATA), answer_kind="gsm8k", limit=200),
+        num_prompts=prompts,
+        shard_size=shard_size,
+        sampling={"temperature": 1.0, "max_new_tokens": max_new_tokens, "n": group_size},
+        reward=RewardConfig(components={"math_correctness": 1.0, "format": 0.5}, num_workers=1),
+        **fields,
+    )
+
+
+def prepare(work: Path, model: str, threads: int, prompts: int, max_new_tokens: int) -> dict[str, Path]:
+    """The prepared run folders (``generate``, ``train``) and their job specs, made with this checkout."""
+    from bench.support.synthetic import commit_synthetic_stage
+    from mugrpo.layout import RunLayout
+    from mugrpo.models import bench_model_dir
     from mugrpo.storage import Store
     from mugrpo.trainer.spec import TrainSpec
 
     policy = bench_model_dir(model, work / "models")
     gen_root = work / "pristine-generate"
     Store(str(gen_root)).upload_dir(policy, RunLayout("start-gen").policy_dir(0))
-    gen = GenerateSpec(
-        root="ROOT",
-        run_id="start-gen",
-        stage=0,
-        seed=3,
-        policy_dir=RunLayout("start-gen").policy_dir(0),
-        dataset=DatasetConfig(name="gsm8k", path=str(DATA), answer_kind="gsm8k", limit=200),
-        num_prompts=prompts,
-        shard_size=max(1, prompts // 2),
-        sampling={"temperature": 1.0, "max_new_tokens": max_new_tokens, "n": 4},
-        reward=RewardConfig(components={"math_correctness": 1.0, "format": 0.5}, num_workers=1),
-    )
+    gen = generate_spec("start-gen", prompts, max(1, prompts // 2), max_new_tokens)
     train_root = work / "pristine-train"
     store = Store(str(train_root))
     train = {"updates_per_stage": 2, "rollouts_per_update": 8, "micro_batch_size": 4, "checkpoint_every": 2}
@@ -129,26 +139,40 @@ def drop_tree(tree: Path) -> None:
     subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], capture_output=True)
 
 
-def one_job(job: str, tree: Path, prepared: dict[str, Path], work: Path, threads: int) -> dict[str, float]:
-    """One spawn of ``job`` from ``tree`` on a fresh copy of its prepared run folder; seconds since the spawn."""
+def one_job(
+    job: str,
+    tree: Path,
+    prepared: dict[str, Path],
+    work: Path,
+    threads: int,
+    *,
+    python: str = sys.executable,
+    inspect=None,
+) -> dict[str, float]:
+    """One spawn of ``job`` from ``tree`` by interpreter ``python`` on a fresh copy of its prepared run folder;
+    seconds since the spawn. ``inspect(root)``, if given, reads the run folder before it is removed; its dict is
+    merged into the result. For a vLLM generate job ``first_work`` is the end of its first engine batch (its tokens
+    are not observable one by one), for the transformers engine the first token; ``engine_ready`` is spawn to the
+    rollout engine built (both engines)."""
     root = Path(tempfile.mkdtemp(prefix=f"{job}-", dir=work))
     shutil.rmtree(root)
     subprocess.run(["cp", "-al", str(prepared[f"{job}-root"]), str(root)], check=True)
     spec = root.with_suffix(".spec.json")
     spec.write_text(prepared[job].read_text().replace('"ROOT"', json.dumps(str(root))))
     out = root.with_suffix(".probe.json")
-    cmd = [sys.executable, str(PROBE), str(out), f"mugrpo.jobs.{job}", str(spec)]
+    cmd = [python, str(PROBE), str(out), f"mugrpo.jobs.{job}", str(spec)]
     try:
         t_spawn = time.monotonic()
         proc = subprocess.run(cmd, env=_env(tree, threads), cwd=tree, capture_output=True, text=True)
         t_exit = time.monotonic()
         _check(proc, f"{job} job from {tree}")
         rec = json.loads(out.read_text())
+        extra = inspect(root) if inspect is not None else {}
     finally:
         shutil.rmtree(root, ignore_errors=True)
         spec.unlink(missing_ok=True)
         out.unlink(missing_ok=True)
-    first = rec["first_token" if job == "generate" else "first_update"]
+    first = rec["first_update"] if job != "generate" else rec.get("first_token", rec.get("first_batch"))
     loads = rec.get("policy_load_s", 0.0) + rec.get("moment_load_s", 0.0)
     return {
         "first_work": first - t_spawn,
@@ -159,6 +183,8 @@ def one_job(job: str, tree: Path, prepared: dict[str, Path], work: Path, threads
         "moment_load": rec.get("moment_load_s", 0.0),
         "less_loads": first - t_spawn - loads,
         "exit": t_exit - t_spawn,
+        **({"engine_ready": rec["engine_ready"] - t_spawn} if "engine_ready" in rec else {}),
+        **extra,
     }
 
 

@@ -2,6 +2,7 @@
 
     python bench/speedup.py                      # SmolLM2-135M, U=32 updates: ~17 min on 2 quiet cores
     python bench/speedup.py --quick              # tiny random model (CI: the plumbing, not the figures)
+    python bench/speedup.py --engine vllm --vllm-python .venv-vllm/bin/python   # every arm generating on vLLM
 
 Arms, run one after the other in one invocation, their order rotated each repeat:
 - mu:        Mu-GRPO (configs/gsm8k-smollm2.yaml), K = 4 cold stages, mu = U/4 updates per rollout refresh;
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -36,7 +38,16 @@ PAPER = {"rollout": 1.82, "end_to_end": 1.53}
 def budget(args, model: str) -> Budget:
     """The shared budget: --quick's tiny one (U=8: Mu-GRPO 4 stages x 2 updates, GRPO 2 x 4), else the flags."""
     if args.quick:
-        return Budget(updates=8, rollouts_per_update=2, group_size=2, max_new_tokens=4, model=model, eval_prompts=0)
+        return Budget(
+            updates=8,
+            rollouts_per_update=2,
+            group_size=2,
+            max_new_tokens=4,
+            model=model,
+            eval_prompts=0,
+            engine=args.engine,
+            engine_python=args.vllm_python,
+        )
     return Budget(
         updates=args.updates,
         rollouts_per_update=args.rollouts_per_update,
@@ -45,6 +56,8 @@ def budget(args, model: str) -> Budget:
         mu_stages=args.mu_stages,
         eval_prompts=args.eval_prompts,
         num_threads=args.engine_threads,
+        engine=args.engine,
+        engine_python=args.vllm_python,
         model=model,
     )
 
@@ -112,11 +125,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny random model, U=8 (CI)")
     add_budget_flags(parser)
+    parser.add_argument(
+        "--engine",
+        choices=("transformers", "vllm"),
+        default="transformers",
+        help="generation.engine of every arm (vllm: the generate, eval and warm segment jobs run in --vllm-python)",
+    )
+    parser.add_argument(
+        "--vllm-python",
+        default=os.environ.get("MUGRPO_VLLM_PYTHON"),
+        help="the vLLM virtualenv's interpreter (generation.python); default $MUGRPO_VLLM_PYTHON",
+    )
     parser.add_argument("--repeats", type=int, default=1, help="rounds of all arms, order rotated each round")
     parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset (mu and grpo-warm needed)")
     parser.add_argument("--out", type=Path, default=None, help="write results JSON and the plot here")
     parser.add_argument("--keep-runs", action="store_true", help="keep each arm's run folder (checkpoints: GBs)")
     args = parser.parse_args()
+    if args.engine == "vllm" and not args.vllm_python:
+        parser.error("--engine vllm needs --vllm-python (or MUGRPO_VLLM_PYTHON): `make vllm-venv` builds it")
     tmp = Path(tempfile.mkdtemp(prefix="mugrpo-speedup-"))
     model = "smollm2"
     if args.quick:

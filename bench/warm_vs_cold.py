@@ -67,8 +67,9 @@ def config(root: Path, run_id: str, quick: bool, stages: int, model: str) -> dic
 JOBS_ENV = "MUGRPO_BENCH_JOBS"
 
 
-def job(module: str, spec: str, log: Path) -> float:
-    """Run job ``mugrpo.jobs.MODULE SPEC`` (a process, or in this one: :data:`JOBS_ENV`); returns wall seconds.
+def job(module: str, spec: str, log: Path, python: str | None = None) -> float:
+    """Run job ``mugrpo.jobs.MODULE SPEC`` in a process of ``python`` (the job's interpreter, as the stage flow's
+    ``job_python`` picks it; None = this one), or in this process (:data:`JOBS_ENV`); returns its wall seconds.
 
     Raises:
         SystemExit: the job failed (see ``log``).
@@ -85,13 +86,15 @@ def job(module: str, spec: str, log: Path) -> float:
         return time.monotonic() - t0
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with open(log, "ab") as out:
-        code = subprocess.run([sys.executable, "-m", f"mugrpo.jobs.{module}", spec], env=env, stdout=out, stderr=out)
+        cmd = [python or sys.executable, "-m", f"mugrpo.jobs.{module}", spec]
+        code = subprocess.run(cmd, env=env, stdout=out, stderr=out)
     if code.returncode != 0:
         raise SystemExit(f"{module} job failed ({code.returncode}); see {log}")
     return time.monotonic() - t0
 
 
 def run_cold(cfg, log: Path) -> list[dict]:
+    from flows.stage import job_python
     from mugrpo.manifest import read_job_manifest
     from mugrpo.runs import commit_stage, init_run, write_job_specs
     from schemas import StageTimings
@@ -104,7 +107,7 @@ def run_cold(cfg, log: Path) -> list[dict]:
         walls, switch = {}, 0.0
         for name in ("generate", "train", "eval"):
             if name in urls:
-                walls[name] = job(name, urls[name], log)
+                walls[name] = job(name, urls[name], log, job_python(cfg, name))
                 work = read_job_manifest(store, cfg.run.id, k, name).timings.get(WORK[name], 0.0)
                 switch += max(walls[name] - work, 0.0)
         t = StageTimings(
@@ -119,6 +122,7 @@ def run_cold(cfg, log: Path) -> list[dict]:
 
 
 def run_warm(cfg, log: Path, tmp: Path) -> list[dict]:
+    from flows.stage import job_python
     from mugrpo.manifest import read_manifest
     from mugrpo.runs import init_run
     from mugrpo.warm import SegmentSpec
@@ -126,7 +130,7 @@ def run_warm(cfg, log: Path, tmp: Path) -> list[dict]:
     store = init_run(cfg)
     spec = tmp / f"{cfg.run.id}.segment.json"
     spec.write_text(SegmentSpec.from_config(cfg, 0, cfg.run.num_stages).model_dump_json())
-    job("segment", str(spec), log)
+    job("segment", str(spec), log, job_python(cfg, "segment"))
     return [read_manifest(store, cfg.run.id, k).timings.model_dump() for k in range(cfg.run.num_stages)]
 
 

@@ -9,7 +9,10 @@ comparable with the parent's spawn stamp):
 
 - ``probe_start``: the interpreter is up and this script runs (before any job import);
 - ``first_token``: the first sampled token of the generate job (first return of the transformers engine's
-  ``sample_next_tokens``);
+  ``sample_next_tokens``); vLLM's tokens are not observable one by one, so for its engine ``first_batch``: the first
+  return of ``VLLMEngine.generate`` (a whole engine batch sampled);
+- ``engine_ready``: the rollout engine is built (first return of ``TransformersEngine.__init__``, which ``from_dir``
+  calls once the weights are loaded, or of ``VLLMEngine.__init__``);
 - ``first_update``: the first optimizer update of the train job (first return of ``mugrpo.trainer.updates.run_update``);
 - ``policy_load_s`` / ``policy_loads``: seconds and count of ``AutoModelForCausalLM.from_pretrained`` calls
   made by ``mugrpo.models`` (the disk-bound weight loads), and ``moment_load_s`` / ``moment_loads``: of
@@ -83,6 +86,18 @@ def _patch_engine(module) -> None:
     module.sample_next_tokens = _first("first_token", module.sample_next_tokens)
 
 
+def _patch_vllm_engine(module) -> None:
+    cls = module.VLLMEngine
+    cls.__init__ = _first("engine_ready", cls.__init__)
+    cls.generate = _first("first_batch", cls.generate)
+
+
+def _patch_transformers_engine(module) -> None:
+    _patch_engine(module)
+    cls = module.TransformersEngine  # from_dir is registered before this patch: stamp the constructor it calls
+    cls.__init__ = _first("engine_ready", cls.__init__)
+
+
 def _patch_updates(module) -> None:
     module.run_update = _first("first_update", module.run_update)
 
@@ -95,7 +110,8 @@ def _patch_loop(module) -> None:
 
 PATCHES = {
     "mugrpo.models": _patch_models,
-    "mugrpo.engines.transformers_engine": _patch_engine,
+    "mugrpo.engines.transformers_engine": _patch_transformers_engine,
+    "mugrpo.engines.vllm_engine": _patch_vllm_engine,
     "mugrpo.trainer.updates": _patch_updates,
     "mugrpo.trainer.loop": _patch_loop,
 }
