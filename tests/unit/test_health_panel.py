@@ -92,6 +92,7 @@ def test_token_rows_use_the_sampler_log_probs_and_each_loss_clip_range():
     conspo = token_health_rows(batch, policy, logit_var, PolicyLossConfig(name="conspo"))
     assert conspo[:, 2].isnan().all()
     assert loss_clip_range(PolicyLossConfig(name="gspo", eps_low=0.1, eps_high=0.3)) == (0.9, 1.3)
+    assert loss_clip_range(PolicyLossConfig(name="agpo")) is None  # per-group ranges: no single one (the audit's view)
 
 
 def test_panel_is_the_same_for_one_or_three_micro_batches(tiny_model_dir):

@@ -33,7 +33,7 @@ def kl_step_per_response(log_ratio: torch.Tensor, response_mask: torch.Tensor) -
 
 
 @POLICY_LOSSES.register("agpo")
-@clip_range(lambda _config, eps: (1.0 - eps, 1.0 + eps))
+@clip_range(lambda _config, eps: None if eps is None else (1.0 - eps, 1.0 + eps))  # per group: none without eps
 def agpo_loss(
     logprobs: torch.Tensor,
     behavior_logprobs: torch.Tensor,
