@@ -181,7 +181,7 @@ def read_checkpoint(store: Store, rel: str, local_dir: Path) -> LoadedCheckpoint
     model_dir = local_dir / MODEL_DIR
     if (local_dir / POLICY_REF_FILE).exists():
         ref = parse_policy_ref((local_dir / POLICY_REF_FILE).read_bytes(), rel, store.uri(f"{rel}/{POLICY_REF_FILE}"))
-        model_dir = _referenced_policy(store, ref, model_dir)
+        model_dir = _referenced_policy(store, rel, ref, model_dir)
     tensors = load_file(str(local_dir / RNG_FILE))
     rng_states = []
     for rank, extra in enumerate(state.pop("rng")):
@@ -204,9 +204,19 @@ def read_checkpoint(store: Store, rel: str, local_dir: Path) -> LoadedCheckpoint
     )
 
 
-def _referenced_policy(store: Store, ref: PolicyRef, download_to: Path) -> Path:
-    """A local HF dir of the referenced policy files, each verified against the reference's sha256: the policy
-    folder itself on a local store, else a download into ``download_to``."""
+def _referenced_policy(store: Store, rel: str, ref: PolicyRef, download_to: Path) -> Path:
+    """A local HF dir of the policy files the checkpoint ``rel`` references, each verified against the reference's
+    sha256: the policy folder itself on a local store, else a download into ``download_to``.
+
+    Raises:
+        FileNotFoundError: the policy is not committed (names it and the checkpoint).
+        mugrpo.storage.ChecksumError: a file differs from the reference's sha256.
+    """
+    if not store.is_complete_dir(ref.policy_dir):
+        raise FileNotFoundError(
+            f"checkpoint {store.uri(rel)} holds its weights in the policy {store.uri(ref.policy_dir)}, which is not "
+            "committed: restore that policy, or delete the checkpoint to resume from the one before"
+        )
     local = store.local_path(ref.policy_dir)
     for name, digest in ref.files.items():
         path = f"{ref.policy_dir}/{name}"

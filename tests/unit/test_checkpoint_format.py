@@ -112,6 +112,9 @@ def test_a_corrupted_shared_weight_file_or_a_stale_reference_is_refused_naming_t
     _publish(store, changed)
     with pytest.raises(ChecksumError, match=r"policies/stage=1/model.safetensors.*checkpoints/stage=0/step=000002"):
         local_policy_dir(store, rel)
+    shutil.rmtree(store.local_path(policy))  # the policy deleted: the checkpoint says where its weights were
+    with pytest.raises(FileNotFoundError, match=r"step=000002 holds its weights in the policy .*policies/stage=1"):
+        read_checkpoint(store, rel, tmp_path / "resume2")
 
 
 def test_write_checkpoint_takes_exactly_one_source_of_weights(tmp_path, tiny_model_dir):
