@@ -9,6 +9,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+#: File of a checkpoint folder that references the published policy holding its weights, instead of a ``model/``
+#: copy (:mod:`mugrpo.policies`, "weights written once"): ``{"policy": run-relative policy dir, "files": {name:
+#: sha256}}``.
+POLICY_REF_FILE = "policy.ref.json"
+
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -94,6 +99,8 @@ class RunLayout:
         return self._p("checkpoints", f"stage={stage}")
 
     def checkpoint_dir(self, stage: int, step: int) -> str:
+        """A checkpoint folder. The final one of a stage that publishes its policy holds no weights of its own: its
+        :data:`POLICY_REF_FILE` references the files of ``policy_dir(stage + 1)`` (the same tensors)."""
         return self._p("checkpoints", f"stage={stage}", f"step={step:06d}")
 
     def evals_dir(self, stage: int) -> str:

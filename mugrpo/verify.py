@@ -5,7 +5,10 @@ What is checked, per stage k (and "final", the evaluation of the final policy at
 - the stage manifest ``stages/stage=k.json`` and the job manifests ``jobs/stage=k/{job}.manifest.json``: each must
   parse, and each file they list must exist with the recorded sha256;
 - every committed folder of the stage (``policies/stage=k``, ``checkpoints/stage=k/step=n``): each file its
-  ``_COMPLETE`` marker lists must exist with the marker's sha256.
+  ``_COMPLETE`` marker lists must exist with the marker's sha256;
+- the published policy files a checkpoint references instead of holding its own weights (``policy.ref.json``,
+  :class:`mugrpo.policies.PolicyRef`): each must exist with the reference's sha256. A corrupted shared weight file
+  is thus reported from both sides: under the policy's stage and under the checkpoint's.
 
 Files are streamed and hashed on the fly (:meth:`mugrpo.storage.Store.hash_file`). A manifest that no longer parses
 counts as corrupted. Limitation: a manifest is not hashed by anything above it, so a change that keeps it valid
@@ -19,7 +22,8 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from mugrpo.layout import RunLayout, parse_checkpoint_step
+from mugrpo.layout import POLICY_REF_FILE, RunLayout, parse_checkpoint_step
+from mugrpo.policies import read_policy_ref
 from mugrpo.storage import COMPLETE_MARKER, StorageError, Store
 from schemas import JobManifest, StageManifest
 
@@ -94,20 +98,23 @@ def recovery_hint(uri: str, first: StageCheck) -> str:
     )
 
 
-def _check_file(store: Store, layout: RunLayout, run_rel: str, sha256: str, out: StageCheck) -> None:
+def _check_file(
+    store: Store, layout: RunLayout, run_rel: str, sha256: str, out: StageCheck, via: str | None = None
+) -> None:
     if run_rel in out.intact or run_rel in out.corrupted or run_rel in out.missing:
         return
     rel = layout.abs(run_rel)
     try:
         actual, size = store.hash_file(rel)
     except FileNotFoundError:
-        out.missing.append(run_rel)
+        out.missing.append(run_rel if via is None else f"{run_rel} (referenced by {via})")
         return
     out.bytes += size
     if actual == sha256:
         out.intact.append(run_rel)
     else:
-        out.corrupted[run_rel] = f"sha256 {actual} differs from the manifest's {sha256}"
+        source = "the manifest's" if via is None else f"the one {via} references:"
+        out.corrupted[run_rel] = f"sha256 {actual} differs from {source} {sha256}"
 
 
 def _check_manifest(store: Store, layout: RunLayout, rel: str, cls: type, out: StageCheck) -> None:
@@ -134,6 +141,15 @@ def _check_folder(store: Store, layout: RunLayout, rel: str, out: StageCheck) ->
         return
     for name, digest in files.items():
         _check_file(store, layout, layout.rel(posixpath.join(rel, name)), digest, out)
+    if POLICY_REF_FILE in files and layout.rel(posixpath.join(rel, POLICY_REF_FILE)) in out.intact:
+        try:
+            ref = read_policy_ref(store, rel)
+        except ValueError as e:
+            out.corrupted[layout.rel(posixpath.join(rel, POLICY_REF_FILE))] = str(e)
+            return
+        via = layout.rel(rel)
+        for name, digest in ref.files.items():
+            _check_file(store, layout, layout.rel(posixpath.join(ref.policy_dir, name)), digest, out, via=via)
 
 
 def verify_stage(store: Store, run_id: str, stage: int, label: str | None = None) -> StageCheck:

@@ -2,7 +2,9 @@
 
 A checkpoint of stage k after stage update n lives at ``checkpoints/stage=k/step=n`` (:class:`RunLayout`)::
 
-    model/               HF dir of the policy (config, model.safetensors, generation config, tokenizer)
+    model/               HF dir of the policy (config, model.safetensors, generation config, tokenizer), or
+    policy.ref.json      instead, in the final checkpoint of a stage that publishes its policy: the run-relative
+                         path and sha256 of each file of policies/stage=k+1, which holds the same weights
     optimizer.pt         AdamW state dict keyed by parameter name; read with torch.load(weights_only=True)
     rng.safetensors      torch CPU (and CUDA) generator states, one set per data-parallel rank
     trainer_state.json   update counters, data cursor, LR schedule, Python and NumPy RNG states (JSON, no pickle)
@@ -10,6 +12,13 @@ A checkpoint of stage k after stage update n lives at ``checkpoints/stage=k/step
 
 The files are first written to a local temporary folder, then uploaded file by file (each atomic) with the marker
 last, so a SIGKILL at any moment leaves either a complete checkpoint or one that resume ignores.
+
+Weights written once (:mod:`mugrpo.policies`): the stage's final checkpoint is written after the policy is
+published and references it, so each stage writes its fp32 weights once. The checkpoint references the policy (not
+the reverse) because the policy is what every other job reads and must stay a plain HF dir, and it is committed
+first. Under FSDP the weights are still gathered into one full state dict (``full_state_options``), so a
+multi-process checkpoint shares them the same way. Format 1 (every checkpoint with its own ``model/``, written
+before this) still reads.
 """
 
 from __future__ import annotations
@@ -26,16 +35,19 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from mugrpo.layout import RunLayout
+from mugrpo.layout import POLICY_REF_FILE, RunLayout
 from mugrpo.lease import check_fence
 from mugrpo.manifest import checkpoint_steps
+from mugrpo.policies import PolicyRef, parse_policy_ref
 from mugrpo.storage import COMPLETE_MARKER, Store
 
 MODEL_DIR = "model"
 OPTIMIZER_FILE = "optimizer.pt"
 RNG_FILE = "rng.safetensors"
 STATE_FILE = "trainer_state.json"
-CHECKPOINT_FORMAT = 1
+#: 2: the weights may be a reference to the published policy (POLICY_REF_FILE). 1: always ``model/``; still read.
+CHECKPOINT_FORMAT = 2
+READABLE_FORMATS = (1, 2)
 
 
 def capture_rng_state() -> dict[str, Any]:
@@ -67,7 +79,8 @@ class LoadedCheckpoint:
 
     Attributes:
         step: the stage update it was taken after.
-        model_dir: local HF dir of the policy weights (load it with :func:`mugrpo.models.load_policy`).
+        model_dir: local HF dir of the policy weights (load it with :func:`mugrpo.models.load_policy`): the
+            checkpoint's ``model/``, or the referenced policy's folder (verified against the reference's sha256).
         optimizer_state: the optimizer state dict (tensors and plain Python values only).
         trainer_state: the JSON state (counters, data cursor, LR schedule).
         rng_states: one :func:`capture_rng_state` dict per data-parallel rank.
@@ -78,10 +91,11 @@ class LoadedCheckpoint:
     optimizer_state: dict[str, Any]
     trainer_state: dict[str, Any]
     rng_states: list[dict[str, Any]]
+    local_dir: Path | None = None  # the downloaded checkpoint folder (default: model_dir's parent)
 
     def extra_file(self, name: str) -> bytes | None:
         """A file written through ``write_checkpoint(extra_files=...)`` (verified on download), or None."""
-        path = self.model_dir.parent / name
+        path = (self.local_dir or self.model_dir.parent) / name
         return path.read_bytes() if path.exists() else None
 
 
@@ -89,7 +103,8 @@ def write_checkpoint(
     store: Store,
     rel: str,
     *,
-    save_model: Any,
+    save_model: Any = None,
+    policy_ref: PolicyRef | None = None,
     optimizer_state: dict[str, Any],
     trainer_state: dict[str, Any],
     rng_states: list[dict[str, Any]],
@@ -100,6 +115,8 @@ def write_checkpoint(
 
     Args:
         save_model: ``fn(local_dir)`` writing the policy as an HF dir (safetensors) into ``local_dir``.
+        policy_ref: instead of ``save_model``: the committed published policy holding these very weights; the
+            checkpoint then stores only this reference (:data:`~mugrpo.layout.POLICY_REF_FILE`).
         optimizer_state: state dict of tensors and plain values (saved with torch.save, read with weights_only).
         trainer_state: JSON-able dict.
         rng_states: per-rank :func:`capture_rng_state` dicts (rank order).
@@ -112,12 +129,18 @@ def write_checkpoint(
 
     Raises:
         mugrpo.lease.LeaseFenced: this writer does not hold the run lease.
+        ValueError: not exactly one of ``save_model`` and ``policy_ref``.
     """
+    if (save_model is None) == (policy_ref is None):
+        raise ValueError("write_checkpoint: give exactly one of save_model and policy_ref")
     if store.exists(rel):  # an uncommitted leftover of a killed run: replace it whole
         store.delete(rel, recursive=True)
     tmp = Path(tempfile.mkdtemp(prefix="mugrpo-ckpt-", dir=tmp_root))
     try:
-        save_model(tmp / MODEL_DIR)
+        if policy_ref is not None:
+            (tmp / POLICY_REF_FILE).write_bytes(policy_ref.to_bytes())
+        else:
+            save_model(tmp / MODEL_DIR)
         torch.save(optimizer_state, tmp / OPTIMIZER_FILE)
         tensors: dict[str, torch.Tensor] = {}
         json_rng = []
@@ -141,16 +164,24 @@ def read_checkpoint(store: Store, rel: str, local_dir: Path) -> LoadedCheckpoint
     """Download a committed checkpoint into ``local_dir`` (verifying every sha256) and read it.
 
     Nothing is unpickled: tensors come from safetensors or ``torch.load(weights_only=True)``, the rest from JSON.
+    A checkpoint that references its published policy (:data:`~mugrpo.layout.POLICY_REF_FILE`) gets the policy's
+    files verified against the reference's sha256: in place on a local store (no copy), else downloaded.
 
     Raises:
-        FileNotFoundError: ``rel`` is not a committed checkpoint.
-        mugrpo.storage.ChecksumError: a file differs from the marker's checksum.
+        FileNotFoundError: ``rel`` is not a committed checkpoint, or a referenced policy file is missing.
+        mugrpo.storage.ChecksumError: a file (of the checkpoint or of the referenced policy) differs from its
+            recorded checksum (names it).
         ValueError: an unknown checkpoint format.
     """
     store.download_dir(rel, local_dir)
     state = json.loads((local_dir / STATE_FILE).read_text())
-    if state.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{store.uri(rel)}: checkpoint format {state.get('format')!r} is not {CHECKPOINT_FORMAT}")
+    if state.get("format") not in READABLE_FORMATS:
+        fmt = state.get("format")
+        raise ValueError(f"{store.uri(rel)}: checkpoint format {fmt!r} is not one of {READABLE_FORMATS}")
+    model_dir = local_dir / MODEL_DIR
+    if (local_dir / POLICY_REF_FILE).exists():
+        ref = parse_policy_ref((local_dir / POLICY_REF_FILE).read_bytes(), rel, store.uri(f"{rel}/{POLICY_REF_FILE}"))
+        model_dir = _referenced_policy(store, rel, ref, model_dir)
     tensors = load_file(str(local_dir / RNG_FILE))
     rng_states = []
     for rank, extra in enumerate(state.pop("rng")):
@@ -165,11 +196,35 @@ def read_checkpoint(store: Store, rel: str, local_dir: Path) -> LoadedCheckpoint
     optimizer_state = torch.load(local_dir / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
     return LoadedCheckpoint(
         step=int(state["stage_update"]),
-        model_dir=local_dir / MODEL_DIR,
+        model_dir=model_dir,
         optimizer_state=optimizer_state,
         trainer_state=state,
         rng_states=rng_states,
+        local_dir=local_dir,
     )
+
+
+def _referenced_policy(store: Store, rel: str, ref: PolicyRef, download_to: Path) -> Path:
+    """A local HF dir of the policy files the checkpoint ``rel`` references, each verified against the reference's
+    sha256: the policy folder itself on a local store, else a download into ``download_to``.
+
+    Raises:
+        FileNotFoundError: the policy is not committed (names it and the checkpoint).
+        mugrpo.storage.ChecksumError: a file differs from the reference's sha256.
+    """
+    if not store.is_complete_dir(ref.policy_dir):
+        raise FileNotFoundError(
+            f"checkpoint {store.uri(rel)} holds its weights in the policy {store.uri(ref.policy_dir)}, which is not "
+            "committed: restore that policy, or delete the checkpoint to resume from the one before"
+        )
+    local = store.local_path(ref.policy_dir)
+    for name, digest in ref.files.items():
+        path = f"{ref.policy_dir}/{name}"
+        if local is not None:
+            store.verify_file(path, digest)
+        else:
+            store.read_to_file(path, download_to / name, expected_sha256=digest)
+    return local if local is not None else download_to
 
 
 def prune_checkpoints(store: Store, layout: RunLayout, stage: int, keep: int) -> list[int]:

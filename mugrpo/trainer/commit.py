@@ -1,9 +1,14 @@
 """What a training job commits: the checkpoints, the published policy and the job manifest, in this order.
 
-    per checkpoint n:  train_steps part n  ->  the algorithms' parts  ->  checkpoints/stage=k/step=n (marker last)
-                       ->  prune older ones
-    at the end:        policies/stage=k+1 (marker last; only when the spec publishes)
-                       ->  jobs/stage=k/train.manifest.json (the job's commit)
+    per checkpoint n:  train_steps part n  ->  the algorithms' parts  ->  [last update, when the spec publishes:
+                       policies/stage=k+1 (marker last)]  ->  checkpoints/stage=k/step=n (marker last)  ->  prune
+                       older ones
+    at the end:        jobs/stage=k/train.manifest.json (the job's commit)
+
+The stage's weights are written once: the final checkpoint of a stage that publishes references the published
+policy's files (path and sha256, :class:`mugrpo.policies.PolicyRef`) instead of holding a second copy. A kill
+between the policy's marker and the checkpoint's resumes from the checkpoint before, re-trains the last updates
+(bitwise the same weights on CPU) and references the committed policy.
 
 Each step's files are complete before the next one starts. The algorithms on in the stage
 (:mod:`mugrpo.algorithms`) add their state to every checkpoint (:meth:`~mugrpo.algorithms.TrainHooks.checkpoint`)
@@ -26,6 +31,7 @@ from rich.table import Table
 from mugrpo.algorithms import CheckpointAt, CommitRecord, StageCommit, TrainHooks
 from mugrpo.layout import RunLayout
 from mugrpo.manifest import latest_checkpoint, write_job_manifest
+from mugrpo.policies import committed_policy_ref
 from mugrpo.progress import console
 from mugrpo.storage import COMPLETE_MARKER, Store
 from mugrpo.trainer.checkpoint import capture_rng_state, prune_checkpoints, write_checkpoint
@@ -144,11 +150,16 @@ def write_stage_checkpoint(live: LivePolicy, run: StageRun, step: int, rows: lis
         write_steps_part(store, layout, spec.stage, step, rows)
     at = CheckpointAt(store=store, layout=layout, stage=spec.stage, stage_update=step, is_main=main)
     saved = {name: h.checkpoint(at) for name, h in run.hooks.items()}
+    shared = spec.publish_policy and step == spec.train.updates_per_stage
+    if shared:  # the weights go to the published policy only; the checkpoint references it
+        _publish(live, spec, model_state)
     if main:
+        save_model = None if shared else (lambda dest: save_hf_dir(live.policy, model_state, dest, live.tokenizer))
         write_checkpoint(
             store,
             layout.checkpoint_dir(spec.stage, step),
-            save_model=lambda dest: save_hf_dir(live.policy, model_state, dest, live.tokenizer),
+            save_model=save_model,
+            policy_ref=committed_policy_ref(store, spec.output_policy_dir) if shared else None,
             optimizer_state=optimizer_state,
             trainer_state={
                 "stage": spec.stage,
@@ -167,13 +178,19 @@ def write_stage_checkpoint(live: LivePolicy, run: StageRun, step: int, rows: lis
 
 
 def publish_policy(live: LivePolicy, spec: TrainSpec) -> None:
-    """Publish: the trained policy at ``spec.output_policy_dir`` (marker last), when the spec asks for it.
-    Otherwise the stage's final checkpoint is the next stage's behavior policy
-    (:func:`mugrpo.runs.behavior_policy_dir`)."""
-    if not spec.publish_policy:
-        return
+    """Publish: the trained policy at ``spec.output_policy_dir`` (marker last), when the spec asks for it and the
+    stage's final checkpoint has not already (:func:`write_stage_checkpoint` publishes before it; this covers a
+    resume from a final checkpoint of format 1). Otherwise the stage's final checkpoint is the next stage's
+    behavior policy (:func:`mugrpo.runs.behavior_policy_dir`)."""
+    if not spec.publish_policy or spec.store().is_complete_dir(spec.output_policy_dir):
+        return  # every rank decides alike: the checkpoint's barrier came after the policy's marker
+    _publish(live, spec, policy_state_dict(live.model))  # collective under FSDP
+
+
+def _publish(live: LivePolicy, spec: TrainSpec, state: dict[str, torch.Tensor]) -> None:
+    """Write ``state`` (full, CPU) as the policy at ``spec.output_policy_dir`` unless it is committed already (a
+    re-run after a kill between the policy's marker and the checkpoint's); every rank calls it."""
     store = spec.store()
-    state = policy_state_dict(live.model)  # collective under FSDP
     if live.accelerator.is_main_process and not store.is_complete_dir(spec.output_policy_dir):
         with tempfile.TemporaryDirectory(prefix=f"mugrpo-publish-{spec.stage}-") as tmp:
             out = Path(tmp) / "policy"

@@ -76,7 +76,10 @@ class Trainer:
       previous stage's AdamW moments and the stage's seed; then each algorithm's state (:meth:`_start_algorithms`);
     - train (:func:`mugrpo.trainer.updates.train_updates`): the stage's updates, with a checkpoint every
       ``checkpoint_every`` (:func:`mugrpo.trainer.commit.write_stage_checkpoint`);
-    - publish (:func:`mugrpo.trainer.commit.publish_policy`): policies/stage=k+1, when ``spec.publish_policy``;
+    - publish: policies/stage=k+1, when ``spec.publish_policy``, written by the last update's checkpoint just
+      before it (which then references the policy's weight files instead of copying them);
+      :func:`mugrpo.trainer.commit.publish_policy` publishes afterwards only when no checkpoint did (a resume from
+      a final checkpoint of format 1);
     - commit (:func:`mugrpo.trainer.commit.commit_training`): the job manifest jobs/stage=k/train.manifest.json.
 
     State carried between stages in memory equals what the cold path reads back from storage, bitwise: the

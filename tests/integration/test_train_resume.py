@@ -1,7 +1,11 @@
 """Acceptance (issue 4): SIGKILL the training job mid-run, re-run it, and get final weights bitwise equal to an
 uninterrupted run with the same seed, with exactly one train_steps row per update. Tiny policy on CPU, real
 subprocesses, real files. Marked slow (three real job processes, ~25 s on an idle 2-core machine): `make test`
-runs it, the quick `-m "not slow"` selection skips it."""
+runs it, the quick `-m "not slow"` selection skips it.
+
+Weights written once (issue 29): the stage's final checkpoint shares the published policy's weight file (it holds
+a reference, no copy); the resumed run's policy and final AdamW state equal the uninterrupted run's, also when the
+kill falls between the policy's commit and the final checkpoint's."""
 
 from __future__ import annotations
 
@@ -18,9 +22,11 @@ from _tiny import start_job, train_spec, write_spec
 from safetensors.torch import load_file
 
 from bench.support.synthetic import commit_synthetic_stage
-from mugrpo.layout import RunLayout
-from mugrpo.manifest import latest_checkpoint, read_job_manifest
+from mugrpo.layout import POLICY_REF_FILE, RunLayout
+from mugrpo.manifest import checkpoint_steps, latest_checkpoint, read_job_manifest
+from mugrpo.policies import read_policy_ref
 from mugrpo.storage import Store
+from mugrpo.trainer.checkpoint import read_optimizer_state
 
 RUN = "resume-test"
 UPDATES = 8
@@ -33,7 +39,9 @@ def _launch(root: Path, tmp: Path, name: str, mixed_precision: str) -> subproces
         "lr_schedule": "cosine",
         "mixed_precision": mixed_precision,
     }
-    spec = write_spec(train_spec(root, RUN, train=train), tmp / f"{name}.spec.json")
+    # two kept checkpoints: what a kill between the policy's marker and the final checkpoint's leaves (the final
+    # one prunes the one before only after its own commit)
+    spec = write_spec(train_spec(root, RUN, train=train, keep_checkpoints=2), tmp / f"{name}.spec.json")
     return start_job("train", spec, tmp / f"{name}.log")
 
 
@@ -88,3 +96,53 @@ def test_sigkill_mid_run_then_resume_is_bitwise_equal(tiny_model_dir, tmp_path, 
     assert rows["killed"].column("stage_update").to_pylist() == list(range(1, UPDATES + 1))  # no duplicates
     for column in ("loss", "grad_norm", "lr", "ratio_mean", "num_tokens"):
         assert rows["killed"].column(column).to_pylist() == rows["straight"].column(column).to_pylist(), column
+
+    # One copy of the weights: the final checkpoint references the published policy's files (path and sha256).
+    final = {name: layout.checkpoint_dir(0, UPDATES) for name in roots}
+    for name, root in roots.items():
+        s = Store(str(root))
+        ref = read_policy_ref(s, final[name])
+        assert ref is not None and ref.policy_dir == layout.policy_dir(1), name
+        assert ref.files == s.read_json(f"{layout.policy_dir(1)}/_COMPLETE")["files"]
+        assert not s.exists(f"{final[name]}/model"), name
+    assert_optimizer_equal(Store(str(roots["straight"])), store, final["straight"])
+
+    if mixed_precision == "no":  # once: the kill between the policy's commit and the final checkpoint's
+        _killed_between_policy_and_final_checkpoint(store, tmp_path, a)
+
+
+def assert_optimizer_equal(a: Store, b: Store, rel: str) -> None:
+    """The AdamW states of checkpoint ``rel`` in two run roots are bitwise equal."""
+    sa, sb = read_optimizer_state(a, rel), read_optimizer_state(b, rel)
+    assert sa["state"].keys() == sb["state"].keys() and sa["state"]
+    for key, moments in sa["state"].items():
+        for m, value in moments.items():
+            assert torch.equal(value, sb["state"][key][m]), f"AdamW {m} of {key} differs after resume"
+
+
+def _killed_between_policy_and_final_checkpoint(store: Store, tmp: Path, straight_weights: dict) -> None:
+    """What a kill after policies/stage=1's marker and before the final checkpoint's leaves: no final checkpoint,
+    no train manifest, the policy committed. The re-run resumes from the checkpoint before, re-trains the last
+    updates and references the committed policy; the policy stays bitwise the uninterrupted run's weights, and the
+    new final AdamW state equals the one it replaced."""
+    layout = RunLayout(RUN)
+    final = layout.checkpoint_dir(0, UPDATES)
+    before = Store(str(tmp / "before"))
+    before.write_bytes("optimizer.pt", store.read_bytes(f"{final}/optimizer.pt"))
+    policy_marker = store.read_bytes(f"{layout.policy_dir(1)}/_COMPLETE")
+    store.delete(f"{final}/_COMPLETE")
+    store.delete(final, recursive=True)
+    store.delete(layout.job_manifest(0, "train"))
+    assert checkpoint_steps(store, layout, 0) == [UPDATES - 2]
+    rerun = _launch(store.local_path(""), tmp, "between", "no")
+    _wait(rerun, tmp, "between")
+    assert read_job_manifest(store, RUN, 0, "train").counts["resumed_from"] == UPDATES - 2
+    assert store.read_bytes(f"{layout.policy_dir(1)}/_COMPLETE") == policy_marker  # not re-published
+    assert store.exists(f"{final}/{POLICY_REF_FILE}") and not store.exists(f"{final}/model")
+    weights = load_file(str(store.local_path(layout.policy_dir(1)) / "model.safetensors"))
+    assert all(torch.equal(weights[n], straight_weights[n]) for n in straight_weights)
+    old = torch.load(before.local_path("optimizer.pt"), map_location="cpu", weights_only=True)
+    new = read_optimizer_state(store, final)
+    for key, moments in old["state"].items():
+        for m, value in moments.items():
+            assert torch.equal(value, new["state"][key][m]), f"AdamW {m} of {key} differs after the re-run"

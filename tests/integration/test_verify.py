@@ -71,7 +71,10 @@ def test_intact_run_verifies_every_committed_file(run_copy):
     names = set(stage0.intact)
     assert any(n.startswith("rollouts/stage=0/shard=") for n in names)
     assert "checkpoints/stage=0/step=000002/optimizer.pt" in names
-    assert "checkpoints/stage=0/step=000002/model/model.safetensors" in names
+    # The final checkpoint holds no weights of its own: it references the published policy's files.
+    assert "checkpoints/stage=0/step=000002/policy.ref.json" in names
+    assert not (run / "checkpoints/stage=0/step=000002/model").exists()
+    assert "policies/stage=1/model.safetensors" in names  # checked through the train manifest and the reference
     assert "policies/stage=0/model.safetensors" in names
     assert report.stages[1].label == "final" and "policies/stage=1/model.safetensors" in report.stages[1].intact
     assert report.total_bytes == sum((run / n).stat().st_size for s in report.stages for n in s.intact)
@@ -81,7 +84,6 @@ def test_intact_run_verifies_every_committed_file(run_copy):
     "victim",
     [
         "rollouts/stage=0/shard=00000.parquet",
-        "checkpoints/stage=0/step=000002/model/model.safetensors",
         "checkpoints/stage=0/step=000002/optimizer.pt",
     ],
 )
@@ -94,6 +96,44 @@ def test_a_flipped_byte_is_reported_corrupted_and_resume_refuses_it(run_copy, vi
     assert "differs from the manifest" in report.stages[0].corrupted[victim]
     with pytest.raises(CorruptedRunError, match=rf"corrupted .*{victim}.*\n.*recover: restore"):
         refuse_corrupted(store, RUN, 1)
+
+
+SHARED = "policies/stage=1/model.safetensors"
+
+
+def test_a_corrupted_shared_weight_file_is_reported_from_the_policy_and_the_checkpoint(run_copy):
+    """The stage's weights are stored once (policies/stage=1, referenced by the final checkpoint of stage 0): a
+    flipped byte is reported under the policy's stage ("final") and under the checkpoint's (stage 0), each naming
+    the file; resume refuses it."""
+    store, run = run_copy
+    flip_byte(run / SHARED)
+    report = verify_run(store, RUN, num_stages=1)
+    assert list(report.stages[1].corrupted) == [SHARED]  # the policy's view: its marker
+    assert list(report.stages[0].corrupted) == [SHARED]  # the checkpoint's stage (its train manifest lists it too)
+    with pytest.raises(CorruptedRunError, match=rf"stage 0: corrupted .*{SHARED}"):
+        refuse_corrupted(store, RUN, 1)
+
+
+def test_the_checkpoint_alone_detects_a_corrupted_shared_weight_file(run_copy):
+    """Killed after the final checkpoint, before the train manifest: only the checkpoint's reference covers the
+    policy's weights within stage 0. verify names the file and the referencing checkpoint; reading the checkpoint
+    (what a resume does) raises a ChecksumError naming the file."""
+    from mugrpo.storage import ChecksumError
+    from mugrpo.trainer.checkpoint import read_checkpoint
+
+    store, run = run_copy
+    layout = RunLayout(RUN)
+    store.delete(layout.job_manifest(0, "train"))
+    assert verify_run(store, RUN, num_stages=1).ok
+    flip_byte(run / SHARED)
+    stage0 = verify_run(store, RUN, num_stages=1).stages[0]
+    assert list(stage0.corrupted) == [SHARED]
+    assert "checkpoints/stage=0/step=000002 references" in stage0.corrupted[SHARED]
+    with pytest.raises(ChecksumError, match="policies/stage=1/model.safetensors"):
+        read_checkpoint(store, layout.checkpoint_dir(0, 2), run.parent / "resume")
+    (run / SHARED).unlink()
+    stage0 = verify_run(store, RUN, num_stages=1).stages[0]
+    assert stage0.missing == [f"{SHARED} (referenced by checkpoints/stage=0/step=000002)"]
 
 
 def test_a_flipped_byte_in_a_manifest_and_a_missing_file_are_reported(run_copy):
@@ -139,7 +179,7 @@ def test_verify_cli_prints_per_stage_counts_and_exit_code(run_copy):
     "victim",
     [
         "rollouts/stage=0/shard=00001.parquet",
-        "checkpoints/stage=0/step=000002/model/model.safetensors",
+        SHARED,  # the final checkpoint's weights, stored once in the published policy
         "checkpoints/stage=0/step=000002/optimizer.pt",
     ],
 )
@@ -148,8 +188,7 @@ def test_the_consuming_train_job_refuses_a_tampered_input_naming_it(run_copy, tm
     the rollouts: a flipped byte in either fails it with exit 2 (not retried) and the file's URL."""
     store, run = run_copy
     layout = RunLayout(RUN)
-    for rel in (layout.job_manifest(0, "train"), layout.policy_dir(1)):  # as if killed after the last checkpoint
-        store.delete(rel, recursive=True)
+    store.delete(layout.job_manifest(0, "train"))  # as if killed after the last checkpoint (policy published before)
     flip_byte(run / victim)
     out = train_job(run.parent, tmp_path, "tampered", updates=3)
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]

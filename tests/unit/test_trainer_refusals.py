@@ -102,10 +102,10 @@ def test_resuming_on_other_rollouts_is_refused_naming_the_checkpoint(tmp_path, t
     store, layout = Store(str(root)), RunLayout(RUN)
     commit_synthetic_stage(store, RUN, tiny_model_dir, num_prompts=4, group_size=2, seed=1)
     # A first attempt that got as far as its checkpoint at update 1 (run here as a 1-update job whose commit is
-    # then removed): checkpoints exist, the train job has not committed.
+    # then removed): checkpoints exist, the train job has not committed. The policy its final checkpoint
+    # references stays, as a kill after that checkpoint leaves it.
     run_training(make_spec(root, updates_per_stage=1))
     store.delete(layout.job_manifest(0, "train"))
-    store.delete(layout.policy_dir(1), recursive=True)
     assert store.is_complete_dir(layout.checkpoint_dir(0, 1))
     # The stage's rollouts are then generated again, differently (another sampling seed).
     commit_synthetic_stage(store, RUN, tiny_model_dir, num_prompts=4, group_size=2, seed=2, upload_policy=False)
