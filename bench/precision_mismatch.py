@@ -2,6 +2,7 @@
 
     python bench/precision_mismatch.py                                  # SmolLM2-135M, 8 GSM8K prompts x G=4, 64 tokens
     python bench/precision_mismatch.py --model tiny --prompts 2 --n 2 --max-new-tokens 8    # smoke run
+    python bench/precision_mismatch.py --engine vllm --vllm-python .venv-vllm/bin/python   # vLLM samples
 
 One small real stage per sampler arm: the transformers engine samples GSM8K prompts (T = 1, top_p = 1, the same
 seeds in every arm) with fp32 weights, bf16 weights, or bf16 weights with an fp32 LM head (``fp32_logits``). The
@@ -11,6 +12,11 @@ without autocast or under bf16 autocast. The ratio exp(trainer - behavior) is wh
 the sampler's behavior log-probs. The last arm, ``recompute``, is ``train.recompute_behavior_logprobs``: the
 behavior log-probs are the trainer's own (recomputed in data order, ``micro_batch_size`` at a time, as
 :func:`mugrpo.trainer.loop.recompute_logprobs` does) and the ratio compares them with the training pass.
+
+With ``--engine vllm`` the sampler is :class:`mugrpo.engines.vllm_engine.VLLMEngine` (fp32 and bf16 weights; vLLM has
+no fp32-LM-head option), run as the generate job runs it: in vLLM's own interpreter (``--vllm-python``, the
+``generation.python`` of a vLLM run), here this script re-invoked there with ``--sample-only``; the rows come back as
+JSON and everything after sampling is the same code as for the transformers engine.
 
 Reported per arm: mean ratio, p1 / p99, min / max, max and mean |log ratio|, tokens with ratio < 1e-4 (the
 Mu-GRPO veto's trigger condition), and the sampler's tokens/s. Nothing is asserted; the tests check tolerances.
@@ -22,6 +28,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -37,6 +44,8 @@ SAMPLERS = {
     "bf16": {"dtype": "bfloat16"},
     "bf16+fp32-logits": {"dtype": "bfloat16", "fp32_logits": True},
 }
+#: vLLM's sampler arms (engine kwargs of VLLMEngine; CPU defaults such as enforce_eager filled in by the engine).
+VLLM_SAMPLERS = {"fp32": {"dtype": "float32"}, "bf16": {"dtype": "bfloat16"}}
 
 
 def prompts(policy: Path, count: int) -> list[list[int]]:
@@ -53,10 +62,13 @@ def prompts(policy: Path, count: int) -> list[list[int]]:
 
 def sample(policy: Path, prompt_ids: list[list[int]], args, engine_kwargs: dict) -> tuple[list, float]:
     """Rollouts (prompt ids, response ids, behavior log-probs) of one sampler arm, and its tokens/s."""
-    from mugrpo.engines import SamplingParams
+    from mugrpo.engines import SamplingParams, make_engine
     from mugrpo.engines.transformers_engine import TransformersEngine
 
-    engine = TransformersEngine.from_dir(policy, **engine_kwargs)
+    if args.engine == "vllm":
+        engine = make_engine("vllm", policy, seed=1, max_model_len=1024, **engine_kwargs)
+    else:
+        engine = TransformersEngine.from_dir(policy, **engine_kwargs)
     params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=args.max_new_tokens, n=args.n, seed=1)
     start = time.perf_counter()
     groups = engine.generate(prompt_ids, params)
@@ -64,6 +76,36 @@ def sample(policy: Path, prompt_ids: list[list[int]], args, engine_kwargs: dict)
     engine.close()
     rows = [(p, s.response_token_ids, s.behavior_logprobs) for p, g in zip(prompt_ids, groups, strict=True) for s in g]
     return [r for r in rows if r[1]], sum(len(r[1]) for r in rows) / seconds
+
+
+def sample_in_vllm_python(policy: Path, prompt_ids: list[list[int]], args, engine_kwargs: dict) -> tuple[list, float]:
+    """:func:`sample` with vLLM, run in ``args.vllm_python`` (this script with ``--sample-only``) as the jobs run."""
+    work = Path(tempfile.mkdtemp(prefix="mugrpo-mismatch-vllm-"))
+    try:
+        spec, out = work / "spec.json", work / "rows.json"
+        spec.write_text(json.dumps({"policy": str(policy), "prompt_ids": prompt_ids, "engine_kwargs": engine_kwargs}))
+        cmd = [
+            args.vllm_python,
+            str(Path(__file__).resolve()),
+            "--engine",
+            "vllm",
+            "--max-new-tokens",
+            str(args.max_new_tokens),
+        ]
+        cmd += ["--n", str(args.n), "--sample-only", str(spec), str(out)]
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        subprocess.run(cmd, env=env, check=True)
+        result = json.loads(out.read_text())
+        return [tuple(r) for r in result["rows"]], result["tokens_per_s"]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def sample_only(args) -> None:
+    """``--sample-only SPEC OUT``: one vLLM sampler arm in this interpreter, rows written to OUT as JSON."""
+    spec = json.loads(Path(args.sample_only[0]).read_text())
+    rows, tps = sample(Path(spec["policy"]), spec["prompt_ids"], args, spec["engine_kwargs"])
+    Path(args.sample_only[1]).write_text(json.dumps({"rows": rows, "tokens_per_s": tps}))
 
 
 def trainer_logprobs(model, rows: list, order: list[int], micro_batch_size: int, mixed_precision: str) -> list:
@@ -114,7 +156,13 @@ def main() -> None:
     ap.add_argument("--micro-batch-size", type=int, default=4)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--engine", choices=("transformers", "vllm"), default="transformers", help="the sampler")
+    ap.add_argument("--vllm-python", default=".venv-vllm/bin/python", help="vLLM's interpreter (--engine vllm)")
+    ap.add_argument("--sample-only", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.sample_only:
+        sample_only(args)
+        return
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)  # as the jobs do
@@ -127,21 +175,28 @@ def main() -> None:
         policy = bench_model_dir(args.model, tmp)
         prompt_ids = prompts(policy, args.prompts)
         model = PolicyTokenLogprobs(load_policy(policy)[0].eval())
-        results: dict = {"model": args.model, "threads": torch.get_num_threads(), "arms": []}
-        for name, engine_kwargs in SAMPLERS.items():
-            rows, tps = sample(policy, prompt_ids, args, engine_kwargs)
+        results: dict = {"model": args.model, "engine": args.engine, "threads": torch.get_num_threads(), "arms": []}
+        vllm = args.engine == "vllm"
+        for name, engine_kwargs in (VLLM_SAMPLERS if vllm else SAMPLERS).items():
+            sampler = sample_in_vllm_python if vllm else sample
+            rows, tps = sampler(policy, prompt_ids, args, engine_kwargs)
             shuffled = np.random.default_rng(0).permutation(len(rows)).tolist()
             behavior = [r[2] for r in rows]
             for mixed in ("no", "bf16"):
                 lp = trainer_logprobs(model, rows, shuffled, args.micro_batch_size, mixed)
                 arm = {"sampler": name, "trainer": mixed, "sampler_tokens_per_s": tps, **stats(lp, behavior)}
                 results["arms"].append(arm)
-            if name == "bf16":  # recompute_behavior_logprobs: the trainer against itself, other batching
-                recomputed = trainer_logprobs(model, rows, list(range(len(rows))), args.micro_batch_size, "bf16")
-                arm = {"sampler": f"{name} (recompute)", "trainer": "bf16", "sampler_tokens_per_s": tps}
+            if name == "bf16" or vllm:  # recompute_behavior_logprobs: the trainer against itself, other batching
+                mixed = "bf16" if name == "bf16" else "no"  # as the job's config pairs them
+                lp = trainer_logprobs(model, rows, shuffled, args.micro_batch_size, mixed)
+                recomputed = trainer_logprobs(model, rows, list(range(len(rows))), args.micro_batch_size, mixed)
+                arm = {"sampler": f"{name} (recompute)", "trainer": mixed, "sampler_tokens_per_s": tps}
                 results["arms"].append(arm | stats(lp, recomputed))
         cols = ("ratio_mean", "ratio_p1", "ratio_p99", "ratio_min", "ratio_max", "max_abs_log_ratio")
-        print(f"\nmodel {args.model}, {args.prompts} prompts x G={args.n}, {args.max_new_tokens} new tokens, T=1")
+        print(
+            f"\nengine {args.engine}, model {args.model}, {args.prompts} prompts x G={args.n}, "
+            f"{args.max_new_tokens} new tokens, T=1"
+        )
         print("| sampler | trainer | tokens | " + " | ".join(cols) + " | mean abs log ratio | ratio < 1e-4 |")
         print("|---" * (len(cols) + 5) + "|")
         for a in results["arms"]:

@@ -11,6 +11,9 @@ trainer's weights loaded into it in place after each stage's updates (``collecti
   fresh engine loads), and every warm log-prob equals the teacher-forced log-prob of the stage's published policy
   within 1e-4 (the engine test's tolerance): the warm engine samples exactly the distribution the cold one does.
 - The weight sync is measured per stage (T_sync) and shown by ``mugrpo status``.
+- Ratio fidelity (tier d), fp32 with the library default ``train.recompute_behavior_logprobs: false``: at each
+  stage's first update (policy unchanged) the loss's ratio and the health panel's raw vLLM-vs-trainer ratios are 1
+  within 1e-4 in both runs, and the veto never fires.
 
 Both runs train in the vLLM virtualenv (``train.python``), as the warm segment does. Tiny policy, real jobs and
 files; needs ``MUGRPO_VLLM_PYTHON`` (tests/conftest.py: a failure under CI without it).
@@ -18,6 +21,7 @@ files; needs ``MUGRPO_VLLM_PYTHON`` (tests/conftest.py: a failure under CI witho
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -153,3 +157,23 @@ def test_t_sync_is_measured_per_stage_and_shown_by_status(runs):
     assert len(rows) == STAGES, out.stdout
     for row, t in zip(rows, t_sync, strict=True):
         assert f"{t:.3f}s" in row, (row, t)
+
+
+#: fp32, recompute off: the update-1 ratio is vLLM's log-prob against the trainer's, 1 within the engine test's
+#: fp32 mismatch bound (tests/integration/test_vllm_engine.py, FP32_MISMATCH_TOLERANCE; docs/precision.md).
+FP32_RATIO_TOLERANCE = 1e-4
+
+
+def test_update_1_ratio_of_every_stage_is_1_in_fp32_without_recompute(runs):
+    for name in ("cold", "warm"):
+        cfg = runs[name]
+        assert not cfg.train.recompute_behavior_logprobs and cfg.model.dtype == "float32"  # the library defaults
+        for k in range(STAGES):
+            path = open_store(cfg).local_path(RunLayout(RUN).train_steps_dir(k))
+            first = [s for s in pq.read_table(path).to_pylist() if s["stage_update"] == 1]
+            assert len(first) == 1, (name, k)
+            row = first[0]
+            bound = math.exp(FP32_RATIO_TOLERANCE)
+            for col in ("ratio_mean", "ratio_max", "sampler_ratio_p1", "sampler_ratio_p99", "sampler_ratio_max"):
+                assert 1 / bound <= row[col] <= bound, (name, k, col, row[col])
+            assert row["veto_token_frac"] in (0, None) and row["trigger_count"] in (0, None), (name, k, row)
