@@ -33,7 +33,8 @@ the only place where this rule and vLLM's can differ, by tokens of exactly equal
 Checked against vLLM 0.32's CPU sampler (``vllm/v1/sample/sampler.py``, ``ops/topk_topp_sampler.py``,
 ``logits_processor/builtin.py``; Triton is off on CPU, so the PyTorch path runs): temperature, then min-p
 (``MinPLogitsProcessor``: masks p_v < min_p * p_max, computed in probability space where this rule compares
-logits: the two differ only for a token within float rounding of the boundary), then top-k (``apply_top_k_only``,
+logits: the two differ only for a token within float rounding of the boundary, seen in vLLM runs as one token
+in a few hundred off by log(1 + p_b / kept mass), docs/precision.md), then top-k (``apply_top_k_only``,
 or the ascending sort when top-p is on: masks z_v < the k-th largest, ties kept), then top-p on the softmax of the
 top-k survivors (ascending cumulative sum <= 1 - top_p masked, the largest always kept; the sort is not stable);
 ``processed_logprobs`` is the log-softmax of the masked logits. Measured (tests/integration/test_vllm_engine.py,
