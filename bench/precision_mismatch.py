@@ -29,12 +29,15 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench.support, when run as a script
 
 from mugrpo.models import bench_model_dir
 
@@ -110,28 +113,14 @@ def sample_only(args) -> None:
 
 def trainer_logprobs(model, rows: list, order: list[int], micro_batch_size: int, mixed_precision: str) -> list:
     """Per-row fp32 log-probs of the response tokens, micro-batched in ``order`` as the training job batches."""
+    from bench.support.synthetic import sampled_rollout
     from mugrpo.trainer.batch import collate
-    from mugrpo.trainer.data import Rollout
     from mugrpo.trainer.precision import autocast_context
 
     out: list = [None] * len(rows)
     for start in range(0, len(order), micro_batch_size):
         idx = order[start : start + micro_batch_size]
-        chunk = [
-            Rollout(
-                stage=0,
-                policy_version=0,
-                prompt_id=str(i),
-                sample_idx=0,
-                prompt_token_ids=rows[i][0],
-                response_token_ids=rows[i][1],
-                behavior_logprobs=rows[i][2],
-                reward=0.0,
-                advantage=0.0,
-                temperature=1.0,
-            )
-            for i in idx
-        ]
+        chunk = [sampled_rollout(i, *rows[i][:3]) for i in idx]
         batch = collate(chunk, [0] * len(chunk), pad_token_id=2)
         with torch.no_grad(), autocast_context("cpu", mixed_precision):
             logprobs, _ = model(batch, return_entropy=False)

@@ -18,7 +18,35 @@ from mugrpo.manifest import write_job_manifest
 from mugrpo.models import load_policy, response_logprobs
 from mugrpo.storage import Store
 from mugrpo.tables import table_from_rows, write_table
+from mugrpo.trainer.data import Rollout
+from mugrpo.truncation import Truncation
 from schemas import JobManifest
+
+
+def sampled_rollout(
+    index: int,
+    prompt_token_ids: list[int],
+    response_token_ids: list[int],
+    behavior_logprobs: list[float],
+    temperature: float = 1.0,
+    truncation: Truncation = Truncation(),
+) -> Rollout:
+    """A stage-0 rollout of a sampler's response (reward and advantage 0, prompt id ``str(index)``): what the trainer
+    sees at update 1 with the policy unchanged, to compare its log-probs with the sampler's ``behavior_logprobs``."""
+    return Rollout(
+        stage=0,
+        policy_version=0,
+        prompt_id=str(index),
+        sample_idx=0,
+        prompt_token_ids=prompt_token_ids,
+        response_token_ids=response_token_ids,
+        behavior_logprobs=behavior_logprobs,
+        reward=0.0,
+        advantage=0.0,
+        temperature=temperature,
+        truncation=truncation,
+    )
+
 
 _WORDS = (
     "the answer is so we add then multiply each term by two and subtract three from the total which gives "

@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.support.synthetic import sampled_rollout
 from mugrpo.engines.transformers_engine import top_p_mask
 from mugrpo.logprobs import token_logprobs_from_logits
 from mugrpo.models import load_policy, response_logprobs
 from mugrpo.trainer.batch import collate
-from mugrpo.trainer.data import Rollout
 from mugrpo.trainer.forward import PolicyTokenLogprobs
 from mugrpo.truncation import Truncation
 
@@ -233,19 +233,7 @@ def test_update_1_ratio_of_the_trainers_replay_is_1_under_vllm_truncated_samplin
     _, _, flat_prompts, samples = samples_of(vllm_run, f"{name}_t1")
     truncation = Truncation(**TRUNCATIONS_T1[name])
     rollouts = [
-        Rollout(
-            stage=0,
-            policy_version=0,
-            prompt_id=str(i),
-            sample_idx=0,
-            prompt_token_ids=prompt,
-            response_token_ids=s["response_token_ids"],
-            behavior_logprobs=s["behavior_logprobs"],
-            reward=0.0,
-            advantage=0.0,
-            temperature=s["temperature"],
-            truncation=truncation,
-        )
+        sampled_rollout(i, prompt, s["response_token_ids"], s["behavior_logprobs"], s["temperature"], truncation)
         for i, (prompt, s) in enumerate(zip(flat_prompts, samples, strict=True))
     ]
     batch = collate(rollouts, list(range(len(rollouts))), pad_token_id=0)
@@ -318,18 +306,7 @@ def test_raw_fp32_mismatch_at_update_1_without_recompute_is_within_1e_4(vllm_run
     model, _ = policy
     _, _, flat_prompts, samples = samples_of(vllm_run, "plain_t1")
     rollouts = [
-        Rollout(
-            stage=0,
-            policy_version=0,
-            prompt_id=str(i),
-            sample_idx=0,
-            prompt_token_ids=prompt,
-            response_token_ids=s["response_token_ids"],
-            behavior_logprobs=s["behavior_logprobs"],
-            reward=0.0,
-            advantage=0.0,
-            temperature=1.0,
-        )
+        sampled_rollout(i, prompt, s["response_token_ids"], s["behavior_logprobs"], 1.0)
         for i, (prompt, s) in enumerate(zip(flat_prompts, samples, strict=True))
     ]
     batch = collate(rollouts, list(range(len(rollouts))), pad_token_id=0)
