@@ -51,10 +51,8 @@ def _publish(store: Store, tiny_model_dir: Path) -> str:
     return rel
 
 
-def test_a_shared_checkpoint_holds_a_reference_and_reads_the_policys_weights(tmp_path, tiny_model_dir):
-    store = Store(str(tmp_path / "runs"))
-    policy = _publish(store, tiny_model_dir)
-    rel = LAYOUT.checkpoint_dir(0, 2)
+def _write_shared_checkpoint(store: Store, rel: str, policy: str) -> dict:
+    """A checkpoint at ``rel`` (update 2) referencing the committed ``policy``; returns its RNG state."""
     rng = capture_rng_state()
     write_checkpoint(
         store,
@@ -64,6 +62,14 @@ def test_a_shared_checkpoint_holds_a_reference_and_reads_the_policys_weights(tmp
         trainer_state=_trainer_state(2),
         rng_states=[rng],
     )
+    return rng
+
+
+def test_a_shared_checkpoint_holds_a_reference_and_reads_the_policys_weights(tmp_path, tiny_model_dir):
+    store = Store(str(tmp_path / "runs"))
+    policy = _publish(store, tiny_model_dir)
+    rel = LAYOUT.checkpoint_dir(0, 2)
+    rng = _write_shared_checkpoint(store, rel, policy)
     folder = store.local_path(rel)
     assert sorted(p.name for p in folder.iterdir()) == sorted(
         ["_COMPLETE", POLICY_REF_FILE, "optimizer.pt", "rng.safetensors", "trainer_state.json"]
@@ -87,14 +93,7 @@ def test_a_corrupted_shared_weight_file_or_a_stale_reference_is_refused_naming_t
     store = Store(str(tmp_path / "runs"))
     policy = _publish(store, tiny_model_dir)
     rel = LAYOUT.checkpoint_dir(0, 2)
-    write_checkpoint(
-        store,
-        rel,
-        policy_ref=committed_policy_ref(store, policy),
-        optimizer_state=_optimizer_state(),
-        trainer_state=_trainer_state(2),
-        rng_states=[capture_rng_state()],
-    )
+    _write_shared_checkpoint(store, rel, policy)
     weights = store.local_path(policy) / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[len(data) // 2] ^= 0xFF
