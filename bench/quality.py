@@ -53,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._arms import execute, phase_seconds  # noqa: E402
 from bench.lab import accuracy  # noqa: E402
+from bench.support.audit import audit_seeds  # noqa: E402
 from bench.warm_vs_cold import JOBS_ENV  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -219,13 +220,7 @@ def summarize(runs: dict[str, dict[int, dict]]) -> dict:
 
 def audit_arms(runs: dict[str, dict[int, dict]], root: Path) -> dict:
     """``mugrpo.audit`` over each arm's runs (all seeds together: only ``run.seed`` may differ); the reports."""
-    from mugrpo.audit import AuditOptions, audit_runs, open_run
-
-    options = AuditOptions(vary=("run.seed",))
-    return {
-        arm: audit_runs([open_run(str(root), by_seed[s]["run"]) for s in sorted(by_seed)], options)
-        for arm, by_seed in runs.items()
-    }
+    return {arm: audit_seeds(root, [by_seed[s]["run"] for s in sorted(by_seed)]) for arm, by_seed in runs.items()}
 
 
 def refuse_failed_audit(reports: dict, results: dict, out_json: Path) -> None:

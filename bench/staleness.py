@@ -62,6 +62,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.support.audit import audit_seeds  # noqa: E402
+
 BASE_CONFIG = REPO / "configs" / "lab" / "mu-grpo.yaml"
 HELDOUT = "lab-heldout"
 #: Loss regime -> config overrides on top of configs/lab/mu-grpo.yaml (module docstring).
@@ -281,18 +283,6 @@ def read_run(cfg, regime: str, mu: int, lr: float, grid: Grid, wall: float) -> R
     )
 
 
-def audit_cell(root: Path, runs: list[str]):
-    """The audit of one cell's runs together (seeds compared: data order differs, configs differ in run.seed)."""
-    from mugrpo.audit import AuditOptions, audit_runs, open_run
-
-    opened = [open_run(str(root), r) for r in runs]
-    try:
-        return audit_runs(opened, AuditOptions(vary=("run.seed",)))
-    finally:
-        for r in opened:
-            r.catalog.close()
-
-
 def _spearman(x: list[float], y: list[float]) -> float | None:
     """Spearman rank correlation (average ranks for ties); None with fewer than 3 points or a constant input."""
 
@@ -491,7 +481,7 @@ def run_grid(grid: Grid, out: Path, root: Path, jobs: int, keep_runs: bool, in_p
                 cell = p[:3]
                 done_by_cell.setdefault(cell, []).append(r)
                 if len(done_by_cell[cell]) == len(grid.seeds):
-                    report = audit_cell(root, [x.run for x in done_by_cell[cell]])
+                    report = audit_seeds(root, [x.run for x in done_by_cell[cell]])
                     audits.append(report.to_json())
                     failed = [f"{x.run}: {x.check}: {x.detail}" for x in report.results if x.status == "fail"]
                     print(f"audit {cell}: {'FAILED: ' + '; '.join(failed) if failed else 'ok'}", flush=True)

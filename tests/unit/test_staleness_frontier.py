@@ -120,7 +120,7 @@ def test_a_failed_audit_refuses_the_table(tmp_path, monkeypatch):
 
     monkeypatch.setattr(st, "launch", lambda cfg, work, core, in_process=False: 1.0)
     monkeypatch.setattr(st, "read_run", lambda cfg, rg, mu, lr, grid, wall: _run(rg, mu, lr, cfg.run.seed, 0.4, None))
-    monkeypatch.setattr(st, "audit_cell", report)
+    monkeypatch.setattr(st, "audit_seeds", report)
     with pytest.raises(SystemExit, match=r"refused[\s\S]*stale-ppo-mu4-lr0.0001-s0: idle-clip: ratio 1 everywhere"):
         st.run_grid(g, tmp_path / "out", tmp_path / "runs", jobs=1, keep_runs=True, in_process=True)
     payload = json.loads((tmp_path / "out" / "staleness.json").read_text())
