@@ -1,7 +1,7 @@
 """Quality and speed side by side on the lab task: the Mu-GRPO paper's Table 1 (arXiv 2605.17570) with held-out
 accuracy, every arm audited.
 
-    python bench/quality.py --seeds 0 1 2 --out bench-quality      # the full bench (configs/lab/ budget)
+    python bench/quality.py --seeds 0 1 2 --jobs 2 --out bench-quality   # the full bench (configs/lab/ budget)
     python bench/quality.py --quick --out /tmp/quality-quick        # CI: all arms, 1 seed, 4 updates of 16 rollouts
 
 Arms (each a configs/lab/ config at one shared budget: 64 updates x 128 rollouts, evaluations after 0/16/32/48/64
@@ -12,9 +12,10 @@ updates; tests/unit/test_budgets.py checks it):
 - naive, replay, conspo, agpo: configs/lab/ALGO.yaml.
 
 One invocation runs every arm at every seed, seed by seed, the arm order rotated by one each seed (load drifts
-spread over the arms). Each run goes through the job processes as the stage flow launches them, without a
-Prefect server (bench/_arms.py :func:`execute`, as bench/speedup.py runs its arms; --quick runs the jobs in this
-process); its figures are read from what it committed:
+spread over the arms; with ``--jobs N``, N runs at once in that order, each in a child process pinned to one core
+with one torch thread, as the lab's runs were measured). Each run goes through the job processes as the stage flow
+launches them, without a Prefect server (bench/_arms.py :func:`execute`, as bench/speedup.py runs its arms; --quick
+runs the jobs in this process); its figures are read from what it committed:
 - final held-out accuracy, greedy (200 problems) and avg@8 at T = 1 (100 problems), from the ``evals`` table;
   interval: mean over seeds +- t(0.975, n-1) x sd / sqrt(n) (a t interval over seeds; seeds are the unit of
   replication, the problems are the same for every run). One seed: no interval;
@@ -54,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._arms import execute, phase_seconds  # noqa: E402
 from bench.lab import accuracy  # noqa: E402
 from bench.support.audit import audit_seeds  # noqa: E402
+from bench.support.pinned import map_on_cores, run_pinned  # noqa: E402
 from bench.warm_vs_cold import JOBS_ENV  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -298,7 +300,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--root", type=Path, default=None, help="Where runs go (default: a temporary folder).")
     parser.add_argument("--keep-runs", action="store_true", help="Keep the run folders.")
     parser.add_argument("--out", type=Path, required=True, help="Folder for quality.json and quality.png.")
+    parser.add_argument("--jobs", type=int, default=1, help="Runs at once, each pinned to one core (taskset).")
+    parser.add_argument("--child", nargs=2, metavar=("ARM", "SEED"), default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child is not None:  # one run, in a process of its own (--jobs > 1)
+        if args.quick:
+            os.environ[JOBS_ENV] = "in-process"
+        cfg = arm_config(args.child[0], int(args.child[1]), args.root, args.quick)
+        execute(cfg, args.root / f"{cfg.run.id}.jobs.log", args.root)
+        return
     if BASELINE not in args.arms:
         parser.error(f"--arms must include {BASELINE}: every arm is paired with it")
     seeds = args.seeds[:1] if args.quick else args.seeds
@@ -309,19 +319,35 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
 
     runs: dict[str, dict[int, dict]] = {arm: {} for arm in args.arms}
-    for i, seed in enumerate(seeds):
-        order = args.arms[i % len(args.arms) :] + args.arms[: i % len(args.arms)]
-        for arm in order:
-            cfg = arm_config(arm, seed, root, args.quick)
+    plan = [
+        (arm, seed)
+        for i, seed in enumerate(seeds)
+        for arm in args.arms[i % len(args.arms) :] + args.arms[: i % len(args.arms)]
+    ]
+    cfgs = {(arm, seed): arm_config(arm, seed, root, args.quick) for arm, seed in plan}
+
+    def run_one(item: tuple[str, int], core: int | None) -> float:
+        cfg = cfgs[item]
+        log = root / f"{cfg.run.id}.log"
+        if args.jobs == 1:
             t0 = time.monotonic()
-            execute(cfg, root / f"{cfg.run.id}.log", root)
-            runs[arm][seed] = read_run(root, cfg.run.id, time.monotonic() - t0)
-            r = runs[arm][seed]
-            print(
-                f"{arm} seed {seed}: greedy {r['greedy_final']:.3f}, avg@8 {r['avg8_final']:.3f}, "
-                f"T_total {r['t_total']:.0f} s, command {r['wall_s']:.0f} s",
-                flush=True,
-            )
+            execute(cfg, log, root)
+            return time.monotonic() - t0
+        child = ["--child", item[0], str(item[1]), "--root", str(root), "--out", str(args.out)]
+        return run_pinned(
+            Path(__file__).resolve(), [*child, *(["--quick"] if args.quick else [])], log, core, cfg.run.id
+        )
+
+    def done(item: tuple[str, int], wall: float) -> None:
+        arm, seed = item
+        runs[arm][seed] = r = read_run(root, cfgs[item].run.id, wall)
+        print(
+            f"{arm} seed {seed}: greedy {r['greedy_final']:.3f}, avg@8 {r['avg8_final']:.3f}, "
+            f"T_total {r['t_total']:.0f} s, command {r['wall_s']:.0f} s",
+            flush=True,
+        )
+
+    map_on_cores(run_one, plan, max(args.jobs, 1), done)
 
     reports = audit_arms(runs, root)
     results = {

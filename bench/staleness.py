@@ -51,7 +51,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -63,6 +62,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.support.audit import audit_seeds  # noqa: E402
+from bench.support.pinned import run_pinned  # noqa: E402
 
 BASE_CONFIG = REPO / "configs" / "lab" / "mu-grpo.yaml"
 HELDOUT = "lab-heldout"
@@ -196,17 +196,7 @@ def launch(cfg, work: Path, core: int | None, in_process: bool = False) -> float
         t0 = time.monotonic()
         _child(path)
         return time.monotonic() - t0
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(path)]
-    if core is not None and shutil.which("taskset"):
-        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-        cmd = ["taskset", "-c", str(core), *cmd]
-    t0 = time.monotonic()
-    with log.open("wb") as out:
-        code = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
-    if code != 0:
-        raise RuntimeError(f"run {cfg.run.id} failed (exit {code}):\n{log.read_text()[-3000:]}")
-    return time.monotonic() - t0
+    return run_pinned(Path(__file__).resolve(), ["--child", str(path)], log, core, cfg.run.id)
 
 
 def collapse_update(curve: list[tuple[int, float]], margin: float) -> int | None:
