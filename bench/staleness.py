@@ -3,6 +3,7 @@ across five loss regimes and two learning rates, 3 seeds per cell, and find wher
 
     python bench/staleness.py --jobs 2 --out /tmp/staleness     # the full grid (docs/benchmarks.md: its wall time)
     python bench/staleness.py --quick --out /tmp/staleness-q    # CI: every regime, tiny budget; structure + audit
+    python bench/staleness.py --jobs 2 --out OUT --stop-after 3000 [--resume]   # the grid in parts, resumed
 
 Regimes (:data:`REGIMES`; every other config key is configs/lab/mu-grpo.yaml's):
 - ``ppo``: PPO/GRPO clip [0.8, 1.2], no veto (arXiv 2402.03300);
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as futures
+import hashlib
 import itertools
 import json
 import math
@@ -429,9 +431,63 @@ class _Inline:
         return None
 
 
-def run_grid(grid: Grid, out: Path, root: Path, jobs: int, keep_runs: bool, in_process: bool = False) -> dict:
+PROGRESS = "progress.jsonl"
+"""One line per finished run ({"run": RunResult, "config": sha256}) and per audited cell ({"audit": report,
+"cell": [regime, mu, lr], "failed": [...]}), appended as they finish: what ``--resume`` continues from."""
+
+
+def _config_sha(cfg) -> str:
+    return hashlib.sha256(json.dumps(cfg.to_json_dict(), sort_keys=True, default=str).encode()).hexdigest()
+
+
+def load_progress(out: Path, cfgs: dict) -> tuple[list[RunResult], list[dict], list[str], set[tuple]]:
+    """Finished runs and audited cells of an earlier invocation (``OUT/progress.jsonl``) that belong to this grid.
+
+    Returns (results, audit reports, audit failures, audited cells). A run is kept only if its resolved config is the
+    one this grid gives it (same sha256), so a changed grid or code that changes a config reruns that run.
+
+    Raises:
+        ValueError: a line of the file is not JSON (the message names the file and line).
+    """
+    path = out / PROGRESS
+    if not path.exists():
+        return [], [], [], set()
+    by_id = {cfg.run.id: (p, _config_sha(cfg)) for p, cfg in cfgs.items()}
+    results, audits, failures, audited = [], [], [], set()
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}, line {n}: not JSON ({err})") from err
+        if "run" in rec:
+            r = RunResult(**{**rec["run"], "curve": [tuple(c) for c in rec["run"]["curve"]]})
+            if by_id.get(r.run, (None, None))[1] == rec["config"]:
+                results = [x for x in results if x.run != r.run] + [r]
+        elif tuple(rec["cell"]) not in audited:
+            audited.add(tuple(rec["cell"]))
+            audits.append(rec["audit"])
+            failures += rec["failed"]
+    return results, audits, failures, audited
+
+
+def run_grid(
+    grid: Grid,
+    out: Path,
+    root: Path,
+    jobs: int,
+    keep_runs: bool,
+    in_process: bool = False,
+    resume: bool = False,
+    stop_after_s: float | None = None,
+) -> dict:
     """Every run of the grid (``jobs`` at once, seeds of a cell together so each cell is audited when done), then
-    the cells, claims and heatmaps. A failed audit raises SystemExit naming the run and the check."""
+    the cells, claims and heatmaps. A failed audit raises SystemExit naming the run and the check.
+
+    Each finished run and audited cell is appended to ``OUT/progress.jsonl``. With ``resume`` the runs and audits
+    found there (same resolved config) are kept and only the rest run; a run folder left by an interrupted run is
+    deleted and the run started again. With ``stop_after_s``, no run starts after that many seconds: the running
+    ones finish, and the payload (``complete: false``) holds what is done so far; rerun with ``resume`` to go on.
+    """
     grid.check()
     out.mkdir(parents=True, exist_ok=True)
     root.mkdir(parents=True, exist_ok=True)
@@ -441,20 +497,57 @@ def run_grid(grid: Grid, out: Path, root: Path, jobs: int, keep_runs: bool, in_p
     results: list[RunResult] = []
     audits: list[dict] = []
     failures: list[str] = []
+    audited: set[tuple] = set()
+    if resume:
+        results, audits, failures, audited = load_progress(out, cfgs)
+        print(f"resume: {len(results)} run(s) and {len(audited)} audited cell(s) from {out / PROGRESS}", flush=True)
+    elif (out / PROGRESS).exists():
+        (out / PROGRESS).unlink()
+    done_ids = {r.run for r in results}
+    progress = (out / PROGRESS).open("a")
     t0 = time.monotonic()
+    todo = [p for p in plan if cfgs[p].run.id not in done_ids]
+    for p in todo:  # what an interrupted invocation left half-written
+        shutil.rmtree(root / cfgs[p].run.id, ignore_errors=True)
+    done_by_cell: dict[tuple, list[RunResult]] = {}
+    for r in results:
+        done_by_cell.setdefault((r.regime, r.mu, r.lr), []).append(r)
+
+    def finish_cell(cell: tuple) -> None:
+        if cell in audited or len(done_by_cell.get(cell, [])) != len(grid.seeds):
+            return
+        report = audit_seeds(root, [x.run for x in done_by_cell[cell]])
+        failed = [f"{x.run}: {x.check}: {x.detail}" for x in report.results if x.status == "fail"]
+        print(f"audit {cell}: {'FAILED: ' + '; '.join(failed) if failed else 'ok'}", flush=True)
+        audits.append(report.to_json())
+        failures.extend(failed)
+        audited.add(cell)
+        progress.write(json.dumps({"cell": list(cell), "audit": report.to_json(), "failed": failed}, default=str))
+        progress.write("\n")
+        progress.flush()
+        if not keep_runs:
+            for x in done_by_cell[cell]:
+                shutil.rmtree(root / x.run, ignore_errors=True)
+
+    for cell in list(done_by_cell):  # every seed done before an interruption, not yet audited
+        finish_cell(cell)
+    stopped = False
     with _Inline() if in_process else futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         slots = list(range(jobs))
         pending = {}
-        todo = list(plan)
 
         def submit(p):
             core = slots.pop(0)
             fut = pool.submit(launch, cfgs[p], out, core % ncores if jobs > 1 else None, in_process)
             pending[fut] = (p, core)
 
-        while todo and slots:
+        def may_start() -> bool:
+            nonlocal stopped
+            stopped = stopped or (stop_after_s is not None and time.monotonic() - t0 > stop_after_s)
+            return bool(todo) and not stopped
+
+        while may_start() and slots:
             submit(todo.pop(0))
-        done_by_cell: dict[tuple, list[RunResult]] = {}
         while pending:
             finished, _ = futures.wait(pending, return_when=futures.FIRST_COMPLETED)
             for fut in finished:
@@ -463,30 +556,29 @@ def run_grid(grid: Grid, out: Path, root: Path, jobs: int, keep_runs: bool, in_p
                 wall = fut.result()
                 r = read_run(cfgs[p], p[0], p[1], p[2], grid, wall)
                 results.append(r)
+                progress.write(json.dumps({"run": asdict(r), "config": _config_sha(cfgs[p])}, default=str) + "\n")
+                progress.flush()
                 print(
                     f"{r.run}: final {r.final:.3f}, collapse {r.collapse}, E[ratio|A<0] "
                     f"{_fmt(r.ratio_neg_adv_mean)}, {wall:.0f} s ({time.monotonic() - t0:.0f} s elapsed)",
                     flush=True,
                 )
-                cell = p[:3]
-                done_by_cell.setdefault(cell, []).append(r)
-                if len(done_by_cell[cell]) == len(grid.seeds):
-                    report = audit_seeds(root, [x.run for x in done_by_cell[cell]])
-                    audits.append(report.to_json())
-                    failed = [f"{x.run}: {x.check}: {x.detail}" for x in report.results if x.status == "fail"]
-                    print(f"audit {cell}: {'FAILED: ' + '; '.join(failed) if failed else 'ok'}", flush=True)
-                    failures += failed
-                    if not keep_runs:
-                        for x in done_by_cell[cell]:
-                            shutil.rmtree(root / x.run, ignore_errors=True)
-                if todo:
+                done_by_cell.setdefault(p[:3], []).append(r)
+                finish_cell(p[:3])
+                if may_start():
                     submit(todo.pop(0))
+    progress.close()
+    complete = len({r.run for r in results}) == len(plan)
     cells, claim = summarize(results, grid)
     payload = {
         "grid": asdict(grid),
         "eval_every": grid.eval_every,
         "regimes": {k: list(REGIMES[k]) for k in grid.regimes},
         "wall_s": time.monotonic() - t0,
+        "run_wall_s": sum(r.wall_s for r in results),
+        "complete": complete,
+        "runs_done": len(results),
+        "runs_planned": len(plan),
         "jobs": jobs,
         "audit_ok": not failures,
         "audit_failures": failures,
@@ -541,6 +633,12 @@ def main(argv: list[str] | None = None) -> None:
         "--in-process", action="store_true", help="Runs one after another in this process (--quick's default)."
     )
     parser.add_argument("--keep-runs", action="store_true", help="Keep the run folders (else deleted once audited).")
+    parser.add_argument(
+        "--resume", action="store_true", help="Keep the runs and audits in OUT/progress.jsonl; run only the rest."
+    )
+    parser.add_argument(
+        "--stop-after", type=float, default=None, help="Start no run after this many seconds (then rerun --resume)."
+    )
     parser.add_argument("--child", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child is not None:
@@ -559,9 +657,18 @@ def main(argv: list[str] | None = None) -> None:
     out = args.out or Path(tempfile.mkdtemp(prefix="mugrpo-staleness-"))
     in_process = args.in_process or (args.quick and args.jobs == 1)
     jobs = 1 if in_process else max(args.jobs, 1)
-    payload = run_grid(grid, out, args.root or out / "runs", jobs, args.keep_runs, in_process)
+    if (args.resume or args.stop_after is not None) and args.out is None:
+        parser.error("--resume and --stop-after need --out (where progress.jsonl is kept)")
+    payload = run_grid(
+        grid, out, args.root or out / "runs", jobs, args.keep_runs, in_process, args.resume, args.stop_after
+    )
     print_table(payload)
     print(f"\n{out / 'staleness.json'}; {payload['wall_s']:.0f} s wall, {args.jobs} job(s)")
+    if not payload["complete"]:
+        print(
+            f"incomplete: {payload['runs_done']} of {payload['runs_planned']} runs done (--stop-after); the claims and "
+            f"heatmaps cover those only. Continue with the same flags and --resume."
+        )
 
 
 if __name__ == "__main__":

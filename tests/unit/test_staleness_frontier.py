@@ -126,3 +126,55 @@ def test_a_failed_audit_refuses_the_table(tmp_path, monkeypatch):
     payload = json.loads((tmp_path / "out" / "staleness.json").read_text())
     assert payload["audit_ok"] is False and "heatmaps" not in payload
     assert not list((tmp_path / "out").glob("heatmap-*.png"))
+
+
+def test_stop_after_then_resume_runs_each_run_once_and_reruns_a_changed_config(tmp_path, monkeypatch):
+    """--stop-after then --resume: the second invocation runs only what the first did not, audits each cell once,
+    and a run whose resolved config changed is run again. The runs are stand-ins (launch/read_run/audit replaced);
+    the bench's real runs are in the e2e quick test."""
+    import json
+    import time
+
+    import bench.staleness as st
+    from mugrpo.audit import PASS, AuditOptions, AuditReport, CheckResult
+
+    g = Grid(mus=(2, 4), lrs=(1e-4,), seeds=(0, 1), regimes=("ppo",), updates=4, rollouts_per_update=8, group_size=4)
+    launched: list[str] = []
+    audited: list[list[str]] = []
+
+    def launch(cfg, work, core, in_process=False):
+        launched.append(cfg.run.id)
+        (tmp_path / "runs" / cfg.run.id).mkdir(parents=True, exist_ok=True)
+        time.sleep(0.3)  # past --stop-after 0.1 s: the first run starts, no other does
+        return 1.0
+
+    def report(root, runs):
+        audited.append(runs)
+        r = AuditReport(runs, AuditOptions())
+        r.results = [CheckResult("idle-clip", x, PASS, "ok") for x in runs]
+        return r
+
+    monkeypatch.setattr(st, "launch", launch)
+    monkeypatch.setattr(st, "read_run", lambda cfg, rg, mu, lr, grid, wall: _run(rg, mu, lr, cfg.run.seed, 0.4, None))
+    monkeypatch.setattr(st, "audit_seeds", report)
+    out, root = tmp_path / "out", tmp_path / "runs"
+    first = st.run_grid(g, out, root, jobs=1, keep_runs=False, in_process=True, stop_after_s=0.1)
+    assert first["complete"] is False and (first["runs_done"], first["runs_planned"]) == (1, 4)
+    assert launched == ["stale-ppo-mu2-lr0.0001-s0"] and audited == []  # the cell's second seed is not done
+    (root / "stale-ppo-mu2-lr0.0001-s1").mkdir(parents=True)  # a half-written run of an interrupted invocation
+
+    second = st.run_grid(g, out, root, jobs=1, keep_runs=False, in_process=True, resume=True)
+    assert second["complete"] is True and second["runs_done"] == 4
+    assert launched[1:] == [f"stale-ppo-mu{m}-lr0.0001-s{s}" for m in (2, 4) for s in (0, 1)][1:]
+    assert sorted(map(sorted, audited)) == [[f"stale-ppo-mu{m}-lr0.0001-s{s}" for s in (0, 1)] for m in (2, 4)]
+    assert not any(root.iterdir())  # audited runs' folders deleted
+    lines = [json.loads(x) for x in (out / st.PROGRESS).read_text().splitlines()]
+    assert sum("run" in x for x in lines) == 4 and sum("cell" in x for x in lines) == 2
+
+    launched.clear()
+    changed = Grid(**{**g.__dict__, "max_new_tokens": g.max_new_tokens + 1})  # every config changes: all rerun
+    st.run_grid(changed, out, root, jobs=1, keep_runs=True, in_process=True, resume=True)
+    assert len(launched) == 4
+    (out / st.PROGRESS).write_text("{not json\n")
+    with pytest.raises(ValueError, match=r"progress.jsonl, line 1: not JSON"):
+        st.run_grid(g, out, root, jobs=1, keep_runs=True, in_process=True, resume=True)
