@@ -12,7 +12,8 @@ mu = 4 updates of rollouts (16 rollouts by default), Mu-GRPO's U / K updates (32
 engines alternated (vLLM first in even rounds, transformers first in odd ones: this machine's load drifts):
 
 - bare engine: ``bench/support/engine_probe.py`` run by the engine's interpreter: the product's ``VLLMEngine`` /
-  ``TransformersEngine`` built with the product's defaults (``make_engine``; vLLM on a CPU gets ``enforce_eager``),
+  ``TransformersEngine`` built with the product's defaults (``make_engine``; vLLM on a CPU gets ``enforce_eager``
+  and a 2 GiB KV cache from ``cpu_defaults``; ``--vllm-kwargs '{"enforce_eager": false}'`` measures it compiled),
   engine start seconds, ``--calls`` timed generate calls per stage size, then ``--syncs`` in-place weight loads of
   the policy's state dict into the running engine (T_sync, the warm segment's sync);
 - generation job: ``python -m mugrpo.jobs.generate SPEC`` spawned by the engine's interpreter as the stage flow
@@ -142,8 +143,11 @@ def run_probe(python: str, args: dict, work: Path, threads: int) -> dict:
     return rec
 
 
-def prepare_job(work: Path, policy: Path, engine: str, dtype: str, rollouts: int, b: Budget, threads: int):
-    """A run folder holding the policy at stage 0 and a generate spec of one stage of ``rollouts`` (one shard)."""
+def prepare_job(
+    work: Path, policy: Path, engine: str, dtype: str, rollouts: int, b: Budget, threads: int, vllm_kwargs: dict
+):
+    """A run folder holding the policy at stage 0 and a generate spec of one stage of ``rollouts`` (one shard);
+    ``vllm_kwargs`` are the vLLM arm's ``generation.engine_kwargs``."""
     from mugrpo.layout import RunLayout
     from mugrpo.storage import Store
 
@@ -152,7 +156,7 @@ def prepare_job(work: Path, policy: Path, engine: str, dtype: str, rollouts: int
     if not root.exists():
         Store(str(root)).upload_dir(policy, RunLayout("engines").policy_dir(0))
     prompts = rollouts // b.group_size
-    kwargs = {"num_threads": threads} if engine == "transformers" else {}
+    kwargs = {"num_threads": threads} if engine == "transformers" else dict(vllm_kwargs)
     spec = generate_spec(
         "engines", prompts, prompts, b.max_new_tokens, b.group_size, engine=engine, dtype=dtype, engine_kwargs=kwargs
     )
@@ -196,6 +200,13 @@ def main() -> None:
     parser.add_argument("--no-jobs", action="store_true", help="bare engines only")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads (transformers)")
     parser.add_argument("--json", type=Path, help="write every record and the summary here")
+    parser.add_argument(
+        "--vllm-kwargs",
+        type=json.loads,
+        default={},
+        help="JSON engine kwargs of the vLLM arms, over the product's defaults (on a CPU: eager); "
+        "'{\"enforce_eager\": false}' for a compiled engine",
+    )
     args = parser.parse_args()
     if args.quick:
         args.model, args.rounds, args.calls, args.syncs, args.max_new_tokens = "tiny", 1, 1, 1, 4
@@ -242,6 +253,7 @@ def main() -> None:
                         "calls": args.calls,
                         "syncs": args.syncs,
                         "prompts": prompts,
+                        "engine_kwargs": args.vllm_kwargs if engine == "vllm" else {},
                     }
                     rec = run_probe(pythons[engine], probe_args, work, args.threads)
                     bare.setdefault(arm, []).append(rec)
@@ -249,7 +261,9 @@ def main() -> None:
                     if args.no_jobs:
                         continue
                     for name in ("grpo", "mu") if r % 2 == 0 else ("mu", "grpo"):
-                        prepared = prepare_job(work, policy, engine, dtype, sizes[name], b, args.threads)
+                        prepared = prepare_job(
+                            work, policy, engine, dtype, sizes[name], b, args.threads, args.vllm_kwargs
+                        )
                         t0 = time.monotonic()
                         j = one_job(
                             "generate", REPO, prepared, work, args.threads, python=pythons[engine], inspect=job_counts

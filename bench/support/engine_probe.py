@@ -9,7 +9,8 @@ with this checkout first on PYTHONPATH. ARGS.json holds ``engine``, ``model_dir`
 
 - ``import_s``: seconds to import the engine's module (vLLM itself for ``vllm``);
 - ``start_s``: seconds of the engine's construction, the product's defaults (:func:`mugrpo.engines.make_engine`;
-  on a CPU vLLM gets ``enforce_eager`` and a 2 GiB KV cache from ``cpu_defaults``);
+  on a CPU vLLM gets ``enforce_eager`` and a 2 GiB KV cache from ``cpu_defaults``; the args' ``engine_kwargs``
+  over them);
 - ``calls``: per timed call, ``rollouts``, response ``tokens`` and ``seconds`` (after one untimed warm-up call);
 - ``sync_s``: seconds of each in-place weight load of the policy's fp32 state dict into the running engine, the
   warm segment's sync (:class:`mugrpo.warm.WarmEngine.sync`): ``VLLMEngine.update_weights`` for vLLM,
@@ -42,7 +43,7 @@ def main() -> None:
         import vllm  # noqa: F401  (its import is part of what a vLLM job pays)
     rec["import_s"] = time.monotonic() - t0
 
-    kwargs = {"num_threads": a["threads"]} if a["engine"] == "transformers" else {}
+    kwargs = {"num_threads": a["threads"]} if a["engine"] == "transformers" else dict(a.get("engine_kwargs", {}))
     t0 = time.monotonic()
     engine = make_engine(a["engine"], a["model_dir"], dtype=a["dtype"], seed=0, **kwargs)
     rec["start_s"] = time.monotonic() - t0

@@ -131,7 +131,7 @@ def test_readme_vllm_config_runs_end_to_end(tmp_path, tiny_model_dir, prefect_ap
         *one_stage_overrides(tmp_path, tiny_model_dir, "vllmflow"),
         "generation.engine=vllm",
         f"generation.python={VLLM_PYTHON}",
-        "generation.engine_kwargs={max_model_len: 512}",
+        "generation.engine_kwargs={max_model_len: 512, enforce_eager: true}",  # the tiny policy: eager starts fast
     ]
     cfg = load_config("configs/gsm8k-smollm2-quick.yaml", overrides)
     assert cfg.train.recompute_behavior_logprobs and cfg.model.dtype == "bfloat16"  # the documented bf16 setting

@@ -59,8 +59,11 @@ SCRIPT = textwrap.dedent(
 
         spec = json.load(open(sys.argv[1]))
         started = time.perf_counter()
-        # a small token budget per step forces chunked prefill of the 32-prompt batch
-        engine = make_engine("vllm", spec["model_dir"], seed=0, max_model_len=512, max_num_batched_tokens=128)
+        # a small token budget per step forces chunked prefill of the 32-prompt batch; eager: a few hundred tokens
+        # of a tiny policy do not repay a compiled start (docs/benchmarks.md)
+        engine = make_engine(
+            "vllm", spec["model_dir"], seed=0, max_model_len=512, max_num_batched_tokens=128, enforce_eager=True
+        )
         out = {"start_s": time.perf_counter() - started, "cases": {}}
         for name, case in spec["cases"].items():
             started = time.perf_counter()
