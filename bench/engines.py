@@ -134,7 +134,11 @@ def run_probe(python: str, args: dict, work: Path, threads: int) -> dict:
     a.write_text(json.dumps(args))
     t0 = time.monotonic()
     proc = subprocess.run(
-        [python, str(ENGINE_PROBE), str(a), str(out)], env=_env(REPO, threads), cwd=REPO, capture_output=True, text=True
+        [python, str(ENGINE_PROBE), str(a), str(out)],
+        env=_env(REPO, None if args["engine"] == "vllm" else threads),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
     )
     if proc.returncode != 0:
         sys.exit(f"engine probe {args['engine']} {args['dtype']} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -266,7 +270,13 @@ def main() -> None:
                         )
                         t0 = time.monotonic()
                         j = one_job(
-                            "generate", REPO, prepared, work, args.threads, python=pythons[engine], inspect=job_counts
+                            "generate",
+                            REPO,
+                            prepared,
+                            work,
+                            None if engine == "vllm" else args.threads,  # vLLM sets its own OpenMP threads
+                            python=pythons[engine],
+                            inspect=job_counts,
                         )
                         j.update(size=sizes[name], wall_s=time.monotonic() - t0)
                         jobs.setdefault(arm, []).append(j)

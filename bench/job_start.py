@@ -46,15 +46,17 @@ DATA = REPO.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
 JOBS = ("generate", "train")
 
 
-def _env(pythonpath: Path, threads: int) -> dict[str, str]:
-    return {
-        **os.environ,
-        "PYTHONPATH": str(pythonpath),
-        "PYTHONUNBUFFERED": "1",
-        "OMP_NUM_THREADS": str(threads),
-        "MKL_NUM_THREADS": str(threads),
-        "TOKENIZERS_PARALLELISM": "false",
-    }
+def _env(pythonpath: Path, threads: int | None) -> dict[str, str]:
+    """A job's environment: this checkout on PYTHONPATH and ``threads`` OpenMP/MKL threads; ``threads=None`` leaves
+    the thread count to the process (a vLLM engine: its CPU worker sets and binds its own OpenMP threads, and an
+    ``OMP_NUM_THREADS`` set for it slowed SmolLM2 decoding ~12x on 2 cores, docs/benchmarks.md)."""
+    env = {**os.environ, "PYTHONPATH": str(pythonpath), "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if threads is None:
+        env.pop("OMP_NUM_THREADS", None)
+        env.pop("MKL_NUM_THREADS", None)
+    else:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    return env
 
 
 def _check(proc: subprocess.CompletedProcess, what: str) -> None:
@@ -144,7 +146,7 @@ def one_job(
     tree: Path,
     prepared: dict[str, Path],
     work: Path,
-    threads: int,
+    threads: int | None,
     *,
     python: str = sys.executable,
     inspect=None,

