@@ -463,8 +463,8 @@ def load_progress(out: Path, cfgs: dict) -> tuple[list[RunResult], list[dict], l
             r = RunResult(**{**rec["run"], "curve": [tuple(c) for c in rec["run"]["curve"]]})
             if by_id.get(r.run, (None, None))[1] == rec["config"]:
                 results = [x for x in results if x.run != r.run] + [r]
-        elif tuple(rec["cell"]) not in audited:
-            audited.add(tuple(rec["cell"]))
+        elif tuple(rec["cell"]) not in audited and set(rec["runs"]) <= {x.run for x in results}:
+            audited.add(tuple(rec["cell"]))  # only while every run it audited is kept (else its reruns are audited)
             audits.append(rec["audit"])
             failures += rec["failed"]
     return results, audits, failures, audited
@@ -522,7 +522,10 @@ def run_grid(
         audits.append(report.to_json())
         failures.extend(failed)
         audited.add(cell)
-        progress.write(json.dumps({"cell": list(cell), "audit": report.to_json(), "failed": failed}, default=str))
+        runs = [x.run for x in done_by_cell[cell]]
+        progress.write(
+            json.dumps({"cell": list(cell), "runs": runs, "audit": report.to_json(), "failed": failed}, default=str)
+        )
         progress.write("\n")
         progress.flush()
         if not keep_runs:

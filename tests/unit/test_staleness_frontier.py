@@ -173,8 +173,9 @@ def test_stop_after_then_resume_runs_each_run_once_and_reruns_a_changed_config(t
 
     launched.clear()
     changed = Grid(**{**g.__dict__, "max_new_tokens": g.max_new_tokens + 1})  # every config changes: all rerun
+    audited.clear()
     st.run_grid(changed, out, root, jobs=1, keep_runs=True, in_process=True, resume=True)
-    assert len(launched) == 4
+    assert len(launched) == 4 and len(audited) == 2  # the reruns' cells are audited again
     (out / st.PROGRESS).write_text("{not json\n")
     with pytest.raises(ValueError, match=r"progress.jsonl, line 1: not JSON"):
         st.run_grid(g, out, root, jobs=1, keep_runs=True, in_process=True, resume=True)
