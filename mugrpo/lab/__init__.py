@@ -6,8 +6,29 @@ reaches a target (:mod:`mugrpo.lab.build`). It is an ordinary HF model dir with 
 product runs on it unchanged. ``configs/lab/`` trains it with each algorithm on one budget.
 """
 
-from mugrpo.lab.build import LAB_INFO, ensure_lab_policy, heldout_accuracy, lab_policy_dir
-from mugrpo.lab.recipe import DEFAULT_PARAMS, LabRecipe, lab_cache_root
+from importlib import import_module
+from typing import Any
+
+#: Where each public name lives. Imported on first use (PEP 562): ``mugrpo.lab.build`` imports torch and the
+#: tokenizers (seconds), and every ``mugrpo`` command imports this package for its ``lab`` subcommand.
+_HOME = {
+    "DEFAULT_PARAMS": "mugrpo.lab.recipe",
+    "LAB_INFO": "mugrpo.lab.build",
+    "LabRecipe": "mugrpo.lab.recipe",
+    "ensure_lab_policy": "mugrpo.lab.build",
+    "heldout_accuracy": "mugrpo.lab.build",
+    "lab_cache_root": "mugrpo.lab.recipe",
+    "lab_policy_dir": "mugrpo.lab.build",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'mugrpo.lab' has no attribute {name!r}")
+    value = getattr(import_module(_HOME[name]), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DEFAULT_PARAMS",
