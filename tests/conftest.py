@@ -93,9 +93,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     heaviest tier first.
 
     Order: e2e, integration, unit, the rest; within a tier, collection order (a stable sort). Serially this changes
-    nothing but the order; on pytest-xdist workers (``make test-main``: ``--dist loadfile``, a module per worker at a
-    time, handed out in this order) the long whole-run modules start first and the many short unit modules fill the
-    end, so neither worker idles while the other finishes a 5-minute module.
+    nothing but the order. On pytest-xdist workers (``make test-main``: ``--dist loadfile --no-loadscope-reorder``,
+    a module per worker at a time, handed out in this order) the long whole-run modules start first and the many
+    short unit modules fill the end, so neither worker idles while the other finishes a 5-minute module.
     """
     rank = {tier: i for i, tier in enumerate(reversed(TIERS))}  # e2e 0, integration 1, unit 2
     for item in items:
