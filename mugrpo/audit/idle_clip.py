@@ -11,12 +11,14 @@ Rule, over the run's ``train_steps`` (ratio = pi_theta / pi_behavior, logged per
    ``grad_norm > 1e-8`` with ``lr > 0``), the updates after the first are not all at ratio 1: at least one has
    ``|ratio_mean - 1| > TOL`` or ``|ratio_max - 1| > TOL``. A stage that never stepped (e.g. every advantage 0: the
    policy cannot move) and a run whose stages all have mu = 1 are not checked.
-3. The clip acts when the ratio leaves the clip range: if some update's ``ratio_max`` exceeds the loss's upper clip
+3. The clip acts when a token it bounds leaves the clip range: on every update whose ``ratio_max_pos_adv`` (the
+   largest ratio among kept tokens with A > 0, a loss metric in ``loss_metrics``) exceeds the loss's upper clip
    bound (the clip range the loss declares in its registry, :func:`mugrpo.losses.loss_clip_range`: ``1 + eps_high``
-   for grpo, ``ratio_max`` for mu_grpo; per-group ranges such as AGPO's are not checked),
-   ``clip_frac_low + clip_frac_high`` is > 0 on at least one update of the run. A run whose ratio never reaches
-   the bound is too short to clip: that part is not checked (the row says so). Evidence, not proof: the upper
-   bound clips only tokens with A > 0.
+   for grpo, ``ratio_max`` for mu_grpo; per-group ranges such as AGPO's are not checked) by more than CLIP_TOL,
+   ``clip_frac_high`` is > 0. This is exact, not evidence: the upper clip acts on exactly those tokens. A run in
+   which no A > 0 token reached the bound is too short to clip, and a run written before the metric existed (NULL)
+   cannot tell its A > 0 tokens from the rest (``ratio_max`` above the bound may be A < 0 tokens only, which the
+   upper bound never clips): that part is then not checked (the row says so).
 
 A run whose learner temperature differs from its sampling temperature (``train.learner_temperature``, arXiv
 2609.36953) has update-1 ratios off 1 by design: part 1 is not checked for it (the row says so).
@@ -30,6 +32,8 @@ NAME = "idle-clip"
 TOL = 1e-4
 #: A step smaller than this gradient norm cannot be told from no step.
 STEP_EPS = 1e-8
+#: Slack above the clip bound: the loss compares fp32 ratios with an fp32 bound, the audit float64 values.
+CLIP_TOL = 1e-5
 
 
 def _upper_clip(loss) -> float | None:
@@ -55,7 +59,9 @@ def check_run(run: AuditRun) -> CheckResult:
     has_replayed = "num_replayed" in run.columns("train_steps")
     rows = run.rows(
         'SELECT stage, stage_update, "update", ratio_mean, ratio_max, '
-        "coalesce(clip_frac_low, 0) + coalesce(clip_frac_high, 0) AS clip_frac, grad_norm, lr, "
+        "coalesce(clip_frac_high, 0) AS clip_frac_high, grad_norm, lr, "
+        + ("loss_metrics['ratio_max_pos_adv']" if "loss_metrics" in run.columns("train_steps") else "NULL")
+        + " AS ratio_max_pos_adv, "
         + ("coalesce(num_replayed, 0)" if has_replayed else "0")
         + " AS num_replayed FROM train_steps WHERE ratio_mean IS NOT NULL AND ratio_max IS NOT NULL "
         'ORDER BY "update"'
@@ -102,14 +108,18 @@ def check_run(run: AuditRun) -> CheckResult:
     bound = _upper_clip(run.cfg.loss)
     if bound is None:
         notes.append(f"loss {run.cfg.loss.name!r} has no single clip bound: clip fraction not checked")
+    elif all(r["ratio_max_pos_adv"] is None for r in rows):
+        notes.append("no ratio_max_pos_adv (run written before it was logged): clip fraction not checked")
     else:
-        above = [r for r in rows if r["ratio_max"] > bound]
+        above = [r for r in rows if r["ratio_max_pos_adv"] is not None and r["ratio_max_pos_adv"] > bound + CLIP_TOL]
         if not above:
-            notes.append(f"ratio never above the clip bound {bound:g}: too short to clip, clip fraction not checked")
-        elif all(r["clip_frac"] == 0 for r in rows):
+            notes.append(f"no A > 0 token above the clip bound {bound:g}: too short to clip, clip fraction not checked")
+        idle = [r for r in above if r["clip_frac_high"] == 0]
+        if idle:
             problems.append(
-                f"clip fraction 0 on every update although ratio_max > {bound:g} at {len(above)} update(s) "
-                f"(first: update {above[0]['update']}, ratio_max={above[0]['ratio_max']:.6g})"
+                f"clip_frac_high 0 at {len(idle)} update(s) where a token with A > 0 had a ratio above the clip "
+                f"bound {bound:g} (first: update {idle[0]['update']}, ratio_max_pos_adv="
+                f"{idle[0]['ratio_max_pos_adv']:.6g})"
             )
     values = {"updates": len(rows), "first_updates_checked": len(firsts)}
     if problems:

@@ -228,7 +228,10 @@ def _standard_stats(
     """The metrics every loss reports (docs/design.md, "Algorithms").
 
     Token fractions are over response tokens; clip fractions count only kept (non-vetoed) tokens. Ratio metrics
-    are over all response tokens, vetoed ones included, since they describe the policy, not the loss.
+    are over all response tokens, vetoed ones included, since they describe the policy, not the loss; the exception
+    is ``ratio_max_pos_adv``, the largest ratio among the kept tokens with A > 0: the tokens an upper clip bound
+    acts on, so ``clip_frac_high`` is > 0 whenever it exceeds that bound (the harness audit's idle-clip rule,
+    :mod:`mugrpo.audit.idle_clip`; 0 when no kept token has A > 0).
     """
     mask = batch.response_mask
     log_ratio = batch.log_ratio.detach()
@@ -243,6 +246,7 @@ def _standard_stats(
         "ratio_mean": MetricStat.masked_mean(ratio, mask),
         "ratio_max": MetricStat.masked_max(ratio, mask),
         "ratio_mean_neg_adv": MetricStat.masked_mean(ratio, mask & (batch.advantages < 0)),
+        "ratio_max_pos_adv": MetricStat.masked_max(ratio, mask & keep & (batch.advantages > 0)),
         # KL(pi_behav || pi_theta) by k3 with r = pi_theta / pi_behav, unbiased on tokens sampled from pi_behav.
         "approx_kl_behavior": MetricStat.masked_mean(KL_ESTIMATORS["k3"](log_ratio), mask),
     }

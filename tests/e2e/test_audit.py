@@ -122,6 +122,14 @@ def _set(t: pa.Table, name: str, values) -> pa.Table:
     return t.set_column(i, t.schema.field(i), pa.array(values, type=t.schema.field(i).type))
 
 
+def _set_loss_metric(t: pa.Table, key: str, values) -> pa.Table:
+    """Set ``loss_metrics[key]`` row by row (the map's other entries kept)."""
+    i = t.schema.get_field_index("loss_metrics")
+    maps = t.column(i).to_pylist()
+    rows = [[(k, v) for k, v in (m or []) if k != key] + [(key, x)] for m, x in zip(maps, values, strict=True)]
+    return t.set_column(i, t.schema.field(i), pa.array(rows, type=t.schema.field(i).type))
+
+
 def _status(report, check: str, run: str) -> tuple[str, str]:
     res = report.result(check, run)
     return res.status, res.detail
@@ -172,6 +180,42 @@ def test_idle_clip_fails_on_a_frozen_recompute(runs, tmp_path):
     _rewrite(run, "train_steps", frozen)
     status, detail = _status(_audit(run), "idle-clip", RUN)
     assert status == FAIL and "stage 0: ratio identically 1" in detail and "stage 1" in detail
+
+
+def test_idle_clip_reads_the_ratios_of_the_tokens_the_clip_bounds(runs, tmp_path):
+    """Rule 3 on two copies of the run (grpo, upper bound 1.2). A token with A > 0 above the bound on update 2 while
+    clip_frac_high is 0 fails the check; ratios above the bound on A < 0 tokens alone, with clip fraction 0, pass
+    (the upper bound never clips them: an earlier rule read ratio_max and refused such runs)."""
+    updates = [
+        u
+        for t in (pq.read_table(p) for p in sorted((runs["plain"] / "train_steps").rglob("*.parquet")))
+        for u in t.column("update").to_pylist()
+    ]
+    assert 2 in updates
+
+    def idle(t: pa.Table) -> pa.Table:
+        t = _set(t, "clip_frac_high", [0.0] * t.num_rows)
+        return _set_loss_metric(
+            t, "ratio_max_pos_adv", [1.5 if u == 2 else 1.0 for u in t.column("update").to_pylist()]
+        )
+
+    run = _copy(runs["plain"], tmp_path / "idle")
+    _rewrite(run, "train_steps", idle)
+    status, detail = _status(_audit(run), "idle-clip", RUN)
+    assert status == FAIL and "clip_frac_high 0 at 1 update(s)" in detail and "first: update 2," in detail, detail
+
+    def negative_only(t: pa.Table) -> pa.Table:
+        later = [u > 1 for u in t.column("stage_update").to_pylist()]
+        t = _set(
+            t, "ratio_max", [1.5 if x else m for x, m in zip(later, t.column("ratio_max").to_pylist(), strict=True)]
+        )
+        t = _set(t, "clip_frac_high", [0.0] * t.num_rows)
+        return _set_loss_metric(t, "ratio_max_pos_adv", [1.0] * t.num_rows)
+
+    run = _copy(runs["plain"], tmp_path / "negative-only")
+    _rewrite(run, "train_steps", negative_only)
+    status, detail = _status(_audit(run), "idle-clip", RUN)
+    assert status == PASS and "no A > 0 token above the clip bound 1.2" in detail, detail
 
 
 def test_data_order_fails_on_a_dropped_seed_and_passes_on_shared_order(runs, tmp_path):

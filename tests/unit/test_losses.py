@@ -247,6 +247,7 @@ def test_standard_metrics_hand_computed():
     assert m["ratio_mean"].item() == pytest.approx((2.0 + 0.5 + 1.0) / 3)
     assert m["ratio_max"].item() == pytest.approx(2.0)
     assert m["ratio_mean_neg_adv"].item() == pytest.approx((2.0 + 0.5) / 2)
+    assert m["ratio_max_pos_adv"].item() == pytest.approx(1.0)  # the one A > 0 token (ratio 1; 2.0 has A < 0)
     k3 = [r - 1 - math.log(r) for r in (2.0, 0.5, 1.0)]
     assert m["approx_kl_behavior"].item() == pytest.approx(sum(k3) / 3, rel=1e-6)
     assert m["entropy"].item() == pytest.approx(0.3)
@@ -261,6 +262,7 @@ def test_standard_metrics_hand_computed():
         "ratio_mean",
         "ratio_max",
         "ratio_mean_neg_adv",
+        "ratio_max_pos_adv",
         "approx_kl_behavior",
         "entropy",
         "policy_loss",
