@@ -35,11 +35,14 @@ pytestmark = pytest.mark.slow
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "lab"
 #: Points of held-out greedy accuracy (200 problems) each algorithm must add over the lab policy. Measured on this
-#: budget over seeds 0, 1, 2 (docs/benchmarks.md, `bench/lab.py`): Mu-GRPO +0.140 / +0.085 / +0.140, GRPO +0.140 /
-#: +0.095 / +0.160. A bar of 0.15 would fail most seeds of either; the test runs seed 0, which is deterministic, and
-#: 0.10 sits below both its gains and above what a flipped advantage sign (-0.335), a stale generation policy (+0.060)
-#: or a veto mask that keeps only the vetoed tokens (+0.000) gives (the mutations in docs/benchmarks.md).
-LEARNING_BAR = 0.10
+#: budget over seeds 0, 1, 2 (docs/benchmarks.md, `bench/lab.py`, one torch thread): Mu-GRPO +0.140 / +0.085 /
+#: +0.140, GRPO +0.140 / +0.095 / +0.160. Seed 0 is deterministic on one machine and thread count, not across them:
+#: a lab policy built on another CPU and the trainer's thread count change the numerics, hence the trajectory (in
+#: `make test-main`, one thread per process, fresh lab cache: lab policy 0.360, Mu-GRPO +0.105, GRPO +0.065). So the
+#: bar sits below every healthy run seen and well above what a flipped advantage sign (-0.335) or a veto mask that
+#: keeps only the vetoed tokens (+0.000) gives; a stale generation policy (+0.060, the mutations in
+#: docs/benchmarks.md) is caught by the on-policy check below (approx_kl_behavior at each stage's first update).
+LEARNING_BAR = 0.05
 #: Points by which the correctness of the training rollouts of the last quarter of the stages must exceed the first
 #: quarter's (seed 0: Mu-GRPO 0.255 -> 0.292, GRPO 0.275 -> 0.300 over 4 of its 16 stages each).
 ROLLOUT_BAR = 0.01
