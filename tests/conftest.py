@@ -98,14 +98,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     short unit modules fill the end, so neither worker idles while the other finishes a 5-minute module.
     """
     rank = {tier: i for i, tier in enumerate(reversed(TIERS))}  # e2e 0, integration 1, unit 2
-    for item in items:
-        tier = _tier(item)
+    tiers = [_tier(item) for item in items]
+    for item, tier in zip(items, tiers, strict=True):
         if tier is None:
             continue
         item.add_marker(tier)
         if tier != "unit" and item.get_closest_marker("smoke") is None:
             item.add_marker("slow")
-    items.sort(key=lambda item: rank.get(_tier(item), len(TIERS)))
+    order = sorted(range(len(items)), key=lambda i: rank.get(tiers[i], len(TIERS)))
+    items[:] = [items[i] for i in order]
 
 
 #: The shared datasets (GSM8K, MATH-500, AIME24, AMC23), beside the checkout: /work/shared/data, or ../shared/data.

@@ -56,13 +56,13 @@ def _off(row: dict) -> float:
 
 def check_run(run: AuditRun) -> CheckResult:
     """The idle-clip rule (module docstring) on one run."""
-    has_replayed = "num_replayed" in run.columns("train_steps")
+    columns = run.columns("train_steps")
     rows = run.rows(
         'SELECT stage, stage_update, "update", ratio_mean, ratio_max, '
         "coalesce(clip_frac_high, 0) AS clip_frac_high, grad_norm, lr, "
-        + ("loss_metrics['ratio_max_pos_adv']" if "loss_metrics" in run.columns("train_steps") else "NULL")
+        + ("loss_metrics['ratio_max_pos_adv']" if "loss_metrics" in columns else "NULL")
         + " AS ratio_max_pos_adv, "
-        + ("coalesce(num_replayed, 0)" if has_replayed else "0")
+        + ("coalesce(num_replayed, 0)" if "num_replayed" in columns else "0")
         + " AS num_replayed FROM train_steps WHERE ratio_mean IS NOT NULL AND ratio_max IS NOT NULL "
         'ORDER BY "update"'
     )
