@@ -9,8 +9,11 @@ Per-phase seconds of an arm (summed over its stages), the columns of the Mu-GRPO
 - T_ckpt: the train job's ``checkpoint`` seconds (train_steps parts, model + AdamW checkpoint writes), apart
   because the arms checkpoint a different number of times (every stage's end) and it is neither training nor
   switching;
-- T_switch: T_total - T_roll - T_train - T_ckpt (process start, imports, weight and optimizer-state load, engine
-  start, weight sync, policy publish, Parquet commits and bookkeeping), the same formula for cold and warm arms;
+- T_ckpt hidden: of T_ckpt, the seconds that ran beside the next stage's generation (cold execution with
+  ``orchestration.overlap_checkpoint``: the stage manifests' ``t_overlap``), counted once;
+- T_switch: T_total - T_roll - T_train - (T_ckpt - T_ckpt hidden) (process start, imports, weight and
+  optimizer-state load, engine start, weight sync, policy publish, Parquet commits and bookkeeping), the same formula
+  for cold and warm arms;
 - T_total: the stage manifests' ``t_total`` less their ``t_eval`` summed (wall clock of the stages without in-stage
   evaluation; the run's init is excluded for all).
 """
@@ -30,9 +33,10 @@ from bench.warm_vs_cold import job, run_cold, run_warm  # noqa: E402  (reuse, no
 MU_CONFIG = REPO / "configs" / "gsm8k-smollm2.yaml"
 GRPO_CONFIG = REPO / "configs" / "gsm8k-smollm2-grpo.yaml"
 GRPO_MU = 4  # the paper's GRPO baseline staleness
-#: The arms: Mu-GRPO with K cold stages (the paper's), GRPO mu = 4 warm (the fair baseline) and cold, and
-#: Mu-GRPO's K stages in one warm segment job (isolates the method from the execution mode).
-ARMS = ("mu", "grpo-warm", "grpo-cold", "mu-warm")
+#: The arms: Mu-GRPO with K cold stages (the paper's), GRPO mu = 4 warm (the fair baseline) and cold, Mu-GRPO's K
+#: stages in one warm segment job (isolates the method from the execution mode), and Mu-GRPO cold with its jobs
+#: strictly one after another (``orchestration.overlap_checkpoint=false``: the checkpoint overlap's share).
+ARMS = ("mu", "grpo-warm", "grpo-cold", "mu-warm", "mu-seq")
 
 
 @dataclass(frozen=True)
@@ -64,8 +68,8 @@ class Budget:
 
 
 def arm_config(arm: str, root: Path, run_id: str, b: Budget):
-    """The resolved Config of arm ``mu`` (Mu-GRPO, cold), ``mu-warm``, ``grpo-warm`` or ``grpo-cold`` (:data:`ARMS`)
-    under budget ``b``.
+    """The resolved Config of arm ``mu`` (Mu-GRPO, cold), ``mu-warm``, ``grpo-warm``, ``grpo-cold`` or ``mu-seq``
+    (:data:`ARMS`) under budget ``b``.
 
     Every arm consumes the same ``b.total_prompts`` prompts in the same seed-fixed order (stage k starts where
     k-1 ended). ``generation.shard_size`` is one Mu-GRPO stage for every arm, so each arm generates a stage in
@@ -107,6 +111,7 @@ def arm_config(arm: str, root: Path, run_id: str, b: Budget):
         "tracking.sinks=[]",
         f"orchestration.execution={'warm' if arm.endswith('-warm') else 'cold'}",
         f"orchestration.segment_stages={stages}",
+        f"orchestration.overlap_checkpoint={arm != 'mu-seq'}",
         *b.extra,
     ]
     cfg = load_config(MU_CONFIG if mu else GRPO_CONFIG, overrides)
@@ -182,7 +187,8 @@ def phase_seconds(cfg) -> tuple[list[dict[str, float]], dict[str, float]]:
     measuring instrument, not training), so T_switch never counts evaluation.
 
     Returns:
-        (one dict per stage with t_roll, t_train, t_ckpt, t_eval, t_total; their sums plus t_switch).
+        (one dict per stage with t_roll, t_train, t_ckpt, t_ckpt_hidden (of t_ckpt, the seconds beside the next
+        stage's generation), t_eval, t_total; their sums plus t_switch, which counts hidden seconds once).
     Raises:
         AttributeError: a stage or its generate / train job has no committed manifest.
     """
@@ -201,12 +207,16 @@ def phase_seconds(cfg) -> tuple[list[dict[str, float]], dict[str, float]]:
                 "t_roll": gen,
                 "t_train": train.get("train", 0.0) - ckpt,
                 "t_ckpt": ckpt,
+                # of it, seconds that ran beside the next stage's generation (mugrpo.pipeline): in t_total once
+                "t_ckpt_hidden": min(m.timings.t_overlap, ckpt),
                 "t_eval": m.timings.t_eval,
                 "t_total": m.timings.t_total - m.timings.t_eval,
             }
         )
-    t = {key: sum(s[key] for s in stages) for key in ("t_roll", "t_train", "t_ckpt", "t_eval", "t_total")}
-    t["t_switch"] = max(t["t_total"] - t["t_roll"] - t["t_train"] - t["t_ckpt"], 0.0)
+    keys = ("t_roll", "t_train", "t_ckpt", "t_ckpt_hidden", "t_eval", "t_total")
+    t = {key: sum(s[key] for s in stages) for key in keys}
+    visible_ckpt = t["t_ckpt"] - t["t_ckpt_hidden"]  # hidden seconds are the next generation's too: count them once
+    t["t_switch"] = max(t["t_total"] - t["t_roll"] - t["t_train"] - visible_ckpt, 0.0)
     return stages, t
 
 

@@ -10,6 +10,8 @@ Arms, run one after the other in one invocation, their order rotated each repeat
 - grpo-cold: the same GRPO, cold (three job processes per stage, as the stage flow launches them);
 - mu-warm:   Mu-GRPO's K stages in one warm segment job: the like-for-like pair of grpo-warm, which separates
              what the method saves (larger generation batches, fewer weight syncs) from what cold stages cost.
+- mu-seq:    Mu-GRPO cold with its jobs strictly one after another (orchestration.overlap_checkpoint=false): the
+             share of the checkpoint overlap (mu starts stage k+1's generation beside stage k's checkpoint write).
 Equal across arms: U, rollouts per update, total rollouts, model, data order, G, new tokens, seed (bench/_arms.py).
 Per arm it prints T_roll, T_train, T_switch, T_total, the final training reward and the final eval, then the
 ratios GRPO-warm / Mu-GRPO next to the paper's 1.82x (rollout) and 1.53x (end to end), and the Amdahl bound
@@ -33,6 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._arms import ARMS, Budget, amdahl_bound, arm_config, plot_reward_vs_time, run_arm  # noqa: E402
 
 PAPER = {"rollout": 1.82, "end_to_end": 1.53}
+#: Per-arm phase seconds (bench/_arms.py phase_seconds); t_ckpt_hidden: of t_ckpt, beside the next generation.
+PHASES = ("t_roll", "t_train", "t_ckpt", "t_ckpt_hidden", "t_switch", "t_total")
 
 
 def budget(args, model: str) -> Budget:
@@ -81,10 +85,7 @@ def add_budget_flags(parser: argparse.ArgumentParser) -> None:
 
 def summarize(results: dict[str, list[dict]]) -> dict:
     """Medians over repeats per arm and the ratios and their targets."""
-    med = {
-        arm: {k: statistics.median(r[k] for r in runs) for k in ("t_roll", "t_train", "t_ckpt", "t_switch", "t_total")}
-        for arm, runs in results.items()
-    }
+    med = {arm: {k: statistics.median(r.get(k, 0.0) for r in runs) for k in PHASES} for arm, runs in results.items()}
     mu, warm = med["mu"], med["grpo-warm"]
     s = warm["t_roll"] / mu["t_roll"]
     e2e = warm["t_total"] / mu["t_total"]
@@ -102,12 +103,12 @@ def summarize(results: dict[str, list[dict]]) -> dict:
         },
         "amdahl": {"f_train_grpo_warm": f, "bound": bound, "measured_over_bound": e2e / bound},
         "targets": {
-            "mu faster end to end than grpo-warm (ratio > 1)": e2e > 1.0,
-            "end-to-end ratio >= 0.9 x Amdahl bound": e2e >= 0.9 * bound,
-            "mu T_switch < 5% of its T_total": switch_share < 0.05,
+            "mu (cold) / grpo-warm end to end >= 1.10x": e2e >= 1.10,
+            "end-to-end ratio >= 0.95 x Amdahl bound": e2e >= 0.95 * bound,
+            "mu T_switch <= 10% of its T_total": switch_share <= 0.10,
         },
         "mu_switch_share": switch_share,
-        "mu_switch_and_checkpoint_share": (mu["t_switch"] + mu["t_ckpt"]) / mu["t_total"],
+        "mu_switch_and_checkpoint_share": (mu["t_switch"] + mu["t_ckpt"] - mu["t_ckpt_hidden"]) / mu["t_total"],
     }
     if "grpo-cold" in med:
         out["ratios_grpo_cold_over_mu"] = {
@@ -118,6 +119,12 @@ def summarize(results: dict[str, list[dict]]) -> dict:
         out["ratios_grpo_warm_over_mu_warm"] = {
             k: warm[f"t_{k}"] / mw[f"t_{k}"] for k in ("roll", "train", "ckpt", "switch", "total")
         }
+        out["targets"]["mu-warm / grpo-warm end to end >= 1.3x"] = warm["t_total"] / mw["t_total"] >= 1.3
+    if "mu-seq" in med:  # the checkpoint overlap's share: the same run with its jobs one after another
+        out["ratios_mu_seq_over_mu"] = {
+            k: med["mu-seq"][f"t_{k}"] / mu[f"t_{k}"] for k in ("roll", "train", "ckpt", "switch", "total")
+        }
+        out["overlap_saved_s"] = med["mu-seq"]["t_total"] - mu["t_total"]
     return out
 
 
@@ -166,14 +173,15 @@ def main() -> None:
             print(f"{arm} repeat {r}: {time.monotonic() - t0:.1f} s wall incl. final eval, log {tmp}/{arm}-{r}.log")
             results[arm].append(rep)
     print(
-        f"\n{'arm':>10} {'stages':>6} {'T_roll':>8} {'T_train':>8} {'T_ckpt':>8} {'T_switch':>8} {'T_total':>8} "
+        f"\n{'arm':>10} {'stages':>6} {'T_roll':>8} {'T_train':>8} {'T_ckpt':>8} {'hidden':>7} {'T_switch':>8} "
+        f"{'T_total':>8} "
         f"{'reward':>7}  eval"
     )
     for arm in arms:
         for rep in results[arm]:
             print(
                 f"{arm:>10} {rep['stages']:>6} {rep['t_roll']:>8.1f} {rep['t_train']:>8.1f} {rep['t_ckpt']:>8.1f} "
-                f"{rep['t_switch']:>8.1f} "
+                f"{rep['t_ckpt_hidden']:>7.1f} {rep['t_switch']:>8.1f} "
                 f"{rep['t_total']:>8.1f} {rep['final_train_reward']:>7.3f}  {json.dumps(rep['final_eval'])}"
             )
     summary = summarize(results)

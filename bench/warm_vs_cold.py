@@ -5,7 +5,8 @@
 
 Both arms run the same config in fresh run folders, as `mugrpo run` would launch them but without Prefect (whose
 per-task overhead would only add to the cold arm): cold = three job processes per stage (generate, train, eval
-when scheduled) then the stage commit, exactly what flows/stage.py launches; warm = one segment job
+when scheduled) then the stage commit, run by the stage flow's own schedule (mugrpo.pipeline.run_stage, with the
+next stage's generation started beside the checkpoint: orchestration.overlap_checkpoint); warm = one segment job
 (mugrpo.jobs.segment) for all stages. T_switch per stage is computed as the stage flow computes it (each job's
 wall seconds minus the work it reports) for cold, and is what the segment records for warm (t_total minus work).
 Arms alternate (cold, warm, then warm, cold with --repeats 2, ...). It prints per-stage seconds of both arms and
@@ -25,7 +26,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-WORK = {"generate": "gen", "train": "train", "eval": "eval"}
 
 
 def config(root: Path, run_id: str, quick: bool, stages: int, model: str) -> dict:
@@ -67,6 +67,10 @@ def config(root: Path, run_id: str, quick: bool, stages: int, model: str) -> dic
 JOBS_ENV = "MUGRPO_BENCH_JOBS"
 
 
+def _command(module: str, spec: str, python: str | None) -> tuple[list[str], dict[str, str]]:
+    return [python or sys.executable, "-m", f"mugrpo.jobs.{module}", spec], {**os.environ, "PYTHONPATH": str(REPO)}
+
+
 def job(module: str, spec: str, log: Path, python: str | None = None) -> float:
     """Run job ``mugrpo.jobs.MODULE SPEC`` in a process of ``python`` (the job's interpreter, as the stage flow's
     ``job_python`` picks it; None = this one), or in this process (:data:`JOBS_ENV`); returns its wall seconds.
@@ -84,41 +88,61 @@ def job(module: str, spec: str, log: Path, python: str | None = None) -> float:
             if e.code not in (0, None):
                 raise SystemExit(f"{module} job failed ({e.code}) in process") from e
         return time.monotonic() - t0
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd, env = _command(module, spec, python)
     with open(log, "ab") as out:
-        cmd = [python or sys.executable, "-m", f"mugrpo.jobs.{module}", spec]
         code = subprocess.run(cmd, env=env, stdout=out, stderr=out)
     if code.returncode != 0:
         raise SystemExit(f"{module} job failed ({code.returncode}); see {log}")
     return time.monotonic() - t0
 
 
-def run_cold(cfg, log: Path) -> list[dict]:
-    from flows.stage import job_python
-    from mugrpo.manifest import read_job_manifest
-    from mugrpo.runs import commit_stage, init_run, write_job_specs
-    from schemas import StageTimings
+class _Process:
+    """A job process in the background (:class:`mugrpo.pipeline.RunningJob`); a finished stand-in in process."""
 
-    store = init_run(cfg)
-    out = []
-    for k in range(cfg.run.num_stages):
-        t0 = time.monotonic()
-        urls = write_job_specs(cfg, k)
-        walls, switch = {}, 0.0
-        for name in ("generate", "train", "eval"):
-            if name in urls:
-                walls[name] = job(name, urls[name], log, job_python(cfg, name))
-                work = read_job_manifest(store, cfg.run.id, k, name).timings.get(WORK[name], 0.0)
-                switch += max(walls[name] - work, 0.0)
-        t = StageTimings(
-            t_gen=walls["generate"],
-            t_train=walls["train"],
-            t_eval=walls.get("eval", 0.0),
-            t_switch=switch,
-            t_total=time.monotonic() - t0,
-        )
-        out.append(commit_stage(cfg, k, t).timings.model_dump())
-    return out
+    def __init__(self, module: str, proc: subprocess.Popen | None, log: Path) -> None:
+        self.module, self.proc, self.log = module, proc, log
+
+    def done(self) -> bool:
+        return self.proc is None or self.proc.poll() is not None
+
+    def result(self) -> None:
+        if self.proc is not None and self.proc.wait() != 0:
+            raise SystemExit(f"{self.module} job failed ({self.proc.returncode}); see {self.log}")
+
+
+class ProcessLauncher:
+    """The stage schedule's launcher (:class:`mugrpo.pipeline.Launcher`) without Prefect: each job one process of
+    its interpreter (``flows.stage.job_python``), output appended to ``log``. In process (:data:`JOBS_ENV`) a
+    submitted job runs to its end first, so nothing overlaps."""
+
+    def __init__(self, cfg, log: Path) -> None:
+        self.cfg, self.log = cfg, log
+
+    def run(self, job_name: str, stage: int, spec_url: str) -> float:
+        from flows.stage import job_python
+
+        return job(job_name, spec_url, self.log, job_python(self.cfg, job_name))
+
+    def submit(self, job_name: str, stage: int, spec_url: str) -> _Process:
+        from flows.stage import job_python
+
+        if os.environ.get(JOBS_ENV) == "in-process":
+            job(job_name, spec_url, self.log)
+            return _Process(job_name, None, self.log)
+        cmd, env = _command(job_name, spec_url, job_python(self.cfg, job_name))
+        with open(self.log, "ab") as out:  # the child keeps its own copy of the descriptor
+            return _Process(job_name, subprocess.Popen(cmd, env=env, stdout=out, stderr=out), self.log)
+
+
+def run_cold(cfg, log: Path) -> list[dict]:
+    """Every stage of ``cfg`` cold, as the stage flow runs them (:func:`mugrpo.pipeline.run_stage`); returns each
+    stage's timings."""
+    from mugrpo.pipeline import run_stage
+    from mugrpo.runs import init_run
+
+    init_run(cfg)
+    launcher = ProcessLauncher(cfg, log)
+    return [run_stage(cfg, k, launcher, say=lambda _: None).timings.model_dump() for k in range(cfg.run.num_stages)]
 
 
 def run_warm(cfg, log: Path, tmp: Path) -> list[dict]:

@@ -1,8 +1,10 @@
-"""The stage flow: generate -> train -> eval -> stage manifest (the commit point), and the segment flow: one warm
-job that runs several stages (``orchestration.execution: warm``, :mod:`mugrpo.warm`).
+"""The stage flow: generate -> train -> eval -> stage manifest (the commit point), with the next stage's generation
+started beside the train job's checkpoint write (:mod:`mugrpo.pipeline`, the schedule); and the segment flow: one
+warm job that runs several stages (``orchestration.execution: warm``, :mod:`mugrpo.warm`).
 
 A stage whose manifest exists is skipped; inside a stage each job resumes from what it committed, so re-running
-a stage (or a segment) after preemption loses and duplicates nothing.
+a stage (or a segment) after preemption loses and duplicates nothing. Each job is a Prefect task run
+(:func:`tasks.jobs.run_job`) with the config's retries and timeout.
 """
 
 from __future__ import annotations
@@ -17,13 +19,11 @@ from prefect.futures import wait
 
 from mugrpo.config import Config, config_from_dict
 from mugrpo.fanout import FANOUT_JOBS
-from mugrpo.manifest import read_job_manifest, read_manifest
-from mugrpo.runs import commit_stage, job_env, open_store, write_job_specs
-from schemas import StageManifest, StageTimings
+from mugrpo.manifest import read_manifest
+from mugrpo.pipeline import RunningJob, run_stage
+from mugrpo.runs import job_env, open_store
+from schemas import StageManifest
 from tasks.jobs import run_job
-
-#: The job-reported seconds of real work, by job kind; the rest of a job's wall time is switching overhead.
-WORK_TIMING = {"generate": "gen", "train": "train", "eval": "eval"}
 
 
 def job_python(cfg: Config, job: str) -> str | None:
@@ -43,27 +43,65 @@ def job_python(cfg: Config, job: str) -> str | None:
     }[job]
 
 
-def launch(cfg: Config, job: str, spec_url: str, stage: int, *, stages: int = 1) -> float:
-    """Run one job through the launcher task with the config's retries and timeout (``job_timeout_s`` per stage
-    the job runs); returns its wall seconds."""
+def _job_task(cfg: Config, job: str, stage: int, **labels: str):
+    """The launcher task of one job run, with the config's retries and the run's tags."""
     orch = cfg.orchestration
-    task = run_job.with_options(
+    return run_job.with_options(
         name=f"{job}-stage-{stage}",
         retries=orch.retries,
         retry_delay_seconds=orch.retry_delay_s,
-        tags=[f"run:{cfg.run.id}", f"stage:{stage}", f"job:{job}"],
+        tags=[f"run:{cfg.run.id}", f"stage:{stage}", f"job:{job}", *(f"{k}:{v}" for k, v in labels.items())],
     )
+
+
+def _job_kwargs(cfg: Config, job: str, stage: int, *, stages: int = 1, **labels: str) -> dict[str, Any]:
+    return {
+        "python": job_python(cfg, job),
+        "env": job_env(cfg),
+        "timeout_s": cfg.orchestration.job_timeout_s * stages,
+        "launcher": cfg.orchestration.launcher,
+        "labels": {"run": cfg.run.id, "stage": str(stage), **labels},
+    }
+
+
+def launch(cfg: Config, job: str, spec_url: str, stage: int, *, stages: int = 1) -> float:
+    """Run one job through the launcher task with the config's retries and timeout (``job_timeout_s`` per stage
+    the job runs); returns its wall seconds."""
     t0 = time.monotonic()
-    task(
-        job,
-        spec_url,
-        python=job_python(cfg, job),
-        env=job_env(cfg),
-        timeout_s=orch.job_timeout_s * stages,
-        launcher=orch.launcher,
-        labels={"run": cfg.run.id, "stage": str(stage)},
-    )
+    _job_task(cfg, job, stage)(job, spec_url, **_job_kwargs(cfg, job, stage, stages=stages))
     return time.monotonic() - t0
+
+
+class _SubmittedTask:
+    """A job's task run submitted to the flow's task runner (:class:`mugrpo.pipeline.RunningJob`)."""
+
+    def __init__(self, future) -> None:
+        self.future = future
+
+    def done(self) -> bool:
+        return self.future.state.is_final()
+
+    def result(self) -> None:
+        self.future.result()  # raises the task's exception once it failed past its retries
+
+
+class PrefectLauncher:
+    """The stage schedule's launcher (:class:`mugrpo.pipeline.Launcher`) in a flow: every job a launcher task run,
+    fan-out jobs (generate, eval) as their N workers (:func:`launch_workers`)."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+
+    def run(self, job: str, stage: int, spec_url: str) -> float:
+        if job in FANOUT_JOBS:
+            return launch_workers(self.cfg, job, stage)
+        return launch(self.cfg, job, spec_url, stage)
+
+    def submit(self, job: str, stage: int, spec_url: str) -> RunningJob:
+        if job in FANOUT_JOBS:
+            raise ValueError(f"{job} is a fan-out job: run it with run()")
+        task = _job_task(self.cfg, job, stage)
+        return _SubmittedTask(task.submit(job, spec_url, **_job_kwargs(self.cfg, job, stage)))
 
 
 def launch_workers(cfg: Config, job: str, stage: int) -> float:
@@ -84,7 +122,6 @@ def launch_workers(cfg: Config, job: str, stage: int) -> float:
     from mugrpo.layout import RunLayout
 
     logger = get_run_logger()
-    orch = cfg.orchestration
     store = open_store(cfg)
     spec_cls, finalize = {"generate": (GenerateSpec, commit_generation), "eval": (EvalSpec, commit_eval)}[job]
     spec = spec_cls.model_validate_json(store.read_bytes(RunLayout(cfg.run.id).job_spec(stage, job)))
@@ -98,22 +135,10 @@ def launch_workers(cfg: Config, job: str, stage: int) -> float:
     t0 = time.monotonic()
     futures = []
     for w in todo:
-        task = run_job.with_options(
-            name=f"{job}-stage-{stage}",
-            task_run_name=f"{job}-stage-{stage}-worker-{w}-of-{n}",  # one task run per worker, with its logs
-            retries=orch.retries,
-            retry_delay_seconds=orch.retry_delay_s,
-            tags=[f"run:{cfg.run.id}", f"stage:{stage}", f"job:{job}", f"worker:{w}"],
+        task = _job_task(cfg, job, stage, worker=str(w)).with_options(
+            task_run_name=f"{job}-stage-{stage}-worker-{w}-of-{n}"  # one task run per worker, with its logs
         )
-        future = task.submit(
-            job,
-            store.uri(paths[w]),
-            python=job_python(cfg, job),
-            env=job_env(cfg),
-            timeout_s=orch.job_timeout_s,
-            launcher=orch.launcher,
-            labels={"run": cfg.run.id, "stage": str(stage), "worker": str(w)},
-        )
+        future = task.submit(job, store.uri(paths[w]), **_job_kwargs(cfg, job, stage, worker=str(w)))
         futures.append((w, future))
     wait([f for _, f in futures])
     for w, future in futures:
@@ -127,13 +152,6 @@ def launch_workers(cfg: Config, job: str, stage: int) -> float:
         missing = missing_workers(store, cfg.run.id, stage, job, n)
         raise RuntimeError(f"stage {stage}: {job} workers {missing} of {n} exited 0 but have no worker manifest")
     return time.monotonic() - t0
-
-
-def switch_seconds(cfg: Config, stage: int, job: str, wall: float) -> float:
-    """T_switch of a job: its wall time minus the work it reports (process start, imports, engine/weights load)."""
-    m = read_job_manifest(open_store(cfg), cfg.run.id, stage, job)
-    work = m.timings.get(WORK_TIMING[job], 0.0) if m else 0.0
-    return max(wall - work, 0.0)
 
 
 def stage_table(manifest: StageManifest) -> str:
@@ -152,6 +170,14 @@ def stage_table(manifest: StageManifest) -> str:
         f"| T_switch (s) | {t.t_switch:.1f} |",
         f"| T_sync (s) | {t.t_sync:.3f} |",
         f"| T_total (s) | {t.t_total:.1f} |",
+        *(
+            [
+                f"| next stage's generation, started here (s) | {t.t_next_gen:.1f} |",
+                f"| of it, beside this stage's checkpoint (s) | {t.t_overlap:.1f} |",
+            ]
+            if t.t_next_gen
+            else []
+        ),
     ]
     return "\n".join(lines)
 
@@ -167,35 +193,13 @@ def stage_flow(config: dict[str, Any], stage: int) -> dict[str, Any]:
         logger.info("stage %d already committed: skipping", stage)
         return done.model_dump(mode="json")
     with tags(f"run:{cfg.run.id}", f"stage:{stage}"):
-        t0 = time.monotonic()
-        urls = write_job_specs(cfg, stage)
-        walls, switch = {}, 0.0
-        for job in ("generate", "train", "eval"):
-            if job not in urls:
-                continue
-            committed = read_job_manifest(store, cfg.run.id, stage, job)
-            if committed is not None:  # from an earlier attempt: keep the timings that job recorded itself
-                logger.info("stage %d: %s job already committed: not relaunched", stage, job)
-                walls[job] = committed.timings.get("total", 0.0)
-                switch += committed.timings.get("switch", 0.0)
-                continue
-            fanout = job in FANOUT_JOBS  # generate and eval: N workers at once
-            walls[job] = launch_workers(cfg, job, stage) if fanout else launch(cfg, job, urls[job], stage)
-            switch += switch_seconds(cfg, stage, job, walls[job])
-        timings = StageTimings(
-            t_gen=walls.get("generate", 0.0),
-            t_train=walls.get("train", 0.0),
-            t_eval=walls.get("eval", 0.0),
-            t_switch=switch,
-            t_total=time.monotonic() - t0,
-        )
-        manifest = commit_stage(cfg, stage, timings)
+        manifest = run_stage(cfg, stage, PrefectLauncher(cfg), say=logger.info)
     create_markdown_artifact(
         markdown=stage_table(manifest),
         key=re.sub(r"[^a-z0-9-]", "-", f"{cfg.run.id.lower()}-stage-{stage}"),
         description=f"mugrpo run {cfg.run.id}, stage {stage}",
     )
-    logger.info("stage %d committed in %.1f s", stage, timings.t_total)
+    logger.info("stage %d committed in %.1f s", stage, manifest.timings.t_total)
     return manifest.model_dump(mode="json")
 
 

@@ -289,6 +289,13 @@ class OrchestrationSection(_Section):
         description="Warm execution: stages per segment job. A segment is one process start; a failed or killed "
         "segment resumes from its last committed stage and checkpoint.",
     )
+    overlap_checkpoint: bool = Field(
+        True,
+        description="Cold execution: start stage k+1's generation as soon as stage k's train job has committed the "
+        "policy of stage k+1, while it still writes its final checkpoint (the AdamW moments); stage k+1's training "
+        "starts after that checkpoint's commit (mugrpo.pipeline). Same jobs, same files; a stage that does not "
+        "publish its policy (publish_policy_every) is not overlapped. False: the jobs run strictly one after another.",
+    )
     publish_policy_every: int = Field(
         1,
         ge=1,

@@ -36,6 +36,17 @@ class StageTimings(BaseModel):
     t_sync: float = Field(
         0.0, description="Warm execution: seconds to sync the trainer's weights into the rollout engine (in t_switch)."
     )
+    t_next_gen: float = Field(
+        0.0,
+        description="Cold execution with orchestration.overlap_checkpoint: seconds of the next stage's generation "
+        "that this stage started once its policy was published (mugrpo.pipeline). They are in this stage's t_total "
+        "(every wall second is in one stage's t_total), while the next stage's t_gen is that job's own wall time.",
+    )
+    t_overlap: float = Field(
+        0.0,
+        description="Of t_next_gen, the seconds during which this stage's train job was still writing its checkpoint "
+        "(checkpoint time hidden behind the next stage's generation; counted once, in t_total).",
+    )
 
 
 class JobManifest(BaseModel):
@@ -94,6 +105,8 @@ STAGE_VIEW_SCHEMA = pa.schema(
         pa.field("t_switch", pa.float64()),
         pa.field("t_total", pa.float64()),
         pa.field("t_sync", pa.float64()),
+        pa.field("t_next_gen", pa.float64()),  # the next stage's generation started in this stage (overlap)
+        pa.field("t_overlap", pa.float64()),  # of it, seconds beside this stage's checkpoint write (hidden)
         pa.field("code_version", pa.string()),  # the code that committed the stage; NULL in older manifests
         pa.field("job_code_versions", pa.map_(pa.string(), pa.string())),  # job -> the code that committed it
     ]

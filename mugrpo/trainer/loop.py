@@ -363,6 +363,17 @@ class Trainer:
             )
             return schedule
         set_seed(derive_seed(spec.seed, spec.stage, "train-rng") % 2**32)
+        if (
+            spec.carry_optimizer_state
+            and spec.stage > 0
+            and read_job_manifest(store, spec.run_id, spec.stage - 1, "train") is None
+        ):
+            # its final checkpoint (the moments carried over) may still be being written (mugrpo.pipeline)
+            raise RuntimeError(
+                f"train stage {spec.stage}: the train job of stage {spec.stage - 1} has not committed "
+                f"({store.uri(layout.job_manifest(spec.stage - 1, 'train'))} is missing): its final checkpoint holds "
+                f"the AdamW moments this stage starts from; run stage {spec.stage - 1}'s training first"
+            )
         previous = latest_checkpoint(store, layout, spec.stage - 1) if spec.stage > 0 else None
         if spec.carry_optimizer_state and previous is not None:
             if self.optimizer_source != (spec.stage - 1, previous):

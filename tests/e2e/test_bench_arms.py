@@ -36,12 +36,17 @@ def test_arms_share_the_budget_and_differ_in_staleness_and_execution(tmp_path):
     b = Budget()
     cfgs = {arm: arm_config(arm, tmp_path / arm, arm, b) for arm in ARMS}
     shapes = {arm: _shape(cfg) for arm, cfg in cfgs.items()}
-    assert shapes["mu"] == shapes["grpo-warm"] == shapes["grpo-cold"] == shapes["mu-warm"]
+    assert shapes["mu"] == shapes["grpo-warm"] == shapes["grpo-cold"] == shapes["mu-warm"] == shapes["mu-seq"]
     assert shapes["mu"]["updates"] == b.updates == 32
     assert cfgs["mu"].run.num_stages == 4 and cfgs["mu"].train.updates_per_stage == b.updates // 4
     assert cfgs["grpo-warm"].train.updates_per_stage == GRPO_MU == cfgs["grpo-cold"].train.updates_per_stage
     assert cfgs["mu"].loss.name == "mu_grpo" and cfgs["grpo-warm"].loss.name == "grpo"
-    assert [cfgs[a].orchestration.execution for a in ARMS] == ["cold", "warm", "cold", "warm"]
+    assert [cfgs[a].orchestration.execution for a in ARMS] == ["cold", "warm", "cold", "warm", "cold"]
+    # mu-seq is Mu-GRPO's cold run with its jobs one after another: the checkpoint overlap's share
+    assert [a for a in ARMS if not cfgs[a].orchestration.overlap_checkpoint] == ["mu-seq"]
+    assert cfgs["mu-seq"].model_dump(exclude={"run", "orchestration"}) == cfgs["mu"].model_dump(
+        exclude={"run", "orchestration"}
+    )
     # mu-warm is Mu-GRPO's run exactly, only executed in one warm segment job
     assert cfgs["mu-warm"].loss == cfgs["mu"].loss and cfgs["mu-warm"].run.num_stages == cfgs["mu"].run.num_stages
     with pytest.raises(ValueError, match="unknown arm"):
@@ -81,7 +86,11 @@ def test_speedup_quick_runs_all_arms_to_equal_updates(tmp_path):
         "grpo-warm": 2,
         "grpo-cold": 2,
         "mu-warm": 4,
+        "mu-seq": 4,
     }
+    # the overlapped cold arm hid part of a checkpoint behind the next stage's generation, counted once; mu-seq none
+    assert all(0.0 <= r["t_ckpt_hidden"] <= r["t_ckpt"] for runs in res["results"].values() for r in runs)
+    assert res["results"]["mu-seq"][0]["t_ckpt_hidden"] == 0.0
     for runs in res["results"].values():
         r = runs[0]
         assert r["t_total"] >= r["t_roll"] + r["t_train"] > 0

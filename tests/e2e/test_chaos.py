@@ -29,6 +29,7 @@ from bench.support.chaos import (
     Moment,
     check_run,
     draw_moments,
+    in_overlap,
     process_tree,
     run_chaos,
 )
@@ -44,6 +45,20 @@ def test_moments_are_drawn_from_the_seed(tmp_path):
     assert a == b and a != draw_moments(_settings(tmp_path, seed=4))
     assert [m.arm for m in a] == ["cold", "warm"] * 3
     assert all(0 <= m.delay < 1 and 0 <= m.pick < 1 for m in a)
+
+
+def test_the_cold_arms_first_and_every_third_moment_wait_for_a_checkpoint_overlap(tmp_path):
+    moments = draw_moments(_settings(tmp_path, seed=0, moments=12))
+    assert [m.index for m in moments if m.at == "overlap"] == [0, 6]  # cold moments 0, 2, 4, 6, ...: 1st and 4th
+    assert all(m.arm == "cold" for m in moments if m.at == "overlap")
+    run = tmp_path / "run"
+    (run / "stages").mkdir(parents=True)
+    assert in_overlap(run, 3) is None
+    (run / "policies/stage=1").mkdir(parents=True)
+    (run / "policies/stage=1/_COMPLETE").write_text("{}")
+    assert in_overlap(run, 3) == 0  # stage 1's policy committed, stage 0 not: its checkpoint and stage 1's generation
+    (run / "stages/stage=0.json").write_text("{}")
+    assert in_overlap(run, 3) is None
 
 
 def test_a_moment_picks_among_the_roles_alive_then():

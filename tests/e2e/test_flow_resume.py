@@ -13,7 +13,10 @@ Runs the real CLI (`mugrpo run`), real Prefect flows on a real local Prefect ser
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -86,20 +89,25 @@ def rollout_keys(root: Path) -> Counter:
     return keys
 
 
+#: The jobs strictly one after another (no checkpoint overlap): the six points below are that schedule's moments; the
+#: overlap's own are in test_sigkill_inside_the_checkpoint_overlap_then_resume_matches_the_sequential_run.
+SEQUENTIAL = {"retries": 0, "overlap_checkpoint": False}
+
+
 def test_sigkill_at_six_points_then_resume_matches_uninterrupted(tmp_path, tiny_model_dir, prefect_api):
     # A killed flow's run slot (flows/exclusive.py) frees only after its >= 60 s lease: off here, where a run is
     # killed and resumed six times (test_run_exclusive.py tests the slot, this test the resumed files).
     env = run_env(prefect_api, MUGRPO_RUN_SLOT="off")
 
     ref_root = tmp_path / "ref"
-    ref_cfg = write_config(tmp_path / "ref.yaml", tiny_config(ref_root, tiny_model_dir))
+    ref_cfg = write_config(tmp_path / "ref.yaml", tiny_config(ref_root, tiny_model_dir, orchestration=SEQUENTIAL))
     log = tmp_path / "ref.log"
     proc = start_run(ref_cfg, env, log)
     assert proc.wait(timeout=1800) == 0, log.read_text()[-4000:]
     reference = final_weights(ref_root)
 
     root = tmp_path / "killed"
-    cfg = write_config(tmp_path / "killed.yaml", tiny_config(root, tiny_model_dir))
+    cfg = write_config(tmp_path / "killed.yaml", tiny_config(root, tiny_model_dir, orchestration=SEQUENTIAL))
     run = root / RUN
     paused = lambda folder, name: any(p.name.startswith(f".{name}.tmp-") for p in (run / folder).glob(".*"))  # noqa: E731
     # (what, file condition, extra env, the jobs that must be running when it fires, what must be committed after)
@@ -183,6 +191,125 @@ def test_sigkill_at_six_points_then_resume_matches_uninterrupted(tmp_path, tiny_
         [sys.executable, "-m", "mugrpo.cli", "status", str(run)], env=env, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0 and "complete" in out.stdout, out.stdout + out.stderr
+
+
+def rollout_rows(root: Path) -> list[tuple]:
+    """Every rollout as (stage, prompt_id, sample_idx, response tokens, reward), sorted."""
+    rows = []
+    for f in sorted((root / RUN / "rollouts").rglob("shard=*.parquet")):
+        t = pq.read_table(f, columns=["prompt_id", "sample_idx", "response_token_ids", "reward"]).to_pydict()
+        stage = int(f.parent.name.split("=")[1])
+        rows += [(stage, *r) for r in zip(*t.values(), strict=True)]
+    return sorted(rows, key=lambda r: r[:3])
+
+
+def stage_timings(root: Path, stage: int) -> dict:
+    return json.loads((root / RUN / "stages" / f"stage={stage}.json").read_text())["timings"]
+
+
+def test_sigkill_inside_the_checkpoint_overlap_then_resume_matches_the_sequential_run(
+    tmp_path, tiny_model_dir, prefect_api
+):
+    """Issue 29, part 2: stage 1's generation starts once stage 0's train job has committed the policy of stage 1,
+    beside that job's final checkpoint write (mugrpo.pipeline). The overlapped run commits the same rollouts and
+    final weights as the jobs run one after another, its stage timings say what was overlapped, and a SIGKILL at
+    each moment of the overlap resumes to the same files. The checkpoint write is held open
+    (``MUGRPO_FAULT_PAUSE`` on stage 0's final checkpoint) so that each moment is reached for sure."""
+    env = run_env(prefect_api, MUGRPO_RUN_SLOT="off")
+    runs = {}
+    for name, orchestration in (("sequential", SEQUENTIAL), ("overlapped", {"retries": 0})):
+        root = tmp_path / name
+        cfg = write_config(tmp_path / f"{name}.yaml", tiny_config(root, tiny_model_dir, orchestration=orchestration))
+        log = tmp_path / f"{name}.log"
+        proc = start_run(cfg, env, log)
+        assert proc.wait(timeout=1800) == 0, log.read_text()[-4000:]
+        runs[name] = root
+    reference, ref_rows = final_weights(runs["sequential"]), rollout_rows(runs["sequential"])
+    assert len(ref_rows) == 2 * 4 * 2
+    assert stage_timings(runs["sequential"], 0)["t_next_gen"] == 0.0
+    # the overlapped run: stage 0's schedule ran stage 1's generation (inside its t_total), part of it beside the
+    # checkpoint; stage 1 kept that job's own wall time as its t_gen
+    t0, t1 = stage_timings(runs["overlapped"], 0), stage_timings(runs["overlapped"], 1)
+    assert 0.0 < t0["t_next_gen"] < t0["t_total"] and 0.0 <= t0["t_overlap"] <= t0["t_next_gen"], t0
+    assert t1["t_gen"] > 0.0 and t1["t_next_gen"] == 0.0, t1
+    assert rollout_rows(runs["overlapped"]) == ref_rows
+    weights = final_weights(runs["overlapped"])
+    assert all(t.equal(weights[k]) for k, t in reference.items()), "overlapped run's weights differ"
+
+    root = tmp_path / "killed"
+    cfg = write_config(tmp_path / "killed.yaml", tiny_config(root, tiny_model_dir, orchestration={"retries": 0}))
+    run = root / RUN
+    held = {"MUGRPO_FAULT_PAUSE": "checkpoints/stage=0/step=000003/:120"}  # stage 0's final checkpoint, held open
+    policy_1 = lambda: (run / "policies/stage=1/_COMPLETE").exists()  # noqa: E731
+    ckpt_open = lambda: not (run / "checkpoints/stage=0/step=000003/_COMPLETE").exists()  # noqa: E731
+    # (what, condition, the jobs running when it fires, kill the whole tree (else the train job only), committed)
+    kill_points = [
+        (
+            "as stage 1's generation starts beside the checkpoint",
+            lambda: policy_1() and ckpt_open() and not (run / "rollouts/stage=1").exists(),
+            {("train", 0), ("generate", 1)},
+            True,
+            {"generate@0"},
+        ),
+        (
+            "after stage 1's first shard, the checkpoint still open",
+            lambda: ckpt_open() and (run / "rollouts/stage=1/shard=00000.parquet").exists(),
+            {("train", 0), ("generate", 1)},
+            True,
+            {"generate@0"},
+        ),
+        (
+            "the train job alone, stage 1's generation committed, the checkpoint still open",
+            lambda: ckpt_open() and (run / "jobs/stage=1/generate.manifest.json").exists(),
+            {("train", 0)},
+            False,
+            {"generate@0", "generate@1"},
+        ),
+    ]
+    log = tmp_path / "killed.log"
+    for what, cond, jobs, tree, done in kill_points:
+        proc = start_run(cfg, {**env, **held}, log)
+        seen: dict[str, set] = {}
+
+        def fired(cond=cond, jobs=jobs, proc=proc, seen=seen) -> bool:
+            if not cond():
+                return False
+            seen["jobs"] = running_jobs(proc)
+            return seen["jobs"] == jobs
+
+        wait_for(proc, fired, what, log)
+        if tree:
+            kill_tree(proc)
+        else:  # the flow sees its train task fail, lets the generation it runs finish, then fails the run
+            train = [
+                pid
+                for pid in descendants(proc.pid)
+                if b"mugrpo.jobs.train" in Path(f"/proc/{pid}/cmdline").read_bytes()
+            ]
+            os.kill(train[0], signal.SIGKILL)
+            assert proc.wait(timeout=600) != 0, log.read_text()[-4000:]
+            kill_tree(proc)  # what the failed flow left (verifier workers)
+        assert seen["jobs"] == jobs, f"kill {what}: jobs running {seen['jobs']}, expected {jobs}"
+        assert policy_1(), f"kill {what}: the policy of stage 1 is not committed"
+        assert committed(run) == done, f"kill {what}: committed {sorted(committed(run))}, expected {sorted(done)}"
+        assert set(rollout_keys(root).values()) <= {1}, f"duplicated rollouts after a kill {what}"
+    proc = start_run(cfg, env, log)
+    assert proc.wait(timeout=1800) == 0, log.read_text()[-4000:]
+
+    assert rollout_rows(root) == ref_rows
+    steps = sorted(
+        u
+        for f in (run / "train_steps").rglob("part-*.parquet")
+        for u in pq.read_table(f, columns=["update"])["update"].to_pylist()
+    )
+    assert steps == list(range(1, 7))
+    weights = final_weights(root)
+    for name, tensor in reference.items():
+        assert tensor.equal(weights[name]), f"{name} differs from the sequential run"
+    out = subprocess.run(
+        [sys.executable, "-m", "mugrpo.cli", "verify", str(run)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_run_flow_as_a_deployment_on_a_process_work_pool(tmp_path, tiny_model_dir, process_worker):

@@ -9,6 +9,7 @@ from bench.support.chaos.harness import (
     ChaosSettings,
     Moment,
     draw_moments,
+    in_overlap,
     run_chaos,
     tiny_config,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "RunCheck",
     "check_run",
     "draw_moments",
+    "in_overlap",
     "kill",
     "process_tree",
     "rollout_keys",

@@ -12,10 +12,13 @@ job, so the clock starts with work, not with the flow), the harness lists the ru
 a generate/train/eval/segment job, a verifier worker), adds ``tree`` (the flow and everything under it), chooses one
 role uniformly with ``pick`` and SIGKILLs a process of it. Choosing among the roles alive at that instant means every
 moment kills something while the run is going and the run cannot race ahead of the moments; the draws are
-reproducible, what they hit depends on the machine's speed (each kill is printed). Then the run is resumed the way
-a user does it, by running ``mugrpo run CONFIG`` again, unless it is still going (a killed verifier worker is
-replaced inside its job). Processes a killed job leaves behind (its verifier workers, which a pod would take down
-with it) are killed before the resume.
+reproducible, what they hit depends on the machine's speed (each kill is printed). The cold arm's 1st, 4th, 7th,
+... moments are **overlap moments**: instead of the delay they wait for the first instant the run is inside a
+checkpoint overlap (stage k+1's policy committed and stage k not: stage k's train job finishing its checkpoint while
+stage k+1's generation starts beside it, :mod:`mugrpo.pipeline`), then pick a role the same way. Then the run is
+resumed the way a user does it, by running ``mugrpo run CONFIG`` again, unless it is still going (a killed verifier
+worker is replaced inside its job). Processes a killed job leaves behind (its verifier workers, which a pod would
+take down with it) are killed before the resume.
 
 Each arm also has a **data-edit moment** (``ChaosSettings.data_edit``): after the first kill that stops the run (or
 after the last moment), the training file (a copy in the work folder) is reversed in place, as ``tac`` does, and the
@@ -45,7 +48,17 @@ import yaml
 from bench.support.chaos.invariants import RunCheck, check_run
 from bench.support.chaos.procs import JOB_ROLES, alive, kill, process_tree
 
-__all__ = ["ARM_ROLES", "QUICK", "ChaosReport", "ChaosSettings", "Moment", "draw_moments", "run_chaos", "tiny_config"]
+__all__ = [
+    "ARM_ROLES",
+    "QUICK",
+    "ChaosReport",
+    "ChaosSettings",
+    "Moment",
+    "draw_moments",
+    "in_overlap",
+    "run_chaos",
+    "tiny_config",
+]
 
 RUN_ID = "chaos"
 #: Victim roles each arm can meet. Warm execution has no per-stage generate/train/eval jobs: its segment job does
@@ -97,6 +110,10 @@ class Moment:
     arm: str
     delay: float
     pick: float
+    at: str = "any"
+    """``any``: the delay after a job is seen alive; ``overlap`` (cold arm): the first instant a stage is inside its
+    checkpoint overlap (the policy of stage k+1 committed, stage k's manifest not yet: stage k's train job finishing
+    its checkpoint and stage k+1's generation started beside it, :mod:`mugrpo.pipeline`), the delay unused."""
 
     def role(self, alive_roles: set[str]) -> str:
         """The victim role among ``alive_roles`` (``tree`` is always a choice)."""
@@ -211,11 +228,33 @@ def tiny_config(s: ChaosSettings, root: Path, arm: str) -> dict:
     }
 
 
+#: Every OVERLAP_EVERY-th moment of the cold arm, its first included, is an overlap moment (:attr:`Moment.at`).
+OVERLAP_EVERY = 3
+
+
 def draw_moments(s: ChaosSettings) -> list[Moment]:
-    """``s.moments`` moments from ``s.seed``: arms in turn (equal shares), delay fraction and pick uniform in [0, 1).
-    The same seed gives the same moments."""
+    """``s.moments`` moments from ``s.seed``: arms in turn (equal shares), delay fraction and pick uniform in [0, 1);
+    the cold arm's 1st, 4th, 7th, ... moments wait for a checkpoint overlap (:data:`OVERLAP_EVERY`). The same seed
+    gives the same moments."""
     rng = random.Random(s.seed)
-    return [Moment(i, s.arms[i % len(s.arms)], rng.random(), rng.random()) for i in range(s.moments)]
+    moments = []
+    for i in range(s.moments):
+        arm = s.arms[i % len(s.arms)]
+        ordinal = sum(m.arm == arm for m in moments)
+        at = "overlap" if arm == "cold" and ordinal % OVERLAP_EVERY == 0 else "any"
+        moments.append(Moment(i, arm, rng.random(), rng.random(), at))
+    return moments
+
+
+def in_overlap(run_dir: Path, num_stages: int) -> int | None:
+    """The stage k whose checkpoint overlap the run is in (policies/stage=k+1 committed, stages/stage=k.json not
+    yet), or None."""
+    for k in range(num_stages - 1):
+        if (run_dir / f"policies/stage={k + 1}/_COMPLETE").exists() and not (
+            run_dir / f"stages/stage={k}.json"
+        ).exists():
+            return k
+    return None
 
 
 def _free_port() -> int:
@@ -315,8 +354,9 @@ def _job_alive(run: RunProcess) -> bool:
     return any(p.role in JOB_ROLES for p in process_tree(run.proc.pid))
 
 
-def _kill_moment(run: RunProcess, m: Moment, max_delay_s: float) -> str | None:
-    """Kill per ``m``: ``m.delay * max_delay_s`` seconds after a job is seen alive.
+def _kill_moment(run: RunProcess, m: Moment, max_delay_s: float, run_dir: Path, num_stages: int) -> str | None:
+    """Kill per ``m``: ``m.delay * max_delay_s`` seconds after a job is seen alive, or (an overlap moment) once
+    the run is inside a checkpoint overlap (:func:`in_overlap`).
 
     Returns:
         What was killed, or None when the run completed first.
@@ -329,11 +369,16 @@ def _kill_moment(run: RunProcess, m: Moment, max_delay_s: float) -> str | None:
     while True:
         if not run.running():
             run.start()
-        while run.running() and not _job_alive(run):
-            time.sleep(0.02)
-        deadline = time.monotonic() + delay_s
-        while run.running() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        if m.at == "overlap":
+            while run.running() and (in_overlap(run_dir, num_stages) is None or not _job_alive(run)):
+                time.sleep(0.01)
+        else:
+            while run.running() and not _job_alive(run):
+                time.sleep(0.02)
+            deadline = time.monotonic() + delay_s
+            while run.running() and time.monotonic() < deadline:
+                time.sleep(0.02)
+        stage = in_overlap(run_dir, num_stages) if m.at == "overlap" else None
         tree = process_tree(run.proc.pid) if run.running() else []
         if not tree:  # the flow exited before the moment
             if run.proc.wait() == 0:
@@ -350,6 +395,8 @@ def _kill_moment(run: RunProcess, m: Moment, max_delay_s: float) -> str | None:
         if role != "verifier":
             run.wait(timeout_s=300)  # a killed job fails its task, and the flow (retries 0) exits
             kill([p.pid for p in tree if p.pid not in hit and alive(p.pid)])  # orphans (a pod takes them down)
+        if m.at == "overlap":
+            return f"moment {m.index:2d}: {role} (pid {hit[0]}) killed inside stage {stage}'s checkpoint overlap"
         return f"moment {m.index:2d}: {role} (pid {hit[0]}) killed {delay_s:5.1f} s after a job was seen"
 
 
@@ -431,7 +478,7 @@ def _run_arm(
     max_delay_s = s.max_delay_s or result.reference_s / max(len(moments), 1)
     say(f"[{arm}] kills come U(0, {max_delay_s:.0f}) s after a job is seen alive")
     for m in moments:
-        event = _kill_moment(run, m, max_delay_s)
+        event = _kill_moment(run, m, max_delay_s, root / RUN_ID, s.num_stages)
         if event is None:
             result.not_reached += 1
             event = f"moment {m.index:2d}: not reached (the run had completed)"
