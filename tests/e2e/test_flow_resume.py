@@ -6,7 +6,10 @@ during the final evaluation) and re-run each time completes with exact rollout c
 Each kill asserts its phase (issue 17), so every point tests what it claims: which job processes were running
 when it fired (read from /proc: ``python -m mugrpo.jobs.KIND .../jobs/stage=K/KIND.spec.json``) and what was
 committed after it (job and stage manifests). The two commit-time points pause the flow's own write
-(``MUGRPO_FAULT_PAUSE``) so that no job runs then.
+(``MUGRPO_FAULT_PAUSE``) so that no job runs then. These six points run the jobs one after another
+(``orchestration.overlap_checkpoint: false``); a second test kills inside the checkpoint overlap (the next stage's
+generation beside the train job's final checkpoint write) and checks that the overlapped run commits what the
+sequential one does.
 
 Runs the real CLI (`mugrpo run`), real Prefect flows on a real local Prefect server, real job subprocesses.
 """

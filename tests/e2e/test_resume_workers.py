@@ -116,7 +116,10 @@ def test_workers_1_to_2_mid_stage_gives_the_uninterrupted_rollouts_and_weights(t
             pass
     proc.wait(timeout=60)
     assert sorted(p.name for p in stage1.glob("shard=*.parquet")) == ["shard=00000.parquet"]  # mid-stage
-    assert (run / "stages/stage=0.json").exists() and not (run / "jobs/stage=1/generate.manifest.json").exists()
+    # stage 1's generation ran beside the end of stage 0's train job (orchestration.overlap_checkpoint), so stage 0's
+    # training is committed and its stage manifest is written by the resume
+    assert (run / "jobs/stage=0/train.manifest.json").exists() and not (run / "stages/stage=0.json").exists()
+    assert not (run / "jobs/stage=1/generate.manifest.json").exists()
 
     proc = mugrpo(["resume", str(run), "generation.workers=2"], env, log)
     assert proc.wait(timeout=1800) == 0, log.read_text()[-4000:]
@@ -130,5 +133,6 @@ def test_workers_1_to_2_mid_stage_gives_the_uninterrupted_rollouts_and_weights(t
     doc = json.loads((run / "run.json").read_text())
     assert doc["config"]["generation"]["workers"] == 2
     resumed = [e for e in doc["history"] if e.get("changes")]
-    assert len(resumed) == 1 and resumed[0]["stage"] == 1
+    # the first stage not committed when the resume began: stage 0 (its manifest waited for stage 1's generation)
+    assert len(resumed) == 1 and resumed[0]["stage"] == 0
     assert resumed[0]["changes"] == [{"key": "generation.workers", "from": 1, "to": 2, "class": "operational"}]
