@@ -168,21 +168,27 @@ def main() -> None:
             cfg = arm_config(arm, tmp / arm, f"{arm}-{r}", b)
             t0 = time.monotonic()
             rep = run_arm(arm, cfg, tmp / f"{arm}-{r}.log", tmp)
+            # what the stages wrote, per stage: checkpoints, policies, Parquet (one checkpoint per stage at this size,
+            # none pruned), not the initial policy's copy (policies/stage=0, written by the run's init)
+            run_dir = tmp / arm / cfg.run.id
+            written = [f for f in run_dir.rglob("*") if f.is_file() and "policies/stage=0/" not in f.as_posix()]
+            rep["disk_bytes_per_stage"] = sum(f.stat().st_size for f in written) / rep["stages"]
             if not args.keep_runs:  # a SmolLM2 arm keeps ~2 GB of checkpoints per stage: free them once read
                 shutil.rmtree(tmp / arm, ignore_errors=True)
             print(f"{arm} repeat {r}: {time.monotonic() - t0:.1f} s wall incl. final eval, log {tmp}/{arm}-{r}.log")
             results[arm].append(rep)
     print(
         f"\n{'arm':>10} {'stages':>6} {'T_roll':>8} {'T_train':>8} {'T_ckpt':>8} {'hidden':>7} {'T_switch':>8} "
-        f"{'T_total':>8} "
+        f"{'T_total':>8} {'GB/stage':>8} "
         f"{'reward':>7}  eval"
     )
     for arm in arms:
         for rep in results[arm]:
             print(
                 f"{arm:>10} {rep['stages']:>6} {rep['t_roll']:>8.1f} {rep['t_train']:>8.1f} {rep['t_ckpt']:>8.1f} "
-                f"{rep['t_ckpt_hidden']:>7.1f} {rep['t_switch']:>8.1f} "
-                f"{rep['t_total']:>8.1f} {rep['final_train_reward']:>7.3f}  {json.dumps(rep['final_eval'])}"
+                f"{rep['t_ckpt_hidden']:>7.1f} {rep['t_switch']:>8.1f} {rep['t_total']:>8.1f} "
+                f"{rep['disk_bytes_per_stage'] / 1e9:>8.2f} {rep['final_train_reward']:>7.3f}  "
+                f"{json.dumps(rep['final_eval'])}"
             )
     summary = summarize(results)
     print(json.dumps({k: v for k, v in summary.items() if k != "medians"}, indent=1))
