@@ -168,8 +168,9 @@ def main() -> None:
             cfg = arm_config(arm, tmp / arm, f"{arm}-{r}", b)
             t0 = time.monotonic()
             rep = run_arm(arm, cfg, tmp / f"{arm}-{r}.log", tmp)
-            # what the stages wrote, per stage: checkpoints, policies, Parquet (one checkpoint per stage at this size,
-            # none pruned), not the initial policy's copy (policies/stage=0, written by the run's init)
+            # what the stages left on disk, per stage: checkpoints, policies, Parquet, not the initial policy's copy
+            # (policies/stage=0, written by the run's init). Without pruning (publish_policy_every 1: the mu arms)
+            # that is what each stage wrote; with publish_policy_every > 1 (GRPO) older checkpoints are deleted.
             run_dir = tmp / arm / cfg.run.id
             written = [f for f in run_dir.rglob("*") if f.is_file() and "policies/stage=0/" not in f.as_posix()]
             rep["disk_bytes_per_stage"] = sum(f.stat().st_size for f in written) / rep["stages"]
