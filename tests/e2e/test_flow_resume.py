@@ -74,6 +74,21 @@ def running_jobs(proc: subprocess.Popen) -> set[tuple[str, int]]:
     return jobs
 
 
+def wait_for_kill_point(proc: subprocess.Popen, cond, jobs: set, what: str, log: Path) -> set:
+    """Wait until ``cond()`` holds while exactly ``jobs`` run under the flow; returns that snapshot of running jobs
+    (the one the kill acts on)."""
+    seen: dict[str, set] = {}
+
+    def fired() -> bool:
+        if not cond():
+            return False
+        seen["jobs"] = running_jobs(proc)
+        return seen["jobs"] == jobs
+
+    wait_for(proc, fired, what, log)
+    return seen["jobs"]
+
+
 def committed(run: Path) -> set[str]:
     """What the store has committed: ``stage=K`` for stage manifests, ``KIND@K`` for job manifests."""
     stages = {p.stem for p in (run / "stages").glob("stage=*.json")}
@@ -161,17 +176,9 @@ def test_sigkill_at_six_points_then_resume_matches_uninterrupted(tmp_path, tiny_
     log = tmp_path / "killed.log"
     for what, cond, extra, jobs, done in kill_points:
         proc = start_run(cfg, {**env, **extra}, log)
-        seen: dict[str, set] = {}
-
-        def fired(cond=cond, jobs=jobs, proc=proc, seen=seen) -> bool:
-            if not cond():
-                return False
-            seen["jobs"] = running_jobs(proc)  # the snapshot the kill acts on
-            return seen["jobs"] == jobs
-
-        wait_for(proc, fired, what, log)
+        running = wait_for_kill_point(proc, cond, jobs, what, log)
         kill_tree(proc)
-        assert seen["jobs"] == jobs, f"kill {what}: jobs running {seen['jobs']}, expected {jobs}"
+        assert running == jobs, f"kill {what}: jobs running {running}, expected {jobs}"
         assert committed(run) == done, f"kill {what}: committed {sorted(committed(run))}, expected {sorted(done)}"
         keys = rollout_keys(root)
         assert set(keys.values()) <= {1}, f"duplicated rollouts after a kill {what}"
@@ -272,15 +279,7 @@ def test_sigkill_inside_the_checkpoint_overlap_then_resume_matches_the_sequentia
     log = tmp_path / "killed.log"
     for what, cond, jobs, tree, done in kill_points:
         proc = start_run(cfg, {**env, **held}, log)
-        seen: dict[str, set] = {}
-
-        def fired(cond=cond, jobs=jobs, proc=proc, seen=seen) -> bool:
-            if not cond():
-                return False
-            seen["jobs"] = running_jobs(proc)
-            return seen["jobs"] == jobs
-
-        wait_for(proc, fired, what, log)
+        running = wait_for_kill_point(proc, cond, jobs, what, log)
         if tree:
             kill_tree(proc)
         else:  # the flow sees its train task fail, lets the generation it runs finish, then fails the run
@@ -292,7 +291,7 @@ def test_sigkill_inside_the_checkpoint_overlap_then_resume_matches_the_sequentia
             os.kill(train[0], signal.SIGKILL)
             assert proc.wait(timeout=600) != 0, log.read_text()[-4000:]
             kill_tree(proc)  # what the failed flow left (verifier workers)
-        assert seen["jobs"] == jobs, f"kill {what}: jobs running {seen['jobs']}, expected {jobs}"
+        assert running == jobs, f"kill {what}: jobs running {running}, expected {jobs}"
         assert policy_1(), f"kill {what}: the policy of stage 1 is not committed"
         assert committed(run) == done, f"kill {what}: committed {sorted(committed(run))}, expected {sorted(done)}"
         assert set(rollout_keys(root).values()) <= {1}, f"duplicated rollouts after a kill {what}"
