@@ -22,7 +22,7 @@ job per run, ``orchestration.execution: warm``), then one evaluation of the fina
 per run (``--jobs N`` runs N at once, each pinned to one core with one torch thread).
 
 Per cell (regime x mu x lr, over seeds):
-- final held-out greedy accuracy (mean and per seed);
+- final held-out greedy accuracy (mean and per seed, in seed order);
 - collapse update: the first evaluated update u after the best one such that accuracy at u and at every later
   evaluation is more than ``--margin`` below the run's best (None: no collapse);
 - E[ratio | A<0]: train_steps.ratio_mean_neg_adv (ratio against the stage's behavior policy over the tokens of
@@ -34,13 +34,16 @@ The claims tested (``claims`` in the JSON), each reproduced or not with its numb
 - naive clipping degrades as mu grows while Mu-GRPO holds: at some lr, ppo's mean final accuracy at the largest mu is
   more than ``margin`` below its smallest mu's, and mu-grpo's is not;
 - collapse tracks S*eta: over all runs, the Spearman correlation of mu*lr (S*eta at a stage's last update) with the
-  collapse update (runs that never collapse counted at updates + E) is <= -0.5;
+  collapse update (runs that never collapse counted at updates + E) is <= -0.5. Beside it, not part of the verdict:
+  the same correlation with lr alone, and with mu within each lr (a collapse governed by S*eta moves with mu at a
+  fixed lr; one governed by the learning rate alone does not);
 - cooling moves the cliff: the cooled regime's cliff (smallest mu*lr at which most seeds collapse; inf when none)
   is larger than tis's.
 
 Every run is audited (mugrpo.audit, the seeds of a cell together: data order differs by seed, configs differ only in
 ``run.seed``); a failed audit refuses the table: exit 1 naming the run and the check. Outputs under --out:
-staleness.json (cells, runs, claims, audit), heatmap-REGIME.png (mu x lr -> mean final accuracy) and the run logs.
+staleness.json (cells, runs, claims, audit), heatmap-REGIME.png (mu x lr -> mean final accuracy; heatmaps.png: all
+regimes side by side) and the run logs.
 """
 
 from __future__ import annotations
@@ -304,7 +307,7 @@ def summarize(results: list[RunResult], grid: Grid) -> tuple[list[dict], dict]:
     """Per-cell aggregates and the three claims (module docstring), from the runs' figures."""
     cells = []
     for regime, mu, lr in grid.cells():
-        rs = [r for r in results if (r.regime, r.mu, r.lr) == (regime, mu, lr)]
+        rs = sorted((r for r in results if (r.regime, r.mu, r.lr) == (regime, mu, lr)), key=lambda r: r.seed)
         if not rs:
             continue
         collapsed = [r for r in rs if r.collapse is not None]
@@ -337,8 +340,8 @@ def claims(cells: list[dict], results: list[RunResult], grid: Grid) -> dict:
     cell = {(c["regime"], c["mu"], c["lr"]): c for c in cells}
     lo, hi = min(grid.mus), max(grid.mus)
     out: dict = {}
-    per_lr = []
-    for lr in grid.lrs:
+    per_lr = []  # stays empty (not testable) when the grid has one mu
+    for lr in grid.lrs if lo < hi else ():
         ppo_lo, ppo_hi = cell.get(("ppo", lo, lr)), cell.get(("ppo", hi, lr))
         mu_lo, mu_hi = cell.get(("mu-grpo", lo, lr)), cell.get(("mu-grpo", hi, lr))
         if not (ppo_lo and ppo_hi and mu_lo and mu_hi):
@@ -354,9 +357,17 @@ def claims(cells: list[dict], results: list[RunResult], grid: Grid) -> dict:
     x = [r.mu * r.lr for r in results]
     y = [float(r.collapse if r.collapse is not None else horizon) for r in results]
     rho = _spearman(x, y)
+    # diagnostics beside the rule (the verdict is the rule's): does the collapse follow S (mu at a fixed lr), or the
+    # learning rate alone? A collapse governed by S*eta moves with mu at a fixed lr, not only with lr.
+    within = {}
+    for lr in grid.lrs:
+        pairs = [(float(r.mu), v) for r, v in zip(results, y, strict=True) if r.lr == lr]
+        within[f"{lr:g}"] = _spearman([p[0] for p in pairs], [p[1] for p in pairs])
     out["collapse_tracks_s_eta"] = {
         "rule": f"Spearman(mu*lr, collapse update; no collapse = {horizon}) <= -0.5 over all runs",
         "spearman": rho,
+        "spearman_lr_only": _spearman([r.lr for r in results], y),
+        "spearman_mu_within_lr": within,
         "runs": len(results),
         "collapsed_runs": sum(r.collapse is not None for r in results),
         "reproduced": None if rho is None else rho <= -0.5,
@@ -379,8 +390,30 @@ def claims(cells: list[dict], results: list[RunResult], grid: Grid) -> dict:
     return out
 
 
-def heatmaps(cells: list[dict], grid: Grid, out: Path) -> list[Path]:
-    """One PNG per regime: mean final held-out accuracy over mu (rows) x lr (columns) (matplotlib, Agg)."""
+def _final_grid(cells: list[dict], grid: Grid, regime: str) -> list[list[float]]:
+    """Mean final accuracy of ``regime`` as rows mu x columns lr (NaN: a cell not run)."""
+    by = {(c["mu"], c["lr"]): c["final_mean"] for c in cells if c["regime"] == regime}
+    return [[by.get((mu, lr), math.nan) for lr in grid.lrs] for mu in grid.mus]
+
+
+def _draw_heatmap(ax, z: list[list[float]], grid: Grid, title: str, mu_labels: bool = True):
+    im = ax.imshow(z, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
+    ax.set_xticks(range(len(grid.lrs)), [f"{lr:g}" for lr in grid.lrs])
+    ax.set_yticks(range(len(grid.mus)), [str(m) for m in grid.mus] if mu_labels else [])
+    for i, row in enumerate(z):
+        for j, v in enumerate(row):
+            ax.text(j, i, "-" if math.isnan(v) else f"{v:.2f}", ha="center", va="center", color="w", fontsize=8)
+    ax.set_xlabel("learning rate")
+    ax.set_title(title, fontsize=9)
+    return im
+
+
+def heatmaps(cells: list[dict], grid: Grid, out: Path) -> tuple[list[Path], Path]:
+    """One PNG per regime (``heatmap-REGIME.png``) and all regimes side by side (``heatmaps.png``, one colour
+    scale): mean final held-out greedy accuracy over mu (rows) x lr (columns). matplotlib, Agg backend.
+
+    Returns: (the per-regime paths in ``grid.regimes`` order, the side-by-side panel's path).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -388,29 +421,28 @@ def heatmaps(cells: list[dict], grid: Grid, out: Path) -> list[Path]:
 
     paths = []
     for regime in grid.regimes:
-        z = [
-            [next((c["final_mean"] for c in cells if (c["regime"], c["mu"], c["lr"]) == (regime, mu, lr)), math.nan)]
-            for mu in grid.mus
-            for lr in grid.lrs
-        ]
-        z = [[v[0] for v in z[i * len(grid.lrs) : (i + 1) * len(grid.lrs)]] for i in range(len(grid.mus))]
         fig, ax = plt.subplots(figsize=(1.6 + 1.2 * len(grid.lrs), 1.4 + 0.6 * len(grid.mus)), dpi=90)
-        im = ax.imshow(z, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
-        ax.set_xticks(range(len(grid.lrs)), [f"{lr:g}" for lr in grid.lrs])
-        ax.set_yticks(range(len(grid.mus)), [str(m) for m in grid.mus])
-        for i, row in enumerate(z):
-            for j, v in enumerate(row):
-                ax.text(j, i, "-" if math.isnan(v) else f"{v:.2f}", ha="center", va="center", color="w", fontsize=8)
-        ax.set_xlabel("learning rate")
+        im = _draw_heatmap(ax, _final_grid(cells, grid, regime), grid, f"{regime}: final held-out greedy")
         ax.set_ylabel("mu (updates per stage)")
-        ax.set_title(f"{regime}: final held-out greedy", fontsize=9)
         fig.colorbar(im, ax=ax)
         fig.tight_layout()
         path = out / f"heatmap-{regime}.png"
         fig.savefig(path)
         plt.close(fig)
         paths.append(path)
-    return paths
+    n = len(grid.regimes)
+    size = (1.4 + 1.0 * n * len(grid.lrs), 1.8 + 0.5 * len(grid.mus))
+    fig, axes = plt.subplots(1, n, figsize=size, dpi=90, layout="constrained")
+    axes = [axes] if n == 1 else list(axes)
+    for i, (ax, regime) in enumerate(zip(axes, grid.regimes, strict=True)):
+        im = _draw_heatmap(ax, _final_grid(cells, grid, regime), grid, regime, mu_labels=i == 0)
+    axes[0].set_ylabel("mu (updates per stage)")
+    fig.suptitle("final held-out greedy accuracy, mean over seeds", fontsize=10)
+    fig.colorbar(im, ax=axes, shrink=0.9)
+    panel = out / "heatmaps.png"
+    fig.savefig(panel)
+    plt.close(fig)
+    return paths, panel
 
 
 class _Inline:
@@ -593,7 +625,8 @@ def run_grid(
     (out / "staleness.json").write_text(json.dumps(payload, indent=2, default=str))
     if failures:
         raise SystemExit("audit failed; the table is refused:\n" + "\n".join(failures))
-    payload["heatmaps"] = [str(p) for p in heatmaps(cells, grid, out)]
+    paths, panel = heatmaps(cells, grid, out)
+    payload["heatmaps"], payload["heatmap_panel"] = [str(p) for p in paths], str(panel)
     (out / "staleness.json").write_text(json.dumps(payload, indent=2, default=str))
     return payload
 
@@ -612,7 +645,7 @@ def print_table(payload: dict) -> None:
         print(
             f"| {c['regime']} | {c['mu']} | {c['lr']:g} | {c['final_mean']:.3f} ({seeds}) | {col} | "
             f"{_fmt(c['ratio_neg_adv_mean'])} / {c['ratio_neg_adv_max']:.3f} | {_fmt(c['ess_at_collapse'])} | "
-            f"{_fmt(c['s_eta_at_collapse'])} |"
+            f"{'-' if c['s_eta_at_collapse'] is None else format(c['s_eta_at_collapse'], '.4f')} |"
         )
     for name, claim in payload["claims"].items():
         verdict = {True: "reproduced", False: "not reproduced", None: "not testable on this grid"}[claim["reproduced"]]

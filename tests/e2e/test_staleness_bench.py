@@ -59,5 +59,6 @@ def test_quick_runs_every_regime_audited(tmp_path):
     assert all(c["reproduced"] in (True, False, None) for c in payload["claims"].values())
     assert sorted(Path(p).name for p in payload["heatmaps"]) == sorted(f"heatmap-{g}.png" for g in TESTED)
     assert all(Path(p).stat().st_size > 0 for p in payload["heatmaps"])
+    assert Path(payload["heatmap_panel"]).name == "heatmaps.png" and Path(payload["heatmap_panel"]).stat().st_size > 0
     assert not (out / "runs" / runs[0]["run"]).exists()  # run folders freed once audited
     assert "reproduced" in proc.stdout and "| regime | mu | lr |" in proc.stdout

@@ -95,7 +95,15 @@ def test_claims_read_the_cells():
     assert c["cooling_moves_the_cliff"] == {**c["cooling_moves_the_cliff"], "cliff_tis": 64e-4, "reproduced": True}
     assert math.isinf(c["cooling_moves_the_cliff"]["cliff_cooled"])
     assert c["collapse_tracks_s_eta"]["spearman"] < -0.5 and c["collapse_tracks_s_eta"]["reproduced"] is True
-    # a grid without the regimes a claim compares cannot test it
+    # one lr: the lr-only diagnostic is undefined (constant input), mu within it carries the whole correlation
+    assert c["collapse_tracks_s_eta"]["spearman_lr_only"] is None
+    assert c["collapse_tracks_s_eta"]["spearman_mu_within_lr"]["0.0001"] == pytest.approx(
+        c["collapse_tracks_s_eta"]["spearman"]
+    )
+    # a grid with one mu, or without the regimes a claim compares, cannot test it
+    one_mu = Grid(mus=(64,), lrs=(1e-4,), seeds=(0,), regimes=("ppo", "mu-grpo"))
+    kept = [r for r in results if r.mu == 64 and r.regime in one_mu.regimes]
+    assert claims(summarize(kept, one_mu)[0], kept, one_mu)["naive_degrades_mu_grpo_holds"]["reproduced"] is None
     assert (
         claims(cells[:2], results[:2], Grid(mus=(4, 64), regimes=("ppo",)))["cooling_moves_the_cliff"]["reproduced"]
         is None
@@ -179,3 +187,16 @@ def test_stop_after_then_resume_runs_each_run_once_and_reruns_a_changed_config(t
     (out / st.PROGRESS).write_text("{not json\n")
     with pytest.raises(ValueError, match=r"progress.jsonl, line 1: not JSON"):
         st.run_grid(g, out, root, jobs=1, keep_runs=True, in_process=True, resume=True)
+
+
+def test_a_collapse_set_by_the_learning_rate_alone_fails_the_within_lr_diagnostic():
+    """Collapse at every mu of the high lr, none at the low one: mu*lr correlates with the collapse (the rule's
+    verdict), while mu within each lr does not (its diagnostics say the learning rate, not S, set it)."""
+    g = Grid(mus=(4, 16, 64), lrs=(1e-4, 5e-4), seeds=(0,), regimes=("ppo",))
+    results = [_run("ppo", mu, 1e-4, 0, 0.45, None) for mu in g.mus]
+    results += [_run("ppo", mu, 5e-4, 0, 0.10, col) for mu, col in zip(g.mus, (64, 128, 64), strict=True)]
+    c = claims(summarize(results, g)[0], results, g)["collapse_tracks_s_eta"]
+    assert c["collapsed_runs"] == 3 and c["spearman"] == pytest.approx(-10 / math.sqrt(17.5 * 15))  # -0.62
+    assert c["spearman_lr_only"] == pytest.approx(-13.5 / math.sqrt(13.5 * 15))  # -0.95: lr alone orders them better
+    assert c["spearman_mu_within_lr"]["0.0001"] is None  # no collapse at the low lr: a constant input
+    assert c["spearman_mu_within_lr"]["0.0005"] == pytest.approx(0.0)  # 64, 128, 64: no trend with mu
