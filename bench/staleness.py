@@ -631,8 +631,8 @@ def run_grid(
     return payload
 
 
-def _fmt(v: float | None) -> str:
-    return "-" if v is None else f"{v:.3f}"
+def _fmt(v: float | None, digits: int = 3) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
 
 
 def print_table(payload: dict) -> None:
@@ -645,7 +645,7 @@ def print_table(payload: dict) -> None:
         print(
             f"| {c['regime']} | {c['mu']} | {c['lr']:g} | {c['final_mean']:.3f} ({seeds}) | {col} | "
             f"{_fmt(c['ratio_neg_adv_mean'])} / {c['ratio_neg_adv_max']:.3f} | {_fmt(c['ess_at_collapse'])} | "
-            f"{'-' if c['s_eta_at_collapse'] is None else format(c['s_eta_at_collapse'], '.4f')} |"
+            f"{_fmt(c['s_eta_at_collapse'], 4)} |"
         )
     for name, claim in payload["claims"].items():
         verdict = {True: "reproduced", False: "not reproduced", None: "not testable on this grid"}[claim["reproduced"]]
