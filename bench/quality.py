@@ -7,6 +7,10 @@ accuracy, every arm audited.
 Arms (each a configs/lab/ config at one shared budget: 64 updates x 128 rollouts, evaluations after 0/16/32/48/64
 updates; tests/unit/test_budgets.py checks it):
 - mu-grpo-cold: configs/lab/mu-grpo.yaml (4 cold stages, mu = 16, relaxed clip and veto), as designed;
+- mu-grpo-cold-spawn: the same with every job a new interpreter started when its turn comes (orchestration.
+  prestart_jobs and fork_jobs off), paired with mu-grpo-cold: the share of pre-started, forked jobs;
+- mu-grpo-cold-bf16: the same with bf16 checkpoints (train.checkpoint_dtype), paired with mu-grpo-cold: the accuracy
+  cost of rounding weights and moments to bf16 at every checkpoint;
 - mu-grpo-warm: the same, its 4 stages in one warm segment job (``orchestration.execution=warm``);
 - grpo-warm: configs/lab/grpo.yaml (mu = 4, PPO clip, warm): the baseline every other arm is paired with;
 - naive, replay, conspo, agpo: configs/lab/ALGO.yaml.
@@ -64,6 +68,8 @@ BASELINE = "grpo-warm"
 #: Arm -> (configs/lab/ config, overrides).
 ARMS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mu-grpo-cold": ("mu-grpo", ()),
+    "mu-grpo-cold-spawn": ("mu-grpo", ("orchestration.prestart_jobs=false", "orchestration.fork_jobs=false")),
+    "mu-grpo-cold-bf16": ("mu-grpo", ("train.checkpoint_dtype=bfloat16",)),
     "mu-grpo-warm": ("mu-grpo", ("orchestration.execution=warm",)),
     BASELINE: ("grpo", ()),
     "naive": ("naive", ()),
@@ -71,6 +77,8 @@ ARMS: dict[str, tuple[str, tuple[str, ...]]] = {
     "conspo": ("conspo", ()),
     "agpo": ("agpo", ()),
 }
+#: Arms also paired with another arm than the baseline: the change each one makes to Mu-GRPO cold.
+PAIRED_WITH = {"mu-grpo-cold-spawn": "mu-grpo-cold", "mu-grpo-cold-bf16": "mu-grpo-cold"}
 GREEDY, AVG8 = "lab-heldout", "lab-heldout-t1"
 #: --quick: total updates, rollouts per update, evaluation problems (greedy, avg@8).
 QUICK = {"updates": 4, "rollouts_per_update": 16, "greedy_problems": 4, "avg8_problems": 2}
@@ -217,6 +225,13 @@ def summarize(runs: dict[str, dict[int, dict]]) -> dict:
             "seconds_to_grpo_final": reach,
             "paired_vs_grpo_warm": {k: {"per_seed": v, **t_interval(v)} for k, v in diff.items()},
         }
+        ref = PAIRED_WITH.get(arm)
+        if ref in runs:
+            own = {
+                key: [by_seed[s][key] - runs[ref][s][key] for s in seeds]
+                for key in ("greedy_final", "avg8_final", "t_total", "t_switch")
+            }
+            out[arm][f"paired_vs_{ref}"] = {k: {"per_seed": v, **t_interval(v)} for k, v in own.items()}
     return out
 
 
@@ -262,6 +277,16 @@ def print_tables(summary: dict) -> None:
         p = s["paired_vs_grpo_warm"]
         reach = ", ".join("-" if v is None else f"{v:.0f}" for v in s["seconds_to_grpo_final"].values())
         print(f"| {arm} | {_fmt(p['greedy_final'])} | {_fmt(p['avg8_final'])} | {_fmt(p['t_total'], 0)} | {reach} |")
+    paired = [(arm, ref) for arm, ref in PAIRED_WITH.items() if f"paired_vs_{ref}" in summary.get(arm, {})]
+    if paired:
+        print("\n| arm | paired with | greedy diff (95% CI) | avg@8 diff | T_total diff s | T_switch diff s |")
+        print("|---|---|---|---|---|---|")
+        for arm, ref in paired:
+            p = summary[arm][f"paired_vs_{ref}"]
+            print(
+                f"| {arm} | {ref} | {_fmt(p['greedy_final'])} | {_fmt(p['avg8_final'])} | "
+                f"{_fmt(p['t_total'], 0)} | {_fmt(p['t_switch'], 0)} |"
+            )
 
 
 def plot_accuracy_vs_time(runs: dict[str, dict[int, dict]], path: Path) -> Path:

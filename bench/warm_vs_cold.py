@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,41 +98,71 @@ def job(module: str, spec: str, log: Path, python: str | None = None) -> float:
 
 
 class _Process:
-    """A job process in the background (:class:`mugrpo.pipeline.RunningJob`); a finished stand-in in process."""
+    """A job running in the background (:class:`mugrpo.pipeline.RunningJob`) on a thread that follows its process;
+    a finished stand-in in process."""
 
-    def __init__(self, module: str, proc: subprocess.Popen | None, log: Path) -> None:
-        self.module, self.proc, self.log = module, proc, log
+    def __init__(self, module: str, future=None) -> None:
+        self.module, self.future = module, future
 
     def done(self) -> bool:
-        return self.proc is None or self.proc.poll() is not None
+        return self.future is None or self.future.done()
 
     def result(self) -> None:
-        if self.proc is not None and self.proc.wait() != 0:
-            raise SystemExit(f"{self.module} job failed ({self.proc.returncode}); see {self.log}")
+        if self.future is not None:
+            self.future.result()
 
 
 class ProcessLauncher:
     """The stage schedule's launcher (:class:`mugrpo.pipeline.Launcher`) without Prefect: each job one process of
-    its interpreter (``flows.stage.job_python``), output appended to ``log``. In process (:data:`JOBS_ENV`) a
-    submitted job runs to its end first, so nothing overlaps."""
+    its interpreter (``flows.stage.job_python``) on the flows' own subprocess launcher
+    (:class:`tasks.launchers.SubprocessLauncher`, pre-started jobs included), output appended to ``log``. In process
+    (:data:`JOBS_ENV`) a submitted job runs to its end first, so nothing overlaps, and nothing is pre-started."""
 
     def __init__(self, cfg, log: Path) -> None:
+        from tasks.launchers import SubprocessLauncher
+
         self.cfg, self.log = cfg, log
+        self.impl = SubprocessLauncher(fork=cfg.orchestration.fork_jobs)
+
+    def _request(self, job_name: str, stage: int, spec_url: str):
+        from flows.stage import job_python
+        from mugrpo.runs import job_env
+        from tasks.jobs import job_request
+
+        env = {**job_env(self.cfg), "PYTHONPATH": str(REPO)}
+        return job_request(
+            job_name, spec_url, python=job_python(self.cfg, job_name), env=env,
+            timeout_s=self.cfg.orchestration.job_timeout_s, labels={"run": self.cfg.run.id, "stage": str(stage)},
+        )  # fmt: skip
 
     def run(self, job_name: str, stage: int, spec_url: str) -> float:
-        from flows.stage import job_python
-
-        return job(job_name, spec_url, self.log, job_python(self.cfg, job_name))
-
-    def submit(self, job_name: str, stage: int, spec_url: str) -> _Process:
-        from flows.stage import job_python
+        from tasks.launchers import JobError, launch_job
 
         if os.environ.get(JOBS_ENV) == "in-process":
+            return job(job_name, spec_url, self.log)
+        t0 = time.monotonic()
+        with open(self.log, "a") as out:
+            try:
+                launch_job(self._request(job_name, stage, spec_url), self.impl, lambda line: print(line, file=out))
+            except JobError as e:
+                raise SystemExit(f"{job_name} job of stage {stage} failed; see {self.log}") from e
+        return time.monotonic() - t0
+
+    def submit(self, job_name: str, stage: int, spec_url: str) -> _Process:
+        if os.environ.get(JOBS_ENV) == "in-process":
             job(job_name, spec_url, self.log)
-            return _Process(job_name, None, self.log)
-        cmd, env = _command(job_name, spec_url, job_python(self.cfg, job_name))
-        with open(self.log, "ab") as out:  # the child keeps its own copy of the descriptor
-            return _Process(job_name, subprocess.Popen(cmd, env=env, stdout=out, stderr=out), self.log)
+            return _Process(job_name)
+        pool = ThreadPoolExecutor(1, thread_name_prefix=f"{job_name}-{stage}")
+        future = pool.submit(self.run, job_name, stage, spec_url)
+        pool.shutdown(wait=False)
+        return _Process(job_name, future)
+
+    def prestart(self, job_name: str, stage: int, spec_url: str) -> None:
+        if os.environ.get(JOBS_ENV) != "in-process":
+            self.impl.prestart(self._request(job_name, stage, spec_url))
+
+    def discard_prestarted(self) -> None:
+        self.impl.discard_prestarted({"run": self.cfg.run.id})
 
 
 def run_cold(cfg, log: Path) -> list[dict]:

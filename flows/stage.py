@@ -23,7 +23,7 @@ from mugrpo.manifest import read_manifest
 from mugrpo.pipeline import RunningJob, run_stage
 from mugrpo.runs import job_env, open_store
 from schemas import StageManifest
-from tasks.jobs import run_job
+from tasks.jobs import discard_prestarted, prestart_job, run_job
 
 
 def job_python(cfg: Config, job: str) -> str | None:
@@ -54,12 +54,19 @@ def _job_task(cfg: Config, job: str, stage: int, **labels: str):
     )
 
 
+def launcher_options(cfg: Config) -> dict[str, Any]:
+    """Options of the configured launcher: the subprocess launcher forks jobs from the job fork server
+    (``orchestration.fork_jobs``)."""
+    return {"fork": cfg.orchestration.fork_jobs} if cfg.orchestration.launcher == "subprocess" else {}
+
+
 def _job_kwargs(cfg: Config, job: str, stage: int, *, stages: int = 1, **labels: str) -> dict[str, Any]:
     return {
         "python": job_python(cfg, job),
         "env": job_env(cfg),
         "timeout_s": cfg.orchestration.job_timeout_s * stages,
         "launcher": cfg.orchestration.launcher,
+        "launcher_options": launcher_options(cfg),
         "labels": {"run": cfg.run.id, "stage": str(stage), **labels},
     }
 
@@ -103,6 +110,33 @@ class PrefectLauncher:
         task = _job_task(self.cfg, job, stage)
         return _SubmittedTask(task.submit(job, spec_url, **_job_kwargs(self.cfg, job, stage)))
 
+    def prestart(self, job: str, stage: int, spec_url: str) -> None:
+        """Pre-start the job's process(es) (:func:`tasks.jobs.prestart_job`): each worker of a fan-out job, with
+        the arguments its task run in :meth:`run` / :func:`launch_workers` will have."""
+        if job not in FANOUT_JOBS:
+            prestart_job(job, spec_url, **_job_kwargs(self.cfg, job, stage))
+            return
+        for w, url in enumerate(_worker_spec_urls(self.cfg, job, stage)):
+            prestart_job(job, url, **_job_kwargs(self.cfg, job, stage, worker=str(w)))
+
+    def discard_prestarted(self) -> None:
+        options = launcher_options(self.cfg)
+        discard_prestarted({"run": self.cfg.run.id}, launcher=self.cfg.orchestration.launcher, launcher_options=options)
+
+
+def _worker_spec_urls(cfg: Config, job: str, stage: int) -> list[str]:
+    """The spec URLs of fan-out job ``job``'s workers (:func:`mugrpo.fanout.worker_spec_paths`, written from the
+    job spec when there is more than one worker)."""
+    from mugrpo.evaluation import EvalSpec
+    from mugrpo.fanout import worker_spec_paths
+    from mugrpo.generation import GenerateSpec
+    from mugrpo.layout import RunLayout
+
+    store = open_store(cfg)
+    spec_cls = {"generate": GenerateSpec, "eval": EvalSpec}[job]
+    spec = spec_cls.model_validate_json(store.read_bytes(RunLayout(cfg.run.id).job_spec(stage, job)))
+    return [store.uri(p) for p in worker_spec_paths(store, cfg.run.id, stage, job, spec, spec.workers)]
+
 
 def launch_workers(cfg: Config, job: str, stage: int) -> float:
     """Run the fan-out job ``job`` (generate or eval) of stage ``stage``: its N workers (``generation.workers``,
@@ -117,7 +151,7 @@ def launch_workers(cfg: Config, job: str, stage: int) -> float:
         RuntimeError: every worker returned but one has no worker manifest.
     """
     from mugrpo.evaluation import EvalSpec, commit_eval
-    from mugrpo.fanout import missing_workers, worker_spec_paths
+    from mugrpo.fanout import missing_workers
     from mugrpo.generation import GenerateSpec, commit_generation
     from mugrpo.layout import RunLayout
 
@@ -126,7 +160,7 @@ def launch_workers(cfg: Config, job: str, stage: int) -> float:
     spec_cls, finalize = {"generate": (GenerateSpec, commit_generation), "eval": (EvalSpec, commit_eval)}[job]
     spec = spec_cls.model_validate_json(store.read_bytes(RunLayout(cfg.run.id).job_spec(stage, job)))
     n = spec.workers
-    paths = worker_spec_paths(store, cfg.run.id, stage, job, spec, n)
+    urls = _worker_spec_urls(cfg, job, stage)
     todo = missing_workers(store, cfg.run.id, stage, job, n)
     if len(todo) < n:
         logger.info(
@@ -138,7 +172,7 @@ def launch_workers(cfg: Config, job: str, stage: int) -> float:
         task = _job_task(cfg, job, stage, worker=str(w)).with_options(
             task_run_name=f"{job}-stage-{stage}-worker-{w}-of-{n}"  # one task run per worker, with its logs
         )
-        future = task.submit(job, store.uri(paths[w]), **_job_kwargs(cfg, job, stage, worker=str(w)))
+        future = task.submit(job, urls[w], **_job_kwargs(cfg, job, stage, worker=str(w)))
         futures.append((w, future))
     wait([f for _, f in futures])
     for w, future in futures:

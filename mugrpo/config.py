@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
+from mugrpo.adapters import LoraSection, require_peft
 from mugrpo.advantages import AdvantageConfig
 from mugrpo.algorithms import Settings, check_sections, section_fields, sections_of
 from mugrpo.config_keys import OPERATIONAL, SEMANTIC
@@ -182,6 +183,24 @@ class TrainSection(_Section):
         "learner at 1.0 and q from the tempered sampler moves the staleness cliff about 2x further; cooling the "
         "sampler without this importance correction collapses. Must be > 0.",
     )
+    lora: LoraSection | None = Field(
+        None,
+        description="LoRA adapters (arXiv 2106.09685) on the frozen initial policy, one adapter trained across all "
+        "stages (mugrpo.adapters): each stage publishes and checkpoints only the adapter and its AdamW moments (a "
+        "few MB at rank 16 for SmolLM2-135M instead of 1.62 GB); sampling jobs merge it into the base once per "
+        "stage. Rank 1-16 matches full fine-tuning in RL at ~10x its learning rate (Schulman et al. 2025, 'LoRA "
+        "Without Regret'). Cold execution only; needs peft (the lora extra). None: full fine-tuning.",
+    )
+    checkpoint_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="dtype of the weights and AdamW moments a checkpoint and a published policy hold. bfloat16 "
+        "halves what each stage writes (SmolLM2-135M: 0.81 instead of 1.62 GB): at every checkpoint the trainer "
+        "rounds its live fp32 weights and moments to bf16 values in place (round to nearest even) before writing "
+        "them, so training continues from exactly what a resume reads back (bitwise resume holds) and the next "
+        "stage samples from exactly what it trains. Between checkpoints the updates stay fp32. The price is the "
+        "sub-bf16 part of each checkpoint interval's update (relative 2^-9) and of the moments; the lab measures "
+        "its effect on accuracy (docs/benchmarks.md, 'bf16 checkpoints').",
+    )
     mixed_precision: Literal["no", "bf16", "fp16"] = Field(
         "no",
         description="accelerate mixed precision of the training job. bf16: torch.autocast(bfloat16) over fp32 master "
@@ -296,6 +315,23 @@ class OrchestrationSection(_Section):
         "starts after that checkpoint's commit (mugrpo.pipeline). Same jobs, same files; a stage that does not "
         "publish its policy (publish_policy_every) is not overlapped. False: the jobs run strictly one after another.",
     )
+    fork_jobs: bool = Field(
+        True,
+        description="Subprocess launcher on Linux: start each job as a fork of a job fork server that has imported "
+        "torch, transformers and the mugrpo libraries once per run and interpreter (mugrpo.jobs.forkserver), "
+        "instead of a new interpreter that imports them again (6-7 s of CPU per job on 2 cores). The job is still a "
+        "separate process with its own session, environment and command line, and commits the same files. False: "
+        "every job a new interpreter.",
+    )
+    prestart_jobs: bool = Field(
+        True,
+        description="Cold execution: launch each job while the job before it still runs (stage k+1's generate and "
+        "stage k's eval while stage k trains, stage k+1's train while stage k+1 generates); it imports, starts its "
+        "verifier pool and loads its datasets, then waits for its inputs' commit markers (mugrpo.start_gate). On "
+        "Kubernetes its pod is created ahead. The same jobs commit the same files; what it saves is each job's start "
+        "on the critical path, which needs a free core (or node) beside the running job. Jobs of a stage that does "
+        "not publish its policy (publish_policy_every) start as before.",
+    )
     publish_policy_every: int = Field(
         1,
         ge=1,
@@ -401,6 +437,13 @@ class _CoreSections(_Section):
                 "generation.workers > 1 needs orchestration.execution = cold: a warm segment is one process that "
                 "generates with the trainer's live policy"
             )
+        if self.train.lora is not None:
+            if self.orchestration.execution == "warm":
+                raise ValueError(
+                    "train.lora needs orchestration.execution = cold: a warm segment samples from the trainer's live "
+                    "module, and a LoRA policy is sampled from its merged weights (mugrpo.adapters)"
+                )
+            require_peft()
         return self
 
     def schedule_inputs(self) -> ScheduleInputs:

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 
 from pydantic import Field, model_validator
 
+from mugrpo.adapters import merged_policy_dir
 from mugrpo.config import BenchmarkConfig
 from mugrpo.data import load_problems
 from mugrpo.engines.base import SamplingParams
@@ -28,6 +29,7 @@ from mugrpo.progress import console
 from mugrpo.prompts import PromptConfig, encode_prompt, render_prompt
 from mugrpo.rewards import RewardConfig, RewardInput
 from mugrpo.seeds import derive_seed
+from mugrpo.start_gate import StartGate
 from mugrpo.storage import Store, sha256_bytes
 from mugrpo.tables import read_table, table_from_rows, write_table
 from mugrpo.verifiers import VerifierPoolOwner
@@ -74,8 +76,7 @@ class EvalSpec(JobSpec):
         )
 
 
-def _bench_rows(spec: EvalSpec, bench: BenchmarkConfig, tokenizer, engine, scorer) -> list[dict]:
-    problems, report = load_problems(bench.dataset)
+def _bench_rows(spec: EvalSpec, bench: BenchmarkConfig, problems: list, tokenizer, engine, scorer) -> list[dict]:
     problems = problems[: bench.num_prompts] if bench.num_prompts else problems
     texts = [render_prompt(tokenizer, p.question, spec.prompt) for p in problems]
     params = SamplingParams(
@@ -140,6 +141,30 @@ class EvalWorker(VerifierPoolOwner):
     def __init__(self, engine=None) -> None:
         super().__init__()
         self._engine = engine
+        self._datasets: dict[str, list] = {}  # benchmark problems loaded by this worker, by dataset config (JSON)
+
+    def prepare(self, spec: EvalSpec) -> None:
+        """What a pre-started eval job does before its policy is committed (:mod:`mugrpo.start_gate`): start the
+        verifier pool and wait it ready, import the engine, load its benchmarks' problems. Reads nothing of the run.
+
+        Raises:
+            RuntimeError: the verifier pool did not start.
+            mugrpo.data.DatasetError: a benchmark cannot be read.
+        """
+        from mugrpo.engines import load_builtin_engines
+
+        self.start_verifier_pool(self.reward_config(spec))  # its workers start while this process imports
+        load_builtin_engines()  # the engine's imports (torch, transformers' model code)
+        for i in owned(len(spec.benchmarks), spec.worker, spec.workers):
+            self._problems(spec.benchmarks[i])
+        self.verifier_pool(self.reward_config(spec))
+
+    def _problems(self, bench: BenchmarkConfig) -> list:
+        """The problems of ``bench``'s dataset, loaded once per dataset config in this worker's life."""
+        key = bench.dataset.model_dump_json()
+        if key not in self._datasets:
+            self._datasets[key] = load_problems(bench.dataset)[0]
+        return self._datasets[key]
 
     @staticmethod
     def reward_config(spec: EvalSpec) -> RewardConfig:
@@ -179,7 +204,7 @@ class EvalWorker(VerifierPoolOwner):
         todo = [b for b in benches if not store.exists(layout.eval_file(spec.stage, b.dataset.name))]
         t_switch = t_eval = 0.0
         if todo:
-            policy = local_policy_dir(store, spec.policy_dir)
+            policy = merged_policy_dir(store, local_policy_dir(store, spec.policy_dir))  # LoRA: merged once
             tokenizer = AutoTokenizer.from_pretrained(policy)
             own_engine = self._engine is None
             engine = (
@@ -193,7 +218,7 @@ class EvalWorker(VerifierPoolOwner):
                 t0 = time.monotonic()
                 for bench in todo:
                     console.print(f"eval policy {spec.stage}: {bench.dataset.name} ...")
-                    rows = _bench_rows(spec, bench, tokenizer, engine, scorer)
+                    rows = _bench_rows(spec, bench, self._problems(bench), tokenizer, engine, scorer)
                     write_table(
                         store,
                         layout.eval_file(spec.stage, bench.dataset.name),
@@ -264,8 +289,16 @@ def _eval_manifest(spec: EvalSpec, store: Store, parts: list[JobManifest]) -> Jo
     )
 
 
-def run_eval(spec: EvalSpec, *, origin: float | None = None) -> JobManifest:
+def run_eval(spec: EvalSpec, *, origin: float | None = None, gate: StartGate | None = None) -> JobManifest:
     """The cold eval job: start an engine and a verifier pool, evaluate one policy, stop them. ``origin``: as in
-    :meth:`EvalWorker.run_stage` (the job passes its process start)."""
+    :meth:`EvalWorker.run_stage` (the job passes its process start). With a ``gate`` not yet open (a pre-started
+    job): :meth:`EvalWorker.prepare`, then wait at the gate; the switch time counts from its opening.
+
+    Raises:
+        mugrpo.start_gate.StartTimeout, mugrpo.lease.LeaseFenced: from the gate.
+    """
     with EvalWorker() as worker:
+        if gate is not None and gate.pending:
+            worker.prepare(spec)
+            origin = gate.wait(console.print)
         return worker.run_stage(spec, origin=origin)

@@ -24,13 +24,24 @@ class JobSpec(BaseModel):
     run_id: str
     stage: int = Field(ge=0)
     seed: int = 0
+    start_after: list[str] = Field(
+        default_factory=list,
+        description="Store paths of the commit markers of this job's inputs (a job manifest, a policy's _COMPLETE, "
+        "a stage manifest). A job launched before they exist (orchestration.prestart_jobs) imports, starts its "
+        "verifier pool and loads its datasets, then waits for them before it reads anything (mugrpo.start_gate). "
+        "Empty: start at once.",
+    )
+    start_timeout_s: float = Field(
+        6 * 3600.0, gt=0, description="Seconds a job waits for the markers of start_after before it exits (1)."
+    )
 
     def store(self) -> Store:
         return Store(self.root, self.storage_options, self.storage_retry)
 
     @staticmethod
     def run_fields(cfg, stage: int) -> dict[str, Any]:
-        """The fields above, taken from a run config (:class:`mugrpo.config.Config`) for stage ``stage``."""
+        """The fields above but the start markers, taken from a run config (:class:`mugrpo.config.Config`) for
+        stage ``stage``."""
         return {
             "root": cfg.run.root,
             "storage_options": cfg.run.storage_options,

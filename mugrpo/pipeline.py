@@ -11,6 +11,20 @@ still writing its checkpoint. Stage k+1's training needs stage k's final checkpo
 launched by stage k+1's own schedule, after stage k's train job returned, and the trainer refuses to start a stage
 whose previous stage's training has not committed (:class:`mugrpo.trainer.loop.Trainer`).
 
+Pre-started jobs (``orchestration.prestart_jobs``): each job is launched while the job before it still runs,
+and waits at its start gate (:mod:`mugrpo.start_gate`) for the commit markers the schedule itself waits for
+(:func:`mugrpo.runs.start_markers`):
+
+    launch generate k   ->  pre-start train k          (waits for generate k's manifest, stage k-1's manifest)
+    launch train k      ->  pre-start generate k+1     (waits for policies/stage=k+1)
+    run generate k+1    ->  pre-start train k+1        (waits for generate k+1's and stage k's manifests)
+
+Its imports, verifier pool and datasets are then ready when its turn comes, and the launcher follows the process
+already running instead of starting one (locally: the same process; on Kubernetes: the Job created ahead). A job
+pre-started in stage k's schedule and followed in stage k+1's keeps its seconds in stage k+1's ``t_total`` from the
+moment stage k+1's schedule runs it (its start before that was beside other work). On a failure the schedule
+stops the pre-started jobs it has not followed yet.
+
 Nothing changes in what is committed: the same jobs write the same files, each job resumes from what it committed,
 and a stage whose job manifest exists skips that job (stage k+1 finds its generation committed and keeps the
 timings that job recorded). A kill anywhere in the overlap resumes exactly: the train job re-runs from its last
@@ -36,7 +50,7 @@ from typing import Protocol
 from mugrpo.config import Config
 from mugrpo.layout import RunLayout
 from mugrpo.manifest import read_job_manifest, read_manifest
-from mugrpo.runs import commit_stage, open_store, publishes_policy, write_job_specs
+from mugrpo.runs import commit_stage, open_store, overlaps_next_generation, prestarts, write_job_specs
 from schemas import StageManifest, StageTimings
 
 #: The job-reported seconds of real work, by job kind; the rest of a job's wall time is switching overhead.
@@ -66,6 +80,7 @@ class Launcher(Protocol):
 
     def run(self, job: str, stage: int, spec_url: str) -> float:
         """Run job ``job`` of ``stage`` to its end (all its workers, for a fan-out job); returns its wall seconds.
+        A job pre-started with the same spec (:meth:`prestart`) is followed instead of launched again.
 
         Raises:
             Exception: the job failed past its retries.
@@ -76,18 +91,15 @@ class Launcher(Protocol):
         """Launch job ``job`` of ``stage`` in the background (a one-process job: train)."""
         ...
 
+    def prestart(self, job: str, stage: int, spec_url: str) -> None:
+        """Launch job ``job`` of ``stage`` now, ahead of its inputs: it gets ready and waits at its start gate
+        (:mod:`mugrpo.start_gate`) until :meth:`run` or :meth:`submit` of the same spec follows it. A launcher
+        that cannot pre-start does nothing (the job then starts when it is run)."""
+        ...
 
-def overlaps_next_generation(cfg: Config, stage: int) -> bool:
-    """Whether stage ``stage + 1``'s generation may start while stage ``stage``'s train job writes its checkpoint:
-    cold execution with ``orchestration.overlap_checkpoint``, a next stage, and its behavior policy published (an
-    unpublished one is the final checkpoint itself, ``orchestration.publish_policy_every``)."""
-    orch = cfg.orchestration
-    return (
-        orch.execution == "cold"
-        and orch.overlap_checkpoint
-        and stage + 1 < cfg.run.num_stages
-        and publishes_policy(cfg, stage + 1)
-    )
+    def discard_prestarted(self) -> None:
+        """Stop every pre-started job no :meth:`run` has followed yet (the schedule failed or was interrupted)."""
+        ...
 
 
 def switch_seconds(cfg: Config, stage: int, job: str, wall: float) -> float:
@@ -99,11 +111,13 @@ def switch_seconds(cfg: Config, stage: int, job: str, wall: float) -> float:
 
 def run_stage(cfg: Config, stage: int, launcher: Launcher, say: Callable[[str], None] = print) -> StageManifest:
     """Run (or resume) cold stage ``stage``: its generate, train and eval jobs, each skipped when committed, the
-    next stage's generation overlapped with the train job's checkpoint (:func:`overlaps_next_generation`), then
-    the stage manifest. A committed stage is returned as it is.
+    next stage's generation overlapped with the train job's checkpoint (:func:`overlaps_next_generation`), each
+    job pre-started while the one before it runs (:func:`prestart_next`), then the stage manifest. A committed
+    stage is returned as it is.
 
     Raises:
-        Exception: a job failed past its retries (from ``launcher``); what it committed stays for the resume.
+        Exception: a job failed past its retries (from ``launcher``); what it committed stays for the resume, and
+            the jobs pre-started for later are stopped.
         RuntimeError: a job returned without committing.
     """
     store = open_store(cfg)
@@ -115,20 +129,25 @@ def run_stage(cfg: Config, stage: int, launcher: Launcher, say: Callable[[str], 
     urls = write_job_specs(cfg, stage)
     walls: dict[str, float] = {}
     switch, next_gen, overlap = 0.0, 0.0, 0.0
-    for job in ("generate", "train", "eval"):
-        if job not in urls:
-            continue
-        committed = read_job_manifest(store, cfg.run.id, stage, job)
-        if committed is not None:  # from an earlier attempt, or started by the stage before: its own timings
-            say(f"stage {stage}: {job} job already committed: not relaunched")
-            walls[job] = committed.timings.get("total", 0.0)
-            switch += committed.timings.get("switch", 0.0)
-            continue
-        if job == "train" and overlaps_next_generation(cfg, stage):
-            walls[job], next_gen, overlap = _train_beside_next_generation(cfg, stage, urls[job], launcher, say)
-        else:
-            walls[job] = launcher.run(job, stage, urls[job])
-        switch += switch_seconds(cfg, stage, job, walls[job])
+    try:
+        for job in ("generate", "train", "eval"):
+            if job not in urls:
+                continue
+            committed = read_job_manifest(store, cfg.run.id, stage, job)
+            if committed is not None:  # from an earlier attempt, or started by the stage before: its own timings
+                say(f"stage {stage}: {job} job already committed: not relaunched")
+                walls[job] = committed.timings.get("total", 0.0)
+                switch += committed.timings.get("switch", 0.0)
+                continue
+            prestart_next(cfg, stage, job, launcher, say)
+            if job == "train" and overlaps_next_generation(cfg, stage):
+                walls[job], next_gen, overlap = _train_beside_next_generation(cfg, stage, urls[job], launcher, say)
+            else:
+                walls[job] = launcher.run(job, stage, urls[job])
+            switch += switch_seconds(cfg, stage, job, walls[job])
+    except BaseException:
+        launcher.discard_prestarted()
+        raise
     timings = StageTimings(
         t_gen=walls.get("generate", 0.0),
         t_train=walls.get("train", 0.0),
@@ -139,6 +158,34 @@ def run_stage(cfg: Config, stage: int, launcher: Launcher, say: Callable[[str], 
         t_overlap=overlap,
     )
     return commit_stage(cfg, stage, timings)
+
+
+def prestart_next(cfg: Config, stage: int, job: str, launcher: Launcher, say: Callable[[str], None]) -> None:
+    """Before job ``job`` of ``stage`` is launched, pre-start the jobs that follow it (``orchestration.
+    prestart_jobs``; each waits for its markers, :func:`mugrpo.runs.start_markers`):
+
+    - before generate k: train k;
+    - before train k: generate k+1;
+    - before generate k+1 runs beside train k's checkpoint (:func:`_train_beside_next_generation`): train k+1.
+
+    The eval job is not pre-started: it is off the path from one policy to the next (its start, about 2 s with the
+    job fork server, delays only the stage's commit), and getting it ready would take CPU from the training beside
+    it. Jobs already committed are not pre-started; jobs of a stage that does not publish its policy are not
+    either (:func:`mugrpo.runs.prestarts`).
+    """
+    store = open_store(cfg)
+
+    def ahead(k: int, name: str) -> None:
+        if not prestarts(cfg, k) or read_job_manifest(store, cfg.run.id, k, name) is not None:
+            return
+        url = write_job_specs(cfg, k, ahead=True, jobs=(name,))[name]  # its spec with its start markers
+        launcher.prestart(name, k, url)
+        say(f"stage {k}: {name} job pre-started (it waits for its inputs)")
+
+    if job == "generate":
+        ahead(stage, "train")
+    elif job == "train":
+        ahead(stage + 1, "generate")
 
 
 def _train_beside_next_generation(
@@ -163,6 +210,7 @@ def _train_beside_next_generation(
     if not train.done() and read_job_manifest(store, cfg.run.id, stage + 1, "generate") is None:
         next_urls = write_job_specs(cfg, stage + 1)  # its behavior policy: the policy just committed
         say(f"stage {stage}: policy of stage {stage + 1} committed: its generation starts beside the checkpoint")
+        prestart_next(cfg, stage + 1, "generate", launcher, say)
         start = datetime.now(UTC)
         try:
             launcher.run("generate", stage + 1, next_urls["generate"])

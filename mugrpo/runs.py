@@ -121,19 +121,85 @@ def behavior_policy_dir(store: Store, cfg: Config, stage: int) -> str:
     )
 
 
-def build_job_specs(cfg: Config, stage: int, *, with_eval: bool | None = None) -> dict:
+def overlaps_next_generation(cfg: Config, stage: int) -> bool:
+    """Whether stage ``stage + 1``'s generation may start while stage ``stage``'s train job writes its checkpoint:
+    cold execution with ``orchestration.overlap_checkpoint``, a next stage, and its behavior policy published (an
+    unpublished one is the final checkpoint itself, ``orchestration.publish_policy_every``)."""
+    orch = cfg.orchestration
+    return (
+        orch.execution == "cold"
+        and orch.overlap_checkpoint
+        and 0 <= stage
+        and stage + 1 < cfg.run.num_stages
+        and publishes_policy(cfg, stage + 1)
+    )
+
+
+def prestarts(cfg: Config, stage: int) -> bool:
+    """Whether the jobs of ``stage`` may be launched before their inputs exist (``orchestration.prestart_jobs``):
+    cold execution, and a behavior policy that is published, so their specs can name it before it is committed."""
+    orch = cfg.orchestration
+    return (
+        orch.execution == "cold"
+        and orch.prestart_jobs
+        and 0 <= stage < cfg.run.num_stages
+        and publishes_policy(cfg, stage)
+    )
+
+
+def start_markers(cfg: Config, stage: int, job: str) -> list[str]:
+    """The commit markers job ``job`` of ``stage`` waits for before it reads its inputs (store paths; the spec's
+    ``start_after``, :mod:`mugrpo.start_gate`). They are the commits the cold stage schedule
+    (:mod:`mugrpo.pipeline`) waits for before it launches the job, so a pre-started job runs exactly when a job
+    launched then would, and never beside another job of the run but where the schedule overlaps them:
+
+    - generate k: the behavior policy's ``_COMPLETE`` marker, and stage k-1's manifest unless stage k-1 overlaps
+      this generation with its checkpoint;
+    - train k: stage k's generate manifest and stage k-1's manifest (its evaluation done, its AdamW moments final);
+    - eval k: stage k's train manifest, and stage k+1's generate manifest when that generation runs beside stage k's
+      checkpoint.
+
+    [] when the stage's jobs are not pre-started (:func:`prestarts`).
+    """
+    from mugrpo.storage import COMPLETE_MARKER
+
+    if not prestarts(cfg, stage):
+        return []
+    layout = RunLayout(cfg.run.id)
+    previous = [layout.stage_manifest(stage - 1)] if stage > 0 else []
+    if job == "generate":
+        policy = [f"{layout.policy_dir(stage)}/{COMPLETE_MARKER}"]
+        return policy if overlaps_next_generation(cfg, stage - 1) else policy + previous
+    if job == "train":
+        return [layout.job_manifest(stage, "generate"), *previous]
+    if job == "eval":
+        beside = [layout.job_manifest(stage + 1, "generate")] if overlaps_next_generation(cfg, stage) else []
+        return [layout.job_manifest(stage, "train"), *beside]
+    raise ValueError(f"no start markers for job {job!r}: one of generate, train, eval")
+
+
+def build_job_specs(cfg: Config, stage: int, *, with_eval: bool | None = None, ahead: bool = False) -> dict:
     """The generate/train(/eval) specs of a stage, as the cold jobs and a warm segment both run them.
 
     The behavior policy is resolved with :func:`behavior_policy_dir`, so stage ``stage - 1`` must have committed
-    its training.
+    its training. With ``ahead``, the specs of jobs launched before their inputs exist (:func:`prestarts` must
+    hold): the behavior policy is the published ``policies/stage={stage}``, committed or not (the path the
+    resolution gives once it is), and each spec carries its :func:`start_markers`. A spec written when its job
+    is launched has none: the job, also run by hand, starts at once.
+
+    Raises:
+        FileNotFoundError: no behavior policy is committed (not ``ahead``).
+        ValueError: ``ahead`` for a stage whose jobs are not pre-started.
     """
     from mugrpo.evaluation import EvalSpec
     from mugrpo.generation import GenerateSpec
     from mugrpo.trainer.spec import TrainSpec
 
+    if ahead and not prestarts(cfg, stage):
+        raise ValueError(f"stage {stage}: its jobs are not pre-started, so their specs cannot be written ahead")
     store = open_store(cfg)
     version = policy_version(cfg, stage)
-    behavior = behavior_policy_dir(store, cfg, stage)
+    behavior = RunLayout(cfg.run.id).policy_dir(stage) if ahead else behavior_policy_dir(store, cfg, stage)
     specs = {
         "generate": GenerateSpec.from_config(cfg, stage, version).model_copy(update={"policy_dir": behavior}),
         "train": TrainSpec.from_config(cfg, stage, version).model_copy(
@@ -142,17 +208,30 @@ def build_job_specs(cfg: Config, stage: int, *, with_eval: bool | None = None) -
     }
     if evaluates_stage(cfg, stage) if with_eval is None else (with_eval and cfg.eval.benchmarks):
         specs["eval"] = EvalSpec.from_config(cfg, stage).model_copy(update={"policy_dir": behavior})
+    if ahead:
+        timeout = cfg.orchestration.job_timeout_s
+        for job, spec in specs.items():
+            specs[job] = spec.model_copy(
+                update={"start_after": start_markers(cfg, stage, job), "start_timeout_s": timeout}
+            )
     return specs
 
 
-def write_job_specs(cfg: Config, stage: int, *, with_eval: bool | None = None) -> dict[str, str]:
-    """Write the generate/train/eval specs of a stage (:func:`build_job_specs`) to storage; returns {job: URL}."""
+def write_job_specs(
+    cfg: Config, stage: int, *, with_eval: bool | None = None, ahead: bool = False, jobs: tuple[str, ...] = ()
+) -> dict[str, str]:
+    """Write the generate/train/eval specs of a stage (:func:`build_job_specs`; only ``jobs`` when given) to
+    storage; returns {job: URL}. A spec file that already holds the same bytes is left as it is."""
     store = open_store(cfg)
     layout = RunLayout(cfg.run.id)
     urls = {}
-    for job, spec in build_job_specs(cfg, stage, with_eval=with_eval).items():
+    for job, spec in build_job_specs(cfg, stage, with_eval=with_eval, ahead=ahead).items():
+        if jobs and job not in jobs:
+            continue
         rel = layout.job_spec(stage, job)
-        store.write_bytes(rel, spec.model_dump_json(indent=2).encode())
+        data = spec.model_dump_json(indent=2).encode()
+        if not (store.exists(rel) and store.read_bytes(rel) == data):
+            store.write_bytes(rel, data)
         urls[job] = store.uri(rel)
     return urls
 

@@ -110,16 +110,10 @@ def run_job(
         ValueError: malformed arguments or unknown launcher (not retried).
     """
     logger = get_run_logger()
-    request = JobRequest(
-        kind=kind,
-        spec_url=spec_url,
-        timeout_s=timeout_s,
-        python=python,
-        env=dict(env or {}),
-        module=module,
-        labels=dict(labels or {}),
+    request = job_request(
+        kind, spec_url, python=python, env=env, timeout_s=timeout_s, module=module, labels=labels,
         attempt=max(1, int(current_task_run.run_count or 1)),
-    )
+    )  # fmt: skip
     impl = LAUNCHERS[launcher](**dict(launcher_options or {}))
     progress = ProgressArtifact(kind, request.labels)
     logger.info(
@@ -138,6 +132,61 @@ def run_job(
     result = launch_job(request, impl, on_line=on_line)
     logger.info("%s job %s finished in %.1f s", kind, result.job_id, result.seconds)
     return result
+
+
+def job_request(
+    kind: str,
+    spec_url: str,
+    *,
+    python: str | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float,
+    module: str | None = None,
+    labels: Mapping[str, str] | None = None,
+    attempt: int = 1,
+) -> JobRequest:
+    """The :class:`~tasks.launchers.JobRequest` :func:`run_job` launches (arguments as there): one builder, so a job
+    pre-started by :func:`prestart_job` is the one its first attempt follows."""
+    return JobRequest(
+        kind=kind,
+        spec_url=spec_url,
+        timeout_s=timeout_s,
+        python=python,
+        env=dict(env or {}),
+        module=module,
+        labels=dict(labels or {}),
+        attempt=attempt,
+    )
+
+
+def prestart_job(
+    kind: str,
+    spec_url: str,
+    *,
+    launcher: str = "subprocess",
+    launcher_options: Mapping[str, Any] | None = None,
+    **request: Any,
+) -> bool:
+    """Start job ``kind`` on ``spec_url`` ahead of the :func:`run_job` task run that will follow it (its first
+    attempt, with the same arguments); ``request``: the keyword arguments of :func:`job_request`. Not a task run:
+    the job's lines reach the run's logs once its task run follows it. Returns whether the launcher started it
+    (see :meth:`tasks.launchers.Launcher.prestart`).
+
+    Raises:
+        JobLaunchError: the launcher could not start the job.
+    """
+    impl = LAUNCHERS[launcher](**dict(launcher_options or {}))
+    started = impl.prestart(job_request(kind, spec_url, **request))
+    if started:
+        _logger().info("pre-started the %s job on %s (%s launcher): it waits for its inputs", kind, spec_url, launcher)
+    return started
+
+
+def discard_prestarted(
+    labels: Mapping[str, str], *, launcher: str = "subprocess", launcher_options: Mapping[str, Any] | None = None
+) -> int:
+    """Stop the jobs pre-started on ``launcher`` whose labels include ``labels`` and that no task run followed."""
+    return LAUNCHERS[launcher](**dict(launcher_options or {})).discard_prestarted(labels)
 
 
 def _logger() -> logging.Logger | logging.LoggerAdapter:

@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import re
+import threading
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -525,6 +526,12 @@ def build_rendezvous_service(job: dict, owner_uid: str | None = None) -> dict | 
     return service
 
 
+#: Jobs created ahead by :meth:`KubernetesLauncher.prestart` that no run re-attached to yet: request identity ->
+#: (namespace, Job name, labels).
+_PRESTARTED: dict[tuple, tuple[str, str, dict[str, str]]] = {}
+_PRESTART_LOCK = threading.Lock()
+
+
 @register_launcher("kubernetes")
 class KubernetesLauncher(Launcher):
     """Run the job as a Kubernetes Job (manifest from :func:`build_job_manifest`), watched by
@@ -560,6 +567,8 @@ class KubernetesLauncher(Launcher):
                 "the kubernetes launcher needs the kubernetes_asyncio package (pip install 'mugrpo[kubernetes]')",
                 kind=request.kind,
             ) from e
+        with _PRESTART_LOCK:
+            _PRESTARTED.pop(request.identity, None)  # a Job created ahead: re-attached to below
         manifest = build_job_manifest(request, self.settings)
         attached: dict[str, str] = {}
         try:
@@ -575,6 +584,45 @@ class KubernetesLauncher(Launcher):
                 on_line(f"deleting Kubernetes Job {self.settings.namespace}/{attached['name']}: task interrupted")
                 _run_coro(self._delete(request, attached["name"], on_line))
             raise
+
+    def prestart(self, request: JobRequest) -> bool:
+        """Create the Job now: its pod is scheduled, pulls its image and starts the job, which gets ready and waits
+        at its start gate (the spec's ``start_after``); :meth:`run` of the same request then re-attaches to it
+        (:func:`tasks.k8s_watch.ensure_job`: same spec, same pod template). Not for a multi-node job, whose
+        rendezvous Service is created with it at :meth:`run`. The Job's ``activeDeadlineSeconds`` counts from
+        its creation, so its wait is part of ``timeout_s``.
+
+        Raises:
+            JobLaunchError: the API refused the Job or kept failing.
+        """
+        if job_nodes(request.kind, self.settings) > 1:
+            return False
+        manifest = build_job_manifest(request, self.settings)
+        name = _run_coro(self._create(request, manifest))
+        with _PRESTART_LOCK:
+            _PRESTARTED[request.identity] = (self.settings.namespace, name, dict(request.labels))
+        return True
+
+    def discard_prestarted(self, labels: Mapping[str, str] | None = None) -> int:
+        """Delete the Jobs created by :meth:`prestart` that no run re-attached to (whose labels include
+        ``labels``; all when None)."""
+        with _PRESTART_LOCK:
+            doomed = [
+                key
+                for key, (_, _, job_labels) in _PRESTARTED.items()
+                if labels is None or all(job_labels.get(k) == v for k, v in labels.items())
+            ]
+            jobs = [_PRESTARTED.pop(key) for key in doomed]
+        for namespace, name, _ in jobs:
+            req = JobRequest(kind="job", spec_url=name, timeout_s=1.0)
+            _run_coro(self._delete(req, name, lambda line: None, namespace))
+        return len(jobs)
+
+    async def _create(self, request: JobRequest, manifest: dict) -> str:
+        timing, retry = self._timing(), self._retry(request, lambda line: None)
+        selector = f"{SPEC_LABEL}={manifest['metadata']['labels'][SPEC_LABEL]}"
+        async with await api_client() as api:
+            return await ensure_job(api, manifest, selector, retry, timing, lambda line: None)
 
     def _timing(self) -> Any:
         s = self.settings
@@ -617,11 +665,11 @@ class KubernetesLauncher(Launcher):
                 for task in watch.followers.values():
                     task.cancel()
 
-    async def _delete(self, request: JobRequest, name: str, on_line: LineSink) -> None:
+    async def _delete(self, request: JobRequest, name: str, on_line: LineSink, namespace: str | None = None) -> None:
         retry = ApiRetry(window_s=10.0, max_s=2.0, kind=request.kind, on_line=on_line)
         async with await api_client() as api:
             try:
-                await delete_job(api, self.settings.namespace, name, retry)
+                await delete_job(api, namespace or self.settings.namespace, name, retry)
             except JobLaunchError as e:
                 on_line(f"could not delete Kubernetes Job {name}: {e}")
 

@@ -17,10 +17,13 @@ one entry point: it runs a :class:`JobRequest` on a launcher and turns the outco
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
+import contextlib
 import ctypes
 import os
 import queue
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -33,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import IO, ClassVar
 
 from mugrpo.registry import Registry
+from tasks import forkserver
 
 #: Output lines of a job kept for results and error messages.
 TAIL_LINES = 20
@@ -137,6 +141,19 @@ class JobRequest:
         """``[python, "-m", module, spec_url]`` with ``python`` falling back to ``default_python``."""
         return [self.python or default_python, "-m", self.module_name, self.spec_url]
 
+    @property
+    def identity(self) -> tuple:
+        """What makes two requests the same job launch: a pre-started job is followed only by an equal one."""
+        return (
+            self.kind,
+            self.module_name,
+            self.spec_url,
+            self.python,
+            tuple(sorted(self.env.items())),
+            tuple(sorted(self.labels.items())),
+            self.attempt,
+        )
+
 
 @dataclass(frozen=True)
 class LaunchOutcome:
@@ -176,6 +193,22 @@ class Launcher(ABC):
         Raises:
             JobLaunchError: the job could not be started or watched.
         """
+
+    def prestart(self, request: JobRequest) -> bool:
+        """Start the job now, ahead of the :meth:`run` that will follow it: the job gets ready and waits at its
+        start gate (``start_after`` in its spec, :mod:`mugrpo.start_gate`). A later :meth:`run` of an equal
+        request (same kind, module, spec, interpreter, environment and attempt) follows this job instead of
+        starting another. Returns whether a job was started (the default: no, the job starts at :meth:`run`).
+
+        Raises:
+            JobLaunchError: the job could not be started.
+        """
+        return False
+
+    def discard_prestarted(self, labels: Mapping[str, str] | None = None) -> int:
+        """Stop the pre-started jobs no :meth:`run` has followed yet (those whose labels include ``labels``;
+        all when None). Returns how many were stopped."""
+        return 0
 
 
 LAUNCHERS: Registry[type[Launcher]] = Registry("launcher")
@@ -269,6 +302,29 @@ def _kill_live_groups() -> None:
 
 
 atexit.register(_kill_live_groups)
+atexit.register(forkserver.close_servers)
+
+
+def discard_prestarted(labels: Mapping[str, str] | None = None) -> int:
+    """SIGKILL the process groups of the subprocess jobs pre-started and not followed yet whose labels include
+    ``labels`` (all when None). Returns how many were stopped. A waiting job has read nothing of the run and
+    written nothing, so stopping it loses no work."""
+    with _LIVE_LOCK:
+        doomed = [
+            key
+            for key, job in _PRESTARTED.items()
+            if labels is None or all(job.request.labels.get(k) == v for k, v in labels.items())
+        ]
+        jobs = [_PRESTARTED.pop(key) for key in doomed]
+    for job in jobs:
+        _signal_group(job.pgid, signal.SIGKILL)
+        job.proc.wait()
+        with _LIVE_LOCK:
+            _LIVE_GROUPS.discard(job.pgid)
+        if job.proc.stdout is not None:
+            with contextlib.suppress(OSError, ValueError):
+                job.proc.stdout.close()
+    return len(jobs)
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
@@ -309,6 +365,76 @@ def _parent_death_signal() -> Callable[[], None] | None:
     return preexec
 
 
+#: Jobs started ahead by :meth:`SubprocessLauncher.prestart`, by :attr:`JobRequest.identity`, until a run follows.
+_PRESTARTED: dict[tuple, _JobProcess] = {}
+_prestart_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _prestarter() -> concurrent.futures.ThreadPoolExecutor:
+    """The one long-lived thread that starts pre-started jobs: a job's parent-death signal fires when the thread
+    that started it ends (``PR_SET_PDEATHSIG``), so it must not be a task's thread, which ends before the job's
+    run follows it."""
+    global _prestart_pool
+    with _LIVE_LOCK:
+        if _prestart_pool is None:
+            _prestart_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="job-prestart")
+        return _prestart_pool
+
+
+def _on_prestarter(fn: Callable, *args):
+    """``fn(*args)`` on the prestart thread (:func:`_prestarter`), from any thread, that one included."""
+    if threading.current_thread().name.startswith("job-prestart"):
+        return fn(*args)
+    return _prestarter().submit(fn, *args).result()
+
+
+def autogroup_nice(pid: int | str = "self") -> int | None:
+    """The nice value of ``pid``'s autogroup (Linux ``CONFIG_SCHED_AUTOGROUP``: the CPU is shared between sessions
+    first, and a process's own nice value only counts inside its session), or None where there is none."""
+    try:
+        with open(f"/proc/{pid}/autogroup") as f:
+            return int(f.read().split("nice")[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def set_priority(pid: int | str, nice: int) -> None:
+    """Give ``pid``'s whole session ``nice``: its autogroup's nice value where the kernel groups by session, and
+    every thread of its process group (``pid`` leads both: a job's own session). Best effort: a process gone
+    meanwhile, or a kernel without autogroups, changes nothing else."""
+    with contextlib.suppress(OSError, ValueError):
+        with open(f"/proc/{pid}/autogroup", "w") as f:
+            f.write(str(nice))
+    if pid != "self":
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PGRP, int(pid), nice)
+
+
+def can_raise_priority() -> bool:
+    """Whether this process may lower a niceness again (``CAP_SYS_NICE``, Linux): only then are pre-started jobs
+    niced while they wait (:class:`SubprocessLauncher`)."""
+    try:
+        with open("/proc/self/status") as f:
+            caps = next(line for line in f if line.startswith("CapEff:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(int(caps.split()[1], 16) >> 23 & 1)
+
+
+@dataclass
+class _JobProcess:
+    """A job's process (leader of its own process group) and the thread moving its output lines to a queue."""
+
+    request: JobRequest
+    proc: subprocess.Popen
+    lines: queue.Queue
+    niced: bool = False
+
+    @property
+    def pgid(self) -> int:
+        return self.proc.pid
+
+
 @register_launcher("subprocess")
 class SubprocessLauncher(Launcher):
     """Run the job as a child process in its own session; stdout and stderr are merged, line by line.
@@ -316,20 +442,52 @@ class SubprocessLauncher(Launcher):
     The child's environment is this process's environment, then ``PYTHONUNBUFFERED=1`` (lines arrive as they are
     printed, not when a buffer fills), then ``request.env``.
 
+    Pre-started jobs (:meth:`prestart`) are children of this process too, held in a module-level table until a
+    :meth:`run` of an equal request follows them (its timeout counts from then); their output lines wait in a
+    queue. Where this process may raise a priority back (:func:`can_raise_priority`), a pre-started job's process
+    group runs at ``prestart_nice`` while it gets ready, so its imports take the cores the running job leaves idle,
+    and is set back to this process's niceness when its run follows it.
+
     Args:
         kill_grace_s: seconds between SIGTERM and SIGKILL to the job's process group on timeout or cancellation.
         kill_with_parent: Linux only: the kernel SIGKILLs the job's leader process if this process dies (even by
             SIGKILL). Processes the job started itself are not covered: a job must stop its children when it dies.
+        prestart_nice: niceness added to a pre-started job until it is followed (0: none).
     """
 
-    def __init__(self, kill_grace_s: float = 10.0, kill_with_parent: bool = True):
+    def __init__(
+        self, kill_grace_s: float = 10.0, kill_with_parent: bool = True, prestart_nice: int = 10, fork: bool = False
+    ):
         if kill_grace_s < 0:
             raise ValueError(f"kill_grace_s must be >= 0, got {kill_grace_s}")
+        if not 0 <= prestart_nice <= 19:
+            raise ValueError(f"prestart_nice must be within 0..19, got {prestart_nice}")
         self.kill_grace_s = kill_grace_s
         self.kill_with_parent = kill_with_parent
+        self.prestart_nice = prestart_nice
+        self.fork = fork
 
-    def run(self, request: JobRequest, on_line: LineSink) -> LaunchOutcome:
+    def _start(self, request: JobRequest, nice: int = 0) -> _JobProcess:
+        """Start the job's process in its own session (forked from the job fork server with ``fork``, where one
+        runs: :mod:`tasks.forkserver`) and a thread that reads its output.
+
+        Raises:
+            JobLaunchError: the process could not be started.
+        """
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **request.env}
+        pdeath = _parent_death_signal() if self.kill_with_parent else None
+        if self.fork and forkserver.supported():
+            job = self._fork(request, env, nice, pdeath)
+            if job is not None:
+                return job
+
+        def preexec() -> None:
+            if pdeath is not None:
+                pdeath()
+            if nice:
+                os.nice(nice)
+                set_priority("self", (autogroup_nice() or 0) + nice)  # the session's share (after setsid)
+
         try:
             proc = subprocess.Popen(
                 request.command(sys.executable),
@@ -341,18 +499,69 @@ class SubprocessLauncher(Launcher):
                 encoding="utf-8",
                 errors="replace",
                 start_new_session=True,  # own session and process group: pgid == pid
-                preexec_fn=_parent_death_signal() if self.kill_with_parent else None,
+                preexec_fn=preexec if (pdeath is not None or nice) else None,
             )
         except OSError as e:
             raise JobLaunchError(
                 f"cannot start the {request.kind} job {request.command(sys.executable)}: {e}", kind=request.kind
             ) from e
-        pgid = proc.pid
         with _LIVE_LOCK:
-            _LIVE_GROUPS.add(pgid)
+            _LIVE_GROUPS.add(proc.pid)
         lines: queue.Queue = queue.Queue()
-        reader = threading.Thread(target=_pump, args=(proc.stdout, lines), name=f"job-{pgid}-output", daemon=True)
-        reader.start()
+        threading.Thread(target=_pump, args=(proc.stdout, lines), name=f"job-{proc.pid}-output", daemon=True).start()
+        return _JobProcess(request, proc, lines, niced=bool(nice))
+
+    def _fork(
+        self, request: JobRequest, env: dict[str, str], nice: int, pdeath: Callable[[], None] | None
+    ) -> _JobProcess | None:
+        """The job forked from the fork server of its interpreter and environment (started on first use, on the
+        long-lived prestart thread: its parent-death signal must outlive this call); None when no server can run
+        (the caller spawns the job)."""
+        python = request.python or sys.executable
+        server = _on_prestarter(forkserver.server_for, python, env, lambda: forkserver.ForkServer(python, env, pdeath))
+        if server is None:
+            return None
+        try:
+            proc = server.fork(
+                [request.module_name, request.spec_url], env, nice=nice, title=shlex.join(request.command(python))
+            )
+        except OSError as e:
+            raise JobLaunchError(
+                f"cannot fork the {request.kind} job from the job fork server: {e}", kind=request.kind
+            ) from e
+        with _LIVE_LOCK:
+            _LIVE_GROUPS.add(proc.pid)
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=_pump, args=(proc.stdout, lines), name=f"job-{proc.pid}-output", daemon=True).start()
+        return _JobProcess(request, proc, lines, niced=bool(nice))
+
+    def prestart(self, request: JobRequest) -> bool:
+        with _LIVE_LOCK:
+            if request.identity in _PRESTARTED:
+                return True
+        nice = self.prestart_nice if can_raise_priority() else 0
+        job = _on_prestarter(self._start, request, nice)
+        with _LIVE_LOCK:
+            _PRESTARTED[request.identity] = job
+        return True
+
+    def discard_prestarted(self, labels: Mapping[str, str] | None = None) -> int:
+        return discard_prestarted(labels)
+
+    def run(self, request: JobRequest, on_line: LineSink) -> LaunchOutcome:
+        with _LIVE_LOCK:
+            job = _PRESTARTED.pop(request.identity, None)
+        if job is None:
+            job = self._start(request)
+        else:
+            on_line(f"following the {request.kind} job pre-started as pid {job.pgid}")
+            if job.niced:  # back to this process's priority, for the job and every process it started
+                set_priority(job.pgid, os.getpriority(os.PRIO_PROCESS, 0))
+        return self._follow(job, on_line)
+
+    def _follow(self, job: _JobProcess, on_line: LineSink) -> LaunchOutcome:
+        """Stream the job's lines to ``on_line`` until it exits or its timeout (from now) passes."""
+        proc, lines, pgid, request = job.proc, job.lines, job.pgid, job.request
         deadline = time.monotonic() + request.timeout_s
         timed_out, eof, detail = False, False, ""
         try:
@@ -376,10 +585,9 @@ class SubprocessLauncher(Launcher):
         end = time.monotonic() + 5.0
         while not eof and time.monotonic() < end:
             eof = self._drain(lines, on_line, wait_s=0.2)
-        reader.join(timeout=1.0)
-        if proc.stdout is not None and not reader.is_alive():
-            # (A reader still blocked on the pipe means a process outside the group holds it open; closing the
-            # stream would block on the reader's lock, so the daemon thread keeps it until that process exits.)
+        if proc.stdout is not None and eof:
+            # (Without EOF a process outside the group holds the pipe open; closing the stream would block on the
+            # reader thread's lock, so the daemon thread keeps it until that process exits.)
             proc.stdout.close()
         return LaunchOutcome(exit_code=proc.wait(), job_id=f"pid {pgid}", timed_out=timed_out, detail=detail)
 

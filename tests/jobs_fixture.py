@@ -17,6 +17,7 @@ Like a real job it imports neither mugrpo nor Prefect and reads one JSON spec; t
     grandchild: bool    spawn a grandchild that ignores SIGTERM and sleeps (same process group)
     ignore_term: bool   ignore SIGTERM in the job itself (only SIGKILL ends it)
     pid_file: str       write {"job": pid, "grandchild": pid} here once started
+    print_threads: bool print "torch threads N" (imports torch: the fork server's preload may hold it)
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ def main(spec_path: str) -> int:
         print(line, file=sys.stderr)
     for name in spec.get("print_env", []):
         print(f"{name}={os.environ.get(name)}")
+    if spec.get("print_threads"):
+        import torch
+
+        print(f"torch threads {torch.get_num_threads()}")
     print(f"attempt {attempt}")
     if spec.get("gate_file"):
         gate, deadline = Path(spec["gate_file"]), time.monotonic() + 120

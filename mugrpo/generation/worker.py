@@ -25,6 +25,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from mugrpo.adapters import merged_policy_dir
 from mugrpo.algorithms import (
     GenerationHooks,
     GenerationStart,
@@ -46,6 +47,7 @@ from mugrpo.policies import local_policy_dir
 from mugrpo.progress import console, job_progress
 from mugrpo.prompt_plan import stage_prompts
 from mugrpo.rewards import RewardScorer
+from mugrpo.start_gate import StartGate
 from mugrpo.storage import Store
 from mugrpo.tables import table_from_rows, write_table
 from mugrpo.verifiers import VerifierPoolOwner
@@ -68,6 +70,30 @@ class GenerationWorker(VerifierPoolOwner):
     def __init__(self, engine=None) -> None:
         super().__init__()
         self._engine = engine
+        self._datasets: dict[str, tuple] = {}  # training sets loaded by this worker, by their config (JSON)
+
+    def prepare(self, spec: GenerateSpec) -> None:
+        """What a pre-started generate job does before its inputs are committed (:mod:`mugrpo.start_gate`): start
+        the verifier pool and wait it ready, import the engine, load the training set. Reads nothing of the run,
+        writes nothing.
+
+        Raises:
+            RuntimeError: the verifier pool did not start.
+            mugrpo.data.DatasetError: the training set cannot be read.
+        """
+        from mugrpo.engines import load_builtin_engines
+
+        self.start_verifier_pool(spec.reward)  # its workers start while this process imports
+        load_builtin_engines()  # the engine's imports (torch, transformers' model code)
+        self._problems(spec)
+        self.verifier_pool(spec.reward)
+
+    def _problems(self, spec: GenerateSpec) -> tuple:
+        """``load_problems(spec.dataset)``, once per dataset config in this worker's life."""
+        key = spec.dataset.model_dump_json()
+        if key not in self._datasets:
+            self._datasets[key] = load_problems(spec.dataset)
+        return self._datasets[key]
 
     def run_stage(self, spec: GenerateSpec, *, origin: float | None = None) -> JobManifest:
         """Run (or resume, or skip when committed) worker ``spec.worker``'s share of the generation of
@@ -109,10 +135,10 @@ class GenerationWorker(VerifierPoolOwner):
         from mugrpo.engines import make_engine
 
         layout = RunLayout(spec.run_id)
-        policy = local_policy_dir(store, spec.policy_dir)
+        policy = merged_policy_dir(store, local_policy_dir(store, spec.policy_dir))  # LoRA: merged once
         tokenizer = AutoTokenizer.from_pretrained(policy)
         max_context = spec.max_context or int(AutoConfig.from_pretrained(policy).max_position_embeddings)
-        problems, report = load_problems(spec.dataset)
+        problems, report = self._problems(spec)
         selected = stage_prompts(store, spec, problems)  # the stage's prompt plan (mugrpo.prompt_plan)
         prepared, skipped = prepare_prompts(spec, tokenizer, selected, max_context)
         shards = [prepared[i : i + spec.shard_size] for i in range(0, len(prepared), spec.shard_size)]
@@ -254,13 +280,21 @@ def _sample_and_commit(
     return tokens, time.monotonic() - t0
 
 
-def run_generate(spec: GenerateSpec, *, origin: float | None = None) -> JobManifest:
+def run_generate(spec: GenerateSpec, *, origin: float | None = None, gate: StartGate | None = None) -> JobManifest:
     """The cold generate job: start an engine and a verifier pool, run (or resume) one worker's share of one stage
     (and commit the stage's generation if it is the last worker to finish), stop them. ``origin``: as in
     :meth:`GenerationWorker.run_stage` (the job passes its process start).
 
+    With a ``gate`` whose markers are not all committed yet (a pre-started job), the worker first does what needs
+    no input (:meth:`GenerationWorker.prepare`), then waits at the gate; its switch time counts from the moment
+    the gate opened.
+
     Raises:
-        See :meth:`GenerationWorker.run_stage`.
+        See :meth:`GenerationWorker.run_stage`; mugrpo.start_gate.StartTimeout and mugrpo.lease.LeaseFenced from
+        the gate.
     """
     with GenerationWorker() as worker:
+        if gate is not None and gate.pending:
+            worker.prepare(spec)
+            origin = gate.wait(console.print)
         return worker.run_stage(spec, origin=origin)

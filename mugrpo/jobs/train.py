@@ -29,8 +29,11 @@ the job reads nothing else from it):
 (``LlamaDecoderLayer`` for Llama/SmolLM2; ``Qwen2DecoderLayer`` for Qwen2.5, etc. An ``s3://`` SPEC needs the
 store's credentials in the environment; ``MUGRPO_STORAGE_OPTIONS`` may carry JSON fsspec options for reading it.)
 
-Exit codes: 0 done (or already committed), 2 bad spec, bad rollouts, a tampered input (checksum mismatch, the
-file named) or a lost run lease, 3 NaN/inf loss or gradient (the
+Pre-started (``start_after``, :mod:`mugrpo.start_gate`): the job imports torch, transformers and accelerate, then
+waits for the generate manifest of its stage (and the previous stage's commit) before it reads anything.
+
+Exit codes: 0 done (or already committed), 1 inputs not committed within ``start_timeout_s``, 2 bad spec, bad
+rollouts, a tampered input (checksum mismatch, the file named) or a lost run lease, 3 NaN/inf loss or gradient (the
 minibatch's prompt ids are in ``jobs/stage=k/train.nonfinite.json``; the last checkpoint is intact).
 """
 
@@ -41,6 +44,7 @@ from transformers.utils import logging as hf_logging
 
 from mugrpo.jobs.common import PROCESS_START, fail, load_spec, refuse_untrusted, spec_argument
 from mugrpo.progress import quiet_library_bars
+from mugrpo.start_gate import StartGate
 from mugrpo.tables import SchemaError
 from mugrpo.trainer.data import RolloutDataError
 from mugrpo.trainer.loop import run_training
@@ -59,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_flush_denormal(True)
     try:
         with refuse_untrusted("train", spec.stage):  # tampered checkpoint/optimizer/rollouts: exit 2, file named
-            run_training(spec, origin=PROCESS_START)
+            run_training(spec, origin=PROCESS_START, gate=StartGate(spec))
     except (RolloutDataError, SchemaError) as e:
         fail(f"train stage {spec.stage}: bad rollouts: {e}", 2)
     except NonFiniteError as e:

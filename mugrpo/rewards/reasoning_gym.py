@@ -58,3 +58,4 @@ def reasoning_gym_score(item: RewardInput, answer: str | None) -> float:
 
 reasoning_gym_score.check_installed = _check_installed
 reasoning_gym_score.prepare = _check_installed  # import reasoning-gym at worker start, not on an item's clock
+reasoning_gym_score.preload = ("reasoning_gym",)  # what a forkserver imports once for all workers (rewards.pool)

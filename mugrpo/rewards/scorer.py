@@ -80,6 +80,7 @@ class RewardScorer:
             start_method=self.config.start_method,
             initializer=partial(_init_worker, tuple(fn for _, fn in components)),
             start_timeout_s=self.config.worker_start_timeout_s,
+            preload=("mugrpo.rewards.scorer", *(m for _, fn in components for m in getattr(fn, "preload", ()))),
         )
 
     @property

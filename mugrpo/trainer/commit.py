@@ -28,6 +28,7 @@ import torch
 from accelerate.utils import gather_object
 from rich.table import Table
 
+from mugrpo.adapters import base_ref, is_lora_model, save_adapter
 from mugrpo.algorithms import CheckpointAt, CommitRecord, StageCommit, TrainHooks
 from mugrpo.layout import RunLayout
 from mugrpo.manifest import latest_checkpoint, write_job_manifest
@@ -58,9 +59,9 @@ _SUMMARY_COLUMNS = (
 )
 
 
-def full_state_options():
+def full_state_options(*, trainable_only: bool = False):
     """``StateDictOptions`` of full (unsharded, CPU) state dicts: what a checkpoint and a published policy hold, also
-    under FSDP.
+    under FSDP; ``trainable_only``: without frozen parameters (a LoRA policy's base).
 
     torch.distributed.checkpoint's ``state_dict`` module is imported here, on first use (a checkpoint, a publish, a
     resume, carried AdamW moments), not with this module: a job does not need it before its first update
@@ -68,7 +69,7 @@ def full_state_options():
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only)
 
 
 def set_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
@@ -85,10 +86,12 @@ def inner_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
 
 
 def policy_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Full (unsharded, CPU) state dict of the wrapped policy with HF parameter names (collective under FSDP)."""
+    """Full (unsharded, CPU) state dict of the wrapped policy with HF parameter names (collective under FSDP); of a
+    LoRA policy, its adapters only (the base is frozen and stays at ``policies/stage=0``)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    state = get_model_state_dict(model, options=full_state_options())
+    lora = is_lora_model(model)
+    state = get_model_state_dict(model, options=full_state_options(trainable_only=lora))
     return {k[len(_POLICY_PREFIX) :]: v for k, v in state.items() if k.startswith(_POLICY_PREFIX)}
 
 
@@ -97,6 +100,16 @@ def save_hf_dir(policy, state: dict[str, torch.Tensor], dest: Path, tokenizer=No
     policy.save_pretrained(dest, state_dict=state)
     if tokenizer is not None:
         tokenizer.save_pretrained(dest)
+
+
+def save_policy(live: LivePolicy, spec: TrainSpec, state: dict[str, torch.Tensor], dest: Path) -> None:
+    """Write the live policy with tensors ``state`` as a policy folder at ``dest``: an HF model dir, or for a LoRA
+    policy its adapter with a reference to its base, ``policies/stage=0`` (:mod:`mugrpo.adapters`)."""
+    if is_lora_model(live.policy):
+        ref = base_ref(spec.store(), RunLayout(spec.run_id).policy_dir(0))
+        save_adapter(live.policy, state, dest, ref, live.tokenizer)
+    else:
+        save_hf_dir(live.policy, state, dest, live.tokenizer)
 
 
 def nonfinite_report_path(layout: RunLayout, stage: int) -> str:
@@ -133,16 +146,65 @@ def file_records(store: Store, layout: RunLayout, rel_dir: str) -> list[FileReco
     ]
 
 
+#: AdamW's per-parameter tensors rounded and stored in ``train.checkpoint_dtype`` (``step`` stays as it is).
+MOMENT_KEYS = ("exp_avg", "exp_avg_sq")
+
+
+def round_state_to(dtype: torch.dtype, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Round the live weights and AdamW moments to ``dtype``'s values, in place, keeping their own dtype (fp32).
+
+    Each value becomes the nearest ``dtype`` value (``Tensor.to``: round to nearest even), so casting the tensors
+    to ``dtype`` afterwards loses nothing and loading them back gives the same fp32 values: a run continuing
+    after a checkpoint and a run resumed from it hold the same state (``train.checkpoint_dtype``). Works on local
+    shards (FSDP): rounding is elementwise.
+
+    Args:
+        dtype: the storage dtype (torch.bfloat16).
+        model: the wrapped policy (its parameters).
+        optimizer: the inner optimizer (its per-parameter state).
+    """
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad and p.is_floating_point() and p.dtype != dtype:  # not a LoRA policy's frozen base
+                p.copy_(p.to(dtype).to(p.dtype))
+        for state in optimizer.state.values():
+            for key in MOMENT_KEYS:
+                t = state.get(key)
+                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != dtype:
+                    t.copy_(t.to(dtype).to(t.dtype))
+
+
+def cast_for_storage(
+    dtype: torch.dtype, policy, model_state: dict[str, torch.Tensor], optimizer_state: dict
+) -> tuple[dict[str, torch.Tensor], dict]:
+    """The state dicts of a checkpoint in storage dtype ``dtype``: the policy's parameters and AdamW's moments
+    cast (buffers, such as RoPE's ``inv_freq``, and AdamW's ``step`` keep theirs). Call after
+    :func:`round_state_to`, so the cast is exact."""
+    params = {name for name, _ in policy.named_parameters(remove_duplicate=False)}
+    model_state = {k: v.to(dtype) if k in params and v.is_floating_point() else v for k, v in model_state.items()}
+    states = {
+        name: {k: v.to(dtype) if k in MOMENT_KEYS and isinstance(v, torch.Tensor) else v for k, v in st.items()}
+        for name, st in optimizer_state.get("state", {}).items()
+    }
+    return model_state, {**optimizer_state, "state": states}
+
+
 def write_stage_checkpoint(live: LivePolicy, run: StageRun, step: int, rows: list[dict]) -> None:
     """Checkpoint: commit the train_steps part of the updates since the last checkpoint, then each algorithm's
     part, then the checkpoint of ``step`` (weights, AdamW, LR schedule, RNG, the algorithms' state), then prune
-    older checkpoints. Collective under FSDP: every rank calls it."""
+    older checkpoints; with ``train.checkpoint_dtype`` bfloat16 the live weights and moments are first rounded to
+    bf16 values and stored as bf16 (:func:`round_state_to`). Collective under FSDP: every rank calls it."""
     spec, store, layout, accelerator = run.spec, run.store, run.layout, live.accelerator
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    model_state = policy_state_dict(live.model)
     optimizer = inner_optimizer(live.optimizer)
+    storage = getattr(torch, spec.train.checkpoint_dtype)
+    if storage != torch.float32:
+        round_state_to(storage, live.model, optimizer)
+    model_state = policy_state_dict(live.model)
     optimizer_state = get_optimizer_state_dict(live.model, optimizer, options=full_state_options())
+    if storage != torch.float32:
+        model_state, optimizer_state = cast_for_storage(storage, live.policy, model_state, optimizer_state)
     rng = capture_rng_state()
     rng_states = gather_object([rng]) if accelerator.num_processes > 1 else [rng]
     main = accelerator.is_main_process
@@ -154,7 +216,7 @@ def write_stage_checkpoint(live: LivePolicy, run: StageRun, step: int, rows: lis
     if shared:  # the weights go to the published policy only; the checkpoint references it
         _publish(live, spec, model_state)
     if main:
-        save_model = None if shared else (lambda dest: save_hf_dir(live.policy, model_state, dest, live.tokenizer))
+        save_model = None if shared else (lambda dest: save_policy(live, spec, model_state, dest))
         write_checkpoint(
             store,
             layout.checkpoint_dir(spec.stage, step),
@@ -194,7 +256,7 @@ def _publish(live: LivePolicy, spec: TrainSpec, state: dict[str, torch.Tensor]) 
     if live.accelerator.is_main_process and not store.is_complete_dir(spec.output_policy_dir):
         with tempfile.TemporaryDirectory(prefix=f"mugrpo-publish-{spec.stage}-") as tmp:
             out = Path(tmp) / "policy"
-            save_hf_dir(live.policy, state, out, live.tokenizer)
+            save_policy(live, spec, state, out)
             meta = {"stage": spec.stage + 1, "policy_version": spec.policy_version + spec.train.updates_per_stage}
             store.upload_dir(out, spec.output_policy_dir, meta=meta)
     live.accelerator.wait_for_everyone()

@@ -23,6 +23,8 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 
+from mugrpo.adapters import attach_lora, is_adapter_dir, load_trainable
+from mugrpo.adapters import load_tokenizer as adapter_tokenizer
 from mugrpo.algorithms import ResumePoint, StageStart, TrainHooks, make_train_hooks, sections_of
 from mugrpo.config import TrainSection
 from mugrpo.layout import RunLayout
@@ -32,6 +34,7 @@ from mugrpo.models import load_model, load_policy
 from mugrpo.policies import local_policy_dir
 from mugrpo.progress import console
 from mugrpo.seeds import derive_seed
+from mugrpo.start_gate import StartGate
 from mugrpo.storage import Store
 from mugrpo.tables import RolloutDataError
 from mugrpo.trainer.checkpoint import LoadedCheckpoint, read_checkpoint, read_optimizer_state, restore_rng_state
@@ -114,9 +117,20 @@ class Trainer:
             enable_activation_checkpointing(policy)
         policy.train()
         model = PolicyTokenLogprobs(policy, train.logprob_chunk_size)
-        optimizer = build_optimizer(model.parameters(), train)
+        optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], train)  # LoRA: adapters
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.policy = self.accelerator.unwrap_model(self.model).policy
+
+    def _load_behavior(self, spec: TrainSpec, store: Store, behavior_dir: Path) -> tuple:
+        """The behavior policy to train and its tokenizer: the full policy of ``behavior_dir``, with fresh LoRA
+        adapters when ``train.lora`` asks for them (stage 0), or the adapter policy of ``behavior_dir`` on its
+        base (:mod:`mugrpo.adapters`)."""
+        if is_adapter_dir(behavior_dir):
+            return load_trainable(store, behavior_dir), adapter_tokenizer(behavior_dir)
+        policy, tokenizer = load_policy(behavior_dir)  # the tokenizer read once (mugrpo.models)
+        if spec.train.lora is not None:
+            policy = attach_lora(policy, spec.train.lora, derive_seed(spec.seed, "lora-init") % 2**32)
+        return policy, tokenizer
 
     def _load_weights_from(self, model_dir: Path) -> None:
         """Copy the weights of the HF dir ``model_dir`` into the live policy, in place (same dtype: bitwise)."""
@@ -138,7 +152,7 @@ class Trainer:
         t0 = time.monotonic()
         behavior_dir = local_policy_dir(spec.store(), spec.policy_dir)
         if self.model is None:
-            policy, self.tokenizer = load_policy(behavior_dir)  # the tokenizer read once (mugrpo.models)
+            policy, self.tokenizer = self._load_behavior(spec, spec.store(), behavior_dir)
             self._build(policy, spec.train)
         else:
             self._load_weights_from(behavior_dir)
@@ -305,7 +319,7 @@ class Trainer:
         cold = self.model is None
         if cold:
             behavior_dir = local_policy_dir(store, spec.policy_dir)
-            behavior, self.tokenizer = load_policy(behavior_dir)
+            behavior, self.tokenizer = self._load_behavior(spec, store, behavior_dir)
         else:
             self.ensure_weights(spec)
             behavior = self.policy
@@ -316,7 +330,12 @@ class Trainer:
             trainer_behavior = self._recompute_behavior(spec, data, order, behavior, device)
             self._recompute_s = time.monotonic() - t0
         if cold:
-            policy = behavior if ckpt is None else load_model(ckpt.model_dir)
+            if ckpt is None:
+                policy = behavior
+            elif is_adapter_dir(ckpt.model_dir):  # LoRA: the checkpoint's adapter on the same base
+                policy = load_trainable(store, ckpt.model_dir)
+            else:
+                policy = load_model(ckpt.model_dir)
             self._build(policy, train)
         else:
             if ckpt is not None:
@@ -395,11 +414,16 @@ class Trainer:
         self.optimizer_source = (run.spec.stage, step)
 
 
-def run_training(spec: TrainSpec, *, origin: float | None = None) -> JobManifest:
+def run_training(spec: TrainSpec, *, origin: float | None = None, gate: StartGate | None = None) -> JobManifest:
     """The cold train job: a fresh :class:`Trainer` runs (or resumes, or skips) stage ``spec.stage``. ``origin``: as
-    in :meth:`Trainer.run_stage` (the job passes its process start).
+    in :meth:`Trainer.run_stage` (the job passes its process start). With a ``gate`` not yet open (a pre-started
+    job: its imports and the accelerator are ready), the trainer waits at it first; the switch time counts from
+    its opening.
 
     Raises:
-        See :meth:`Trainer.run_stage`.
+        See :meth:`Trainer.run_stage`; mugrpo.start_gate.StartTimeout and mugrpo.lease.LeaseFenced from the gate.
     """
-    return Trainer(spec.train.mixed_precision).run_stage(spec, origin=origin)
+    trainer = Trainer(spec.train.mixed_precision)
+    if gate is not None and gate.pending:
+        origin = gate.wait(console.print)
+    return trainer.run_stage(spec, origin=origin)

@@ -36,17 +36,24 @@ def test_arms_share_the_budget_and_differ_in_staleness_and_execution(tmp_path):
     b = Budget()
     cfgs = {arm: arm_config(arm, tmp_path / arm, arm, b) for arm in ARMS}
     shapes = {arm: _shape(cfg) for arm, cfg in cfgs.items()}
-    assert shapes["mu"] == shapes["grpo-warm"] == shapes["grpo-cold"] == shapes["mu-warm"] == shapes["mu-seq"]
+    lrs = {arm: shape.pop("lr") for arm, shape in shapes.items()}
+    assert all(shape == shapes["mu"] for shape in shapes.values())
+    assert lrs.pop("mu-lora") == 10 * lrs["mu"]  # LoRA at 10x full fine-tuning's rate ("LoRA Without Regret")
+    assert len(set(lrs.values())) == 1
     assert shapes["mu"]["updates"] == b.updates == 32
     assert cfgs["mu"].run.num_stages == 4 and cfgs["mu"].train.updates_per_stage == b.updates // 4
     assert cfgs["grpo-warm"].train.updates_per_stage == GRPO_MU == cfgs["grpo-cold"].train.updates_per_stage
     assert cfgs["mu"].loss.name == "mu_grpo" and cfgs["grpo-warm"].loss.name == "grpo"
-    assert [cfgs[a].orchestration.execution for a in ARMS] == ["cold", "warm", "cold", "warm", "cold"]
+    assert [a for a in ARMS if cfgs[a].orchestration.execution == "warm"] == ["grpo-warm", "mu-warm", "grpo-warm-bf16"]
     # mu-seq is Mu-GRPO's cold run with its jobs one after another: the checkpoint overlap's share
     assert [a for a in ARMS if not cfgs[a].orchestration.overlap_checkpoint] == ["mu-seq"]
-    assert cfgs["mu-seq"].model_dump(exclude={"run", "orchestration"}) == cfgs["mu"].model_dump(
-        exclude={"run", "orchestration"}
-    )
+    assert [a for a in ARMS if not cfgs[a].orchestration.prestart_jobs] == ["mu-spawn"]
+    # each mu-* arm is Mu-GRPO's cold run with one change
+    core = {"run", "orchestration"}
+    for arm, change in (("mu-seq", set()), ("mu-spawn", set()), ("mu-bf16", {"train"}), ("mu-lora", {"train"})):
+        assert cfgs[arm].model_dump(exclude=core | change) == cfgs["mu"].model_dump(exclude=core | change), arm
+    assert cfgs["mu-bf16"].train.checkpoint_dtype == cfgs["grpo-warm-bf16"].train.checkpoint_dtype == "bfloat16"
+    assert cfgs["mu-lora"].train.lora.rank == 16 and cfgs["mu"].train.lora is None
     # mu-warm is Mu-GRPO's run exactly, only executed in one warm segment job
     assert cfgs["mu-warm"].loss == cfgs["mu"].loss and cfgs["mu-warm"].run.num_stages == cfgs["mu"].run.num_stages
     with pytest.raises(ValueError, match="unknown arm"):
@@ -82,12 +89,12 @@ def test_speedup_quick_runs_all_arms_to_equal_updates(tmp_path):
     assert set(res["results"]) == set(ARMS)
     assert {arm: runs[0]["updates"] for arm, runs in res["results"].items()} == dict.fromkeys(res["results"], 8)
     assert {arm: runs[0]["stages"] for arm, runs in res["results"].items()} == {
-        "mu": 4,
-        "grpo-warm": 2,
-        "grpo-cold": 2,
-        "mu-warm": 4,
-        "mu-seq": 4,
+        arm: 2 if arm.startswith("grpo") else 4 for arm in ARMS
     }
+    # the bytes each stage left: bf16 checkpoints and LoRA adapters write less than the full fp32 state
+    disk = res["disk_gb_per_stage"]
+    assert disk["mu-lora"] < disk["mu-bf16"] < disk["mu"] and disk["grpo-warm-bf16"] < disk["grpo-warm"]
+    assert set(res["switch_per_stage_s"]) == set(ARMS)
     # the overlapped cold arm hid part of a checkpoint behind the next stage's generation, counted once; mu-seq none
     assert all(0.0 <= r["t_ckpt_hidden"] <= r["t_ckpt"] for runs in res["results"].values() for r in runs)
     assert res["results"]["mu-seq"][0]["t_ckpt_hidden"] == 0.0

@@ -27,11 +27,13 @@ from bench.support.chaos import (
     QUICK,
     ChaosSettings,
     Moment,
+    Proc,
     check_run,
     draw_moments,
     in_overlap,
     process_tree,
     run_chaos,
+    waiting_job,
 )
 from bench.support.chaos.procs import JOB_ROLES
 
@@ -47,10 +49,11 @@ def test_moments_are_drawn_from_the_seed(tmp_path):
     assert all(0 <= m.delay < 1 and 0 <= m.pick < 1 for m in a)
 
 
-def test_the_cold_arms_first_and_every_third_moment_wait_for_a_checkpoint_overlap(tmp_path):
+def test_the_cold_arms_moments_wait_for_a_checkpoint_overlap_or_a_waiting_job(tmp_path):
     moments = draw_moments(_settings(tmp_path, seed=0, moments=12))
     assert [m.index for m in moments if m.at == "overlap"] == [0, 6]  # cold moments 0, 2, 4, 6, ...: 1st and 4th
-    assert all(m.arm == "cold" for m in moments if m.at == "overlap")
+    assert [m.index for m in moments if m.at == "waiting"] == [2, 8]  # 2nd and 5th: a pre-started job waits
+    assert all(m.arm == "cold" for m in moments if m.at != "any")
     run = tmp_path / "run"
     (run / "stages").mkdir(parents=True)
     assert in_overlap(run, 3) is None
@@ -75,6 +78,7 @@ def test_process_tree_names_roles_by_command_line(tmp_path):
         "import multiprocessing as mp, sys, time\n"
         "if __name__ == '__main__':\n"
         "    p = mp.get_context('spawn').Process(target=time.sleep, args=(60,)); p.start()\n"
+        "    q = mp.get_context('forkserver').Process(target=time.sleep, args=(60,)); q.start()\n"
         "    open(sys.argv[2], 'w').write('ready'); time.sleep(60)\n"
     )
     script = tmp_path / "job.py"
@@ -90,13 +94,37 @@ def test_process_tree_names_roles_by_command_line(tmp_path):
             assert time.monotonic() < deadline
             time.sleep(0.05)
         roles = [p.role for p in process_tree(flow.pid)]
-        assert roles[0] == "flow" and "train" in roles and "verifier" in roles
+        assert roles[0] == "flow" and "train" in roles
+        # the spawned worker and the one forked from the job's multiprocessing forkserver; the forkserver itself is
+        # not a victim role (it only starts new workers)
+        assert roles.count("verifier") == 2 and roles.count("verifier-forkserver") == 1
     finally:
         for p in reversed(process_tree(flow.pid)):
             os.kill(p.pid, 9)
         flow.wait()
     assert process_tree(flow.pid) == []
     assert set(JOB_ROLES) == {"generate", "train", "eval", "segment"}
+
+
+def test_a_waiting_job_is_one_whose_start_markers_are_missing(tmp_path):
+    run = tmp_path / "chaos"
+    spec = run / "jobs/stage=1/train.spec.json"
+    spec.parent.mkdir(parents=True)
+    marker = "chaos/jobs/stage=1/generate.manifest.json"
+    spec.write_text(json.dumps({"start_after": [marker]}))
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "mugrpo.jobs.train", str(spec)])
+    try:
+        deadline = time.monotonic() + 30
+        while b"mugrpo.jobs.train" not in Path(f"/proc/{job.pid}/cmdline").read_bytes():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        tree = [Proc(os.getpid(), 1, "flow"), Proc(job.pid, os.getpid(), "train")]
+        assert waiting_job(tree, run).pid == job.pid
+        (tmp_path / marker).write_text("{}")
+        assert waiting_job(tree, run) is None
+    finally:
+        job.kill()
+        job.wait()
 
 
 def _fake_run(root: Path) -> Path:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.quality import ARMS, BASELINE, check_pairing, refuse_failed_audit, t_interval, time_to_reach
+from bench.quality import ARMS, BASELINE, PAIRED_WITH, check_pairing, refuse_failed_audit, t_interval, time_to_reach
 from mugrpo.audit import FAIL, PASS, AuditOptions, AuditReport, CheckResult
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,6 +71,10 @@ def test_quality_quick_runs_audits_and_pairs_every_arm(tmp_path):
         assert r["t_total"] >= r["t_roll"] + r["t_train"] > 0
     paired = res["summary"][BASELINE]["paired_vs_grpo_warm"]
     assert paired["greedy_final"]["per_seed"] == [0.0]  # the baseline against itself
+    # the changes to Mu-GRPO cold, each paired with it; starting jobs differently changes no result
+    for arm, ref in PAIRED_WITH.items():
+        assert set(res["summary"][arm][f"paired_vs_{ref}"]) == {"greedy_final", "avg8_final", "t_total", "t_switch"}
+    assert res["summary"]["mu-grpo-cold-spawn"]["paired_vs_mu-grpo-cold"]["greedy_final"]["per_seed"] == [0.0]
     assert {s["greedy_final"]["n"] for s in res["summary"].values()} == {1}  # quick: one seed
     assert (out / "quality.png").stat().st_size > 1000
     assert "| arm | greedy final (95% CI)" in proc.stdout

@@ -81,14 +81,35 @@ def segment_spec(root: Path, model_dir: Path, tmp: Path) -> tuple:
     return cfg, str(path)
 
 
+def run_scheduled(root: Path, model_dir: Path, log: Path):
+    """Cold execution as the stage flow schedules it (mugrpo.pipeline.run_stage): every job after the first
+    pre-started while the job before it runs and forked from the job fork server (orchestration.prestart_jobs,
+    orchestration.fork_jobs: the defaults), the next generation beside each checkpoint."""
+    from bench.warm_vs_cold import run_cold as run_stages
+
+    cfg = config_from_dict(warm_config(root, model_dir))
+    assert cfg.orchestration.prestart_jobs and cfg.orchestration.fork_jobs
+    run_stages(cfg, log)
+    return cfg
+
+
 @pytest.fixture(scope="module")
 def runs(tiny_model_dir, tmp_path_factory) -> dict:
-    """A cold run and an uninterrupted warm run of the same config (each made once for the module)."""
+    """A cold run (one new interpreter per job, one job after another), a cold run with pre-started forked jobs,
+    and an uninterrupted warm run of the same config (each made once for the module)."""
     tmp = tmp_path_factory.mktemp("warm-vs-cold")
     cold = run_cold(tmp / "cold", tiny_model_dir, tmp / "cold.log")
+    scheduled = run_scheduled(tmp / "scheduled", tiny_model_dir, tmp / "scheduled.log")
     warm, spec = segment_spec(tmp / "warm", tiny_model_dir, tmp)
     _ok(start_job("segment", spec, tmp / "warm.log"), tmp / "warm.log")
-    return {"cold": cold, "warm": warm, "tmp": tmp, "warm_log": (tmp / "warm.log").read_text()}
+    return {
+        "cold": cold,
+        "scheduled": scheduled,
+        "scheduled_log": (tmp / "scheduled.log").read_text(),
+        "warm": warm,
+        "tmp": tmp,
+        "warm_log": (tmp / "warm.log").read_text(),
+    }
 
 
 def _rollouts(cfg, stage: int):
@@ -127,6 +148,24 @@ def test_warm_and_cold_give_the_same_rollouts_and_weights(runs):
     assert log.count("AdamW moments carried over in memory") == STAGES - 1
     assert "carried over from" not in log
     assert log.count("weights synced into the transformers engine") == STAGES
+
+
+def test_prestarted_forked_jobs_give_the_same_rollouts_and_weights(runs):
+    """One algorithm, one code path: jobs launched ahead of their inputs and forked from the job fork server
+    commit what jobs started one after another as new interpreters commit, bitwise."""
+    cold, scheduled = runs["cold"], runs["scheduled"]
+    for k in range(STAGES):
+        a, b = _rollouts(cold, k), _rollouts(scheduled, k)
+        for column in ("prompt_id", "sample_idx", "response_token_ids", "behavior_logprobs", "reward", "advantage"):
+            assert a.column(column).to_pylist() == b.column(column).to_pylist(), (k, column)
+        evals = [pq.read_table(open_store(c).local_path(RunLayout(RUN).evals_dir(k))) for c in (cold, scheduled)]
+        assert evals[0].column("response_text").to_pylist() == evals[1].column("response_text").to_pylist()
+    _assert_same_weights(_final_weights(cold), _final_weights(scheduled))
+    log = runs["scheduled_log"]
+    # every train job and every generation after the first was pre-started, and followed
+    assert log.count("following the train job pre-started") == STAGES
+    assert log.count("following the generate job pre-started") == STAGES - 1
+    assert "waiting for" in log and "inputs committed: starting after" in log
 
 
 def test_warm_commits_the_cold_layout_and_publishes_every_n(runs):

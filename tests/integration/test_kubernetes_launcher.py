@@ -140,6 +140,28 @@ def test_resume_reattaches_to_the_running_job_of_the_same_spec(k8s):
     assert not fake.calls("POST", JOBS) and not fake.calls("DELETE", JOBS)
 
 
+def test_a_prestarted_job_is_created_ahead_and_its_run_reattaches_to_it(k8s):
+    """Pre-starting (orchestration.prestart_jobs) creates the Job while the job before it runs: its pod starts and
+    waits at its start gate; the run of the same request follows that Job, creating none."""
+    fake = k8s(Plan(lines=["step 0", "step 1"]))
+    launcher = KubernetesLauncher(SETTINGS)
+    assert launcher.prestart(request())
+    assert len(fake.calls("POST", JOBS)) == 1
+    result, lines = run(request())
+    assert result.exit_code == 0 and job_lines(lines) == ["step 0", "step 1"]
+    assert len(fake.calls("POST", JOBS)) == 1 and not fake.calls("DELETE", JOBS)
+    assert launcher.discard_prestarted() == 0  # followed: nothing left to stop
+
+
+def test_prestarted_jobs_nobody_followed_are_deleted(k8s):
+    fake = k8s(Plan(lines=["step 0"], hang=True))
+    launcher = KubernetesLauncher(SETTINGS)
+    launcher.prestart(request(kind="generate", spec_url="s3://b/runs/r1/jobs/stage=1/generate.spec.json"))
+    assert launcher.discard_prestarted({"run": "other"}) == 0
+    assert launcher.discard_prestarted({"run": "r1"}) == 1
+    assert len(fake.calls("DELETE", JOBS)) == 1
+
+
 def test_a_failed_job_of_the_same_name_is_replaced_only_after_it_is_gone(k8s):
     fake = k8s(Plan(lines=["step 0"]))
     manifest = build_job_manifest(request(), SETTINGS)

@@ -34,6 +34,20 @@ REPO_ROOT = TESTS_DIR.parent
 JOB_ENV = {"PYTHONPATH": str(TESTS_DIR)}
 
 
+#: The job fork server of a stand-in job imports nothing heavy (mugrpo.jobs.forkserver's preload list replaced).
+FORK_ENV = {"MUGRPO_FORKSERVER_PRELOAD": "json"}
+
+
+@pytest.fixture(params=["spawn", "fork"])
+def start(request) -> str:
+    """How the subprocess launcher starts a job: a new interpreter, or a fork of the job fork server."""
+    return request.param
+
+
+def launcher(start: str, **options) -> SubprocessLauncher:
+    return SubprocessLauncher(fork=start == "fork", **options)
+
+
 def write_spec(path: Path, **spec) -> str:
     path.write_text(json.dumps(spec))
     return str(path)
@@ -41,7 +55,11 @@ def write_spec(path: Path, **spec) -> str:
 
 def standin(spec_url: str, timeout_s: float = 60.0, env: dict[str, str] | None = None) -> JobRequest:
     return JobRequest(
-        kind="standin", spec_url=spec_url, timeout_s=timeout_s, module="jobs_fixture", env={**JOB_ENV, **(env or {})}
+        kind="standin",
+        spec_url=spec_url,
+        timeout_s=timeout_s,
+        module="jobs_fixture",
+        env={**JOB_ENV, **FORK_ENV, **(env or {})},
     )
 
 
@@ -95,7 +113,7 @@ def test_launcher_registry():
 
 
 # ------------------------------------------------------------------------------------------ subprocess launcher
-def test_lines_stream_as_they_arrive_with_parent_env_and_extra_env(tmp_path, monkeypatch):
+def test_lines_stream_as_they_arrive_with_parent_env_and_extra_env(start, tmp_path, monkeypatch):
     monkeypatch.setenv("MUGRPO_TEST_PARENT", "from-parent")
     monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # the launcher must set it: the job never flushes
     gate = tmp_path / "gate"
@@ -114,7 +132,7 @@ def test_lines_stream_as_they_arrive_with_parent_env_and_extra_env(tmp_path, mon
         if line == "attempt 1":  # the job now waits for the gate: only a streamed line can open it
             gate.touch()
 
-    result = launch_job(standin(spec, env={"MUGRPO_TEST_EXTRA": "extra"}), SubprocessLauncher(), on_line=on_line)
+    result = launch_job(standin(spec, env={"MUGRPO_TEST_EXTRA": "extra"}), launcher(start), on_line=on_line)
     # Had the output been buffered until exit, the job would have waited for the gate in vain ("gate never
     # opened", exit 4): "last" proves the lines before it reached us while the job was still running.
     assert seen == [
@@ -129,11 +147,11 @@ def test_lines_stream_as_they_arrive_with_parent_env_and_extra_env(tmp_path, mon
     assert result.last_lines == tuple(seen)
 
 
-def test_nonzero_exit_raises_with_the_last_lines(tmp_path):
+def test_nonzero_exit_raises_with_the_last_lines(start, tmp_path):
     out = [f"line {i}" for i in range(30)]
     spec = write_spec(tmp_path / "spec.json", before=out, exit_code=3)
     with pytest.raises(JobFailedError) as info:
-        launch_job(standin(spec), SubprocessLauncher())
+        launch_job(standin(spec), launcher(start))
     err = info.value
     assert err.exit_code == 3 and err.transient
     assert err.last_lines == (*out[-(TAIL_LINES - 1) :], "attempt 1")
@@ -141,11 +159,11 @@ def test_nonzero_exit_raises_with_the_last_lines(tmp_path):
     # Exit code 2 (usage error, invalid spec) is not worth a retry.
     spec2 = write_spec(tmp_path / "spec2.json", exit_code=2)
     with pytest.raises(JobFailedError) as info2:
-        launch_job(standin(spec2), SubprocessLauncher())
+        launch_job(standin(spec2), launcher(start))
     assert info2.value.exit_code == 2 and not info2.value.transient
 
 
-def test_timeout_kills_the_whole_process_group(tmp_path):
+def test_timeout_kills_the_whole_process_group(start, tmp_path):
     pid_file = tmp_path / "pids.json"
     # Job and grandchild both ignore SIGTERM: only the SIGKILL to the group after the grace period ends them.
     spec = write_spec(
@@ -157,7 +175,7 @@ def test_timeout_kills_the_whole_process_group(tmp_path):
         sleep_s=600,
     )
     with pytest.raises(JobTimeoutError) as info:
-        launch_job(standin(spec, timeout_s=3.0), SubprocessLauncher(kill_grace_s=1.0))
+        launch_job(standin(spec, timeout_s=3.0), launcher(start, kill_grace_s=1.0))
     pids = json.loads(pid_file.read_text())
     assert set(pids) == {"job", "grandchild"}
     # Both ignore SIGTERM, so their being gone proves the SIGKILL to the group after the grace period.
@@ -166,24 +184,25 @@ def test_timeout_kills_the_whole_process_group(tmp_path):
     assert "exceeded its timeout of 3 s" in str(info.value)
 
 
-def test_processes_left_behind_by_a_finished_job_are_killed(tmp_path):
+def test_processes_left_behind_by_a_finished_job_are_killed(start, tmp_path):
     pid_file = tmp_path / "pids.json"
     spec = write_spec(tmp_path / "spec.json", grandchild=True, pid_file=str(pid_file))
-    result = launch_job(standin(spec), SubprocessLauncher())
+    result = launch_job(standin(spec), launcher(start))
     grandchild = json.loads(pid_file.read_text())["grandchild"]
     assert result.exit_code == 0
     assert wait_gone([grandchild]) == []
 
 
-def test_job_dies_with_a_sigkilled_flow_process(tmp_path):
-    """A flow process killed with SIGKILL cannot clean up: the kernel kills its job (PR_SET_PDEATHSIG), so a
-    re-run never races a stale job writing the same files."""
+def test_job_dies_with_a_sigkilled_flow_process(start, tmp_path):
+    """A flow process killed with SIGKILL cannot clean up: the kernel kills its job (PR_SET_PDEATHSIG; a forked job
+    dies with its fork server, which dies with the flow), so a re-run never races a stale job writing the same
+    files."""
     pid_file = tmp_path / "pids.json"
     spec = write_spec(tmp_path / "spec.json", pid_file=str(pid_file), sleep_s=600)
     driver = (
         "import sys; from tasks.launchers import JobRequest, SubprocessLauncher, launch_job; "
         f"launch_job(JobRequest(kind='standin', spec_url={spec!r}, timeout_s=600, module='jobs_fixture', "
-        f"env={JOB_ENV!r}), SubprocessLauncher())"
+        f"env={ {**JOB_ENV, **FORK_ENV}!r}), SubprocessLauncher(fork={start == 'fork'}))"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(TESTS_DIR)])}
     flow_proc = subprocess.Popen([sys.executable, "-c", driver], env=env, start_new_session=True)

@@ -32,12 +32,20 @@ RUN = "resume-test"
 UPDATES = 8
 
 
-def _launch(root: Path, tmp: Path, name: str, mixed_precision: str) -> subprocess.Popen:
+#: LoRA adapters of rank 4 on every linear layer (train.lora)
+LORA = {"rank": 4, "alpha": 8.0}
+
+
+def _launch(
+    root: Path, tmp: Path, name: str, mixed_precision: str, checkpoint_dtype: str = "float32", lora: bool = False
+) -> subprocess.Popen:
     train = {
         "updates_per_stage": UPDATES,
         "warmup_updates": 2,
         "lr_schedule": "cosine",
         "mixed_precision": mixed_precision,
+        "checkpoint_dtype": checkpoint_dtype,
+        "lora": LORA if lora else None,
     }
     # two kept checkpoints: what a kill between the policy's marker and the final checkpoint's leaves (the final
     # one prunes the one before only after its own commit)
@@ -50,15 +58,22 @@ def _wait(proc: subprocess.Popen, tmp: Path, name: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mixed_precision", ["no", "bf16"])
-def test_sigkill_mid_run_then_resume_is_bitwise_equal(tiny_model_dir, tmp_path, mixed_precision):
-    """fp32, and bf16 autocast over fp32 master weights (issue 11): both resume bitwise on CPU."""
+@pytest.mark.parametrize(
+    ("mixed_precision", "checkpoint_dtype", "lora"),
+    [("no", "float32", False), ("bf16", "float32", False), ("no", "bfloat16", False), ("no", "float32", True)],
+)
+def test_sigkill_mid_run_then_resume_is_bitwise_equal(
+    tiny_model_dir, tmp_path, mixed_precision, checkpoint_dtype, lora
+):
+    """fp32, bf16 autocast over fp32 master weights (issue 11), checkpoints holding bf16 weights and AdamW moments
+    (train.checkpoint_dtype: the live state is rounded to them at each checkpoint), and LoRA adapters (train.lora:
+    only the adapters and their moments are checkpointed and published): all resume bitwise on CPU."""
     layout = RunLayout(RUN)
     roots = {name: tmp_path / name for name in ("straight", "killed")}
     for root in roots.values():
         commit_synthetic_stage(Store(str(root)), RUN, tiny_model_dir, num_prompts=8, group_size=4, seed=11)
-    straight = _launch(roots["straight"], tmp_path, "straight", mixed_precision)
-    killed = _launch(roots["killed"], tmp_path, "killed", mixed_precision)
+    straight = _launch(roots["straight"], tmp_path, "straight", mixed_precision, checkpoint_dtype, lora)
+    killed = _launch(roots["killed"], tmp_path, "killed", mixed_precision, checkpoint_dtype, lora)
     store = Store(str(roots["killed"]))
 
     deadline = time.monotonic() + 240
@@ -78,13 +93,17 @@ def test_sigkill_mid_run_then_resume_is_bitwise_equal(tiny_model_dir, tmp_path, 
     if not orphan.exists():
         shutil.copy(store.local_path(layout.train_steps_part(0, last)), orphan)
 
-    resumed = _launch(roots["killed"], tmp_path, "killed", mixed_precision)
+    resumed = _launch(roots["killed"], tmp_path, "killed", mixed_precision, checkpoint_dtype, lora)
     _wait(resumed, tmp_path, "killed")
     _wait(straight, tmp_path, "straight")
     assert read_job_manifest(store, RUN, 0, "train").counts["resumed_from"] == last
 
-    a = load_file(str(Store(str(roots["straight"])).local_path(layout.policy_dir(1)) / "model.safetensors"))
-    b = load_file(str(store.local_path(layout.policy_dir(1)) / "model.safetensors"))
+    weights = "adapter_model.safetensors" if lora else "model.safetensors"  # LoRA: only the adapters published
+    a = load_file(str(Store(str(roots["straight"])).local_path(layout.policy_dir(1)) / weights))
+    b = load_file(str(store.local_path(layout.policy_dir(1)) / weights))
+    if lora:
+        assert a and all("lora_" in name for name in a)
+        assert not store.exists(f"{layout.policy_dir(1)}/model.safetensors")
     assert a.keys() == b.keys()
     unequal = [name for name in a if not torch.equal(a[name], b[name])]
     assert not unequal, f"weights differ after resume: {unequal}"
@@ -106,9 +125,14 @@ def test_sigkill_mid_run_then_resume_is_bitwise_equal(tiny_model_dir, tmp_path, 
         assert ref.files == s.read_json(f"{layout.policy_dir(1)}/_COMPLETE")["files"]
         assert not s.exists(f"{final[name]}/model"), name
     assert_optimizer_equal(Store(str(roots["straight"])), store, final["straight"])
+    stored = getattr(torch, checkpoint_dtype)
+    assert {t.dtype for t in a.values()} == {stored}  # the published weights, which the final checkpoint shares
+    moments = read_optimizer_state(store, final["killed"])["state"]
+    assert {m[k].dtype for m in moments.values() for k in ("exp_avg", "exp_avg_sq")} == {stored}
+    assert all(m["step"].dtype == torch.float32 for m in moments.values())
 
-    if mixed_precision == "no":  # once: the kill between the policy's commit and the final checkpoint's
-        _killed_between_policy_and_final_checkpoint(store, tmp_path, a)
+    if mixed_precision == "no" and not lora:  # the kill between the policy's commit and the final checkpoint's
+        _killed_between_policy_and_final_checkpoint(store, tmp_path, a, checkpoint_dtype)
 
 
 def assert_optimizer_equal(a: Store, b: Store, rel: str) -> None:
@@ -120,7 +144,9 @@ def assert_optimizer_equal(a: Store, b: Store, rel: str) -> None:
             assert torch.equal(value, sb["state"][key][m]), f"AdamW {m} of {key} differs after resume"
 
 
-def _killed_between_policy_and_final_checkpoint(store: Store, tmp: Path, straight_weights: dict) -> None:
+def _killed_between_policy_and_final_checkpoint(
+    store: Store, tmp: Path, straight_weights: dict, checkpoint_dtype: str
+) -> None:
     """What a kill after policies/stage=1's marker and before the final checkpoint's leaves: no final checkpoint,
     no train manifest, the policy committed. The re-run resumes from the checkpoint before, re-trains the last
     updates and references the committed policy; the policy stays bitwise the uninterrupted run's weights, and the
@@ -134,7 +160,7 @@ def _killed_between_policy_and_final_checkpoint(store: Store, tmp: Path, straigh
     store.delete(final, recursive=True)
     store.delete(layout.job_manifest(0, "train"))
     assert checkpoint_steps(store, layout, 0) == [UPDATES - 2]
-    rerun = _launch(store.local_path(""), tmp, "between", "no")
+    rerun = _launch(store.local_path(""), tmp, "between", "no", checkpoint_dtype)
     _wait(rerun, tmp, "between")
     assert read_job_manifest(store, RUN, 0, "train").counts["resumed_from"] == UPDATES - 2
     assert store.read_bytes(f"{layout.policy_dir(1)}/_COMPLETE") == policy_marker  # not re-published

@@ -190,7 +190,9 @@ def test_a_worker_killed_from_outside_does_not_change_the_reward(tmp_path, monke
         killed.append(int(pidfile.read_text()))
         os.kill(killed[0], signal.SIGKILL)
 
-    config = RewardConfig(components={"test_misbehave": 1.0, "format": 0.5}, num_workers=1)
+    # spawn: a worker reads the pid file's path from its environment, and a forkserver started by an earlier test
+    # of this process would fork workers with the environment it started with
+    config = RewardConfig(components={"test_misbehave": 1.0, "format": 0.5}, num_workers=1, start_method="spawn")
     with RewardScorer(config) as scorer:
         scorer.wait_ready()
         killer = threading.Thread(target=kill_first_worker)

@@ -12,6 +12,7 @@ from bench.support.chaos.harness import (
     in_overlap,
     run_chaos,
     tiny_config,
+    waiting_job,
 )
 from bench.support.chaos.invariants import RunCheck, check_run, rollout_keys, train_updates
 from bench.support.chaos.procs import ROLES, Proc, kill, process_tree
@@ -33,5 +34,6 @@ __all__ = [
     "rollout_keys",
     "run_chaos",
     "tiny_config",
+    "waiting_job",
     "train_updates",
 ]

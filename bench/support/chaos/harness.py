@@ -15,7 +15,9 @@ moment kills something while the run is going and the run cannot race ahead of t
 reproducible, what they hit depends on the machine's speed (each kill is printed). The cold arm's 1st, 4th, 7th,
 ... moments are **overlap moments**: instead of the delay they wait for the first instant the run is inside a
 checkpoint overlap (stage k+1's policy committed and stage k not: stage k's train job finishing its checkpoint while
-stage k+1's generation starts beside it, :mod:`mugrpo.pipeline`), then pick a role the same way. Then the run is
+stage k+1's generation starts beside it, :mod:`mugrpo.pipeline`), then pick a role the same way; its 2nd, 5th, 8th,
+... are **waiting moments**: they wait for a pre-started job waiting at its start gate (``orchestration.
+prestart_jobs``) and kill that job, the flow or the whole tree. Then the run is
 resumed the way a user does it, by running ``mugrpo run CONFIG`` again, unless it is still going (a killed verifier
 worker is replaced inside its job). Processes a killed job leaves behind (its verifier workers, which a pod would
 take down with it) are killed before the resume.
@@ -46,7 +48,7 @@ from pathlib import Path
 import yaml
 
 from bench.support.chaos.invariants import RunCheck, check_run
-from bench.support.chaos.procs import JOB_ROLES, alive, kill, process_tree
+from bench.support.chaos.procs import JOB_ROLES, ROLES, alive, cmdline, kill, process_tree
 
 __all__ = [
     "ARM_ROLES",
@@ -58,6 +60,7 @@ __all__ = [
     "in_overlap",
     "run_chaos",
     "tiny_config",
+    "waiting_job",
 ]
 
 RUN_ID = "chaos"
@@ -113,7 +116,9 @@ class Moment:
     at: str = "any"
     """``any``: the delay after a job is seen alive; ``overlap`` (cold arm): the first instant a stage is inside its
     checkpoint overlap (the policy of stage k+1 committed, stage k's manifest not yet: stage k's train job finishing
-    its checkpoint and stage k+1's generation started beside it, :mod:`mugrpo.pipeline`), the delay unused."""
+    its checkpoint and stage k+1's generation started beside it, :mod:`mugrpo.pipeline`), the delay unused;
+    ``waiting`` (cold arm): the first instant a pre-started job waits at its start gate, and the victim is that
+    job, the flow or the whole tree (:func:`waiting_job`)."""
 
     def role(self, alive_roles: set[str]) -> str:
         """The victim role among ``alive_roles`` (``tree`` is always a choice)."""
@@ -234,16 +239,31 @@ OVERLAP_EVERY = 3
 
 def draw_moments(s: ChaosSettings) -> list[Moment]:
     """``s.moments`` moments from ``s.seed``: arms in turn (equal shares), delay fraction and pick uniform in [0, 1);
-    the cold arm's 1st, 4th, 7th, ... moments wait for a checkpoint overlap (:data:`OVERLAP_EVERY`). The same seed
-    gives the same moments."""
+    the cold arm's 1st, 4th, 7th, ... moments wait for a checkpoint overlap (:data:`OVERLAP_EVERY`), its 2nd, 5th,
+    8th, ... for a pre-started job waiting at its start gate. The same seed gives the same moments."""
     rng = random.Random(s.seed)
     moments = []
     for i in range(s.moments):
         arm = s.arms[i % len(s.arms)]
         ordinal = sum(m.arm == arm for m in moments)
-        at = "overlap" if arm == "cold" and ordinal % OVERLAP_EVERY == 0 else "any"
+        at = {0: "overlap", 1: "waiting"}.get(ordinal % OVERLAP_EVERY, "any") if arm == "cold" else "any"
         moments.append(Moment(i, arm, rng.random(), rng.random(), at))
     return moments
+
+
+def waiting_job(tree: list, run_dir: Path) -> object | None:
+    """A job process of ``tree`` waiting at its start gate (a pre-started job: some marker of its spec's
+    ``start_after`` not committed yet, :mod:`mugrpo.start_gate`), or None."""
+    for p in tree:
+        if p.role not in JOB_ROLES:
+            continue
+        try:
+            markers = json.loads(Path(cmdline(p.pid)[-1]).read_text()).get("start_after", [])
+        except (OSError, IndexError, ValueError):
+            continue
+        if any(not (run_dir.parent / m).exists() for m in markers):
+            return p
+    return None
 
 
 def in_overlap(run_dir: Path, num_stages: int) -> int | None:
@@ -372,6 +392,9 @@ def _kill_moment(run: RunProcess, m: Moment, max_delay_s: float, run_dir: Path, 
         if m.at == "overlap":
             while run.running() and (in_overlap(run_dir, num_stages) is None or not _job_alive(run)):
                 time.sleep(0.01)
+        elif m.at == "waiting":
+            while run.running() and waiting_job(process_tree(run.proc.pid), run_dir) is None:
+                time.sleep(0.01)
         else:
             while run.running() and not _job_alive(run):
                 time.sleep(0.02)
@@ -387,8 +410,17 @@ def _kill_moment(run: RunProcess, m: Moment, max_delay_s: float, run_dir: Path, 
             if failures >= 3:
                 raise RuntimeError(f"the run failed {failures} times without a kill:\n{run.tail()}")
             continue  # it failed on its own (kept in the log): resume, as a user would
-        role = m.role({p.role for p in tree} - {"other"})
-        victims = [p.pid for p in tree] if role == "tree" else [next(p.pid for p in tree if p.role == role)]
+        waiting = waiting_job(tree, run_dir) if m.at == "waiting" else None
+        if m.at == "waiting" and waiting is None:
+            continue  # it left the gate between the two looks: wait for the next one
+        # a waiting moment kills the waiting job, the flow or the whole tree while the job waits
+        role = m.role({waiting.role, "flow"} if waiting else {p.role for p in tree} & set(ROLES))
+        if role == "tree":
+            victims = [p.pid for p in tree]
+        elif waiting is not None and role == waiting.role:
+            victims = [waiting.pid]
+        else:
+            victims = [next(p.pid for p in tree if p.role == role)]
         hit = kill(victims)
         if not hit:  # it ended between the listing and the kill: try again
             continue
@@ -397,6 +429,9 @@ def _kill_moment(run: RunProcess, m: Moment, max_delay_s: float, run_dir: Path, 
             kill([p.pid for p in tree if p.pid not in hit and alive(p.pid)])  # orphans (a pod takes them down)
         if m.at == "overlap":
             return f"moment {m.index:2d}: {role} (pid {hit[0]}) killed inside stage {stage}'s checkpoint overlap"
+        if waiting is not None:
+            what = "the waiting job" if role == waiting.role else f"while a {waiting.role} job waited at its gate"
+            return f"moment {m.index:2d}: {role} (pid {hit[0]}) killed: {what}"
         return f"moment {m.index:2d}: {role} (pid {hit[0]}) killed {delay_s:5.1f} s after a job was seen"
 
 

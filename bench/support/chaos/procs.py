@@ -2,7 +2,9 @@
 
 A local ``mugrpo run`` is one flow process (Prefect flows run in it); each job is a child process in its own session
 (``tasks/launchers.py``: ``python -m mugrpo.jobs.{generate,train,eval,segment}``), and each job's verifier pool
-(``mugrpo/rewards/pool.py``) is a set of spawned ``multiprocessing`` workers under the job. Roles are read from
+(``mugrpo/rewards/pool.py``) is a set of ``multiprocessing`` workers under the job (spawned, or forked from the
+job's ``multiprocessing`` forkserver). Jobs may be forked from the job fork server (``mugrpo.jobs.forkserver``):
+their command line still names their module (setproctitle). Roles are read from
 ``/proc`` (Linux): no psutil needed for parent links and command lines.
 """
 
@@ -13,7 +15,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["JOB_ROLES", "ROLES", "Proc", "alive", "kill", "process_tree"]
+__all__ = ["JOB_ROLES", "ROLES", "Proc", "alive", "cmdline", "kill", "process_tree"]
 
 #: Job modules a flow launches, by role.
 JOB_ROLES = ("generate", "train", "eval", "segment")
@@ -41,22 +43,34 @@ def _stat_ppid(pid: int) -> int | None:
     return int(fields[1])
 
 
-def _cmdline(pid: int) -> list[str]:
+def cmdline(pid: int) -> list[str]:
+    """The command line of ``pid`` as a list of arguments ([] when it is gone). A job forked from the job fork
+    server shows its command as one space-separated string (setproctitle): it is split on spaces."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        argv = [a for a in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0") if a]
     except OSError:
         return []
+    return argv[0].split() if len(argv) == 1 else argv
+
+
+#: The role of a job's ``multiprocessing`` forkserver (the verifier pool's, ``reward.start_method: forkserver``):
+#: the workers are its children. Not a victim role: it serves only the starts of new workers.
+_VERIFIER_FORKSERVER = "verifier-forkserver"
 
 
 def _role(pid: int, root: int, parent_role: str | None) -> str:
     if pid == root:
         return "flow"
-    argv = _cmdline(pid)
+    argv = cmdline(pid)
     for job in JOB_ROLES:
         if f"mugrpo.jobs.{job}" in argv:
             return job
     joined = " ".join(argv)
-    if parent_role in JOB_ROLES and "multiprocessing" in joined and "resource_tracker" not in joined:
+    if "multiprocessing" not in joined or "resource_tracker" in joined:
+        return "other"
+    if parent_role in JOB_ROLES:  # a spawned worker, or the forkserver the workers are forked from
+        return _VERIFIER_FORKSERVER if "multiprocessing.forkserver" in joined else "verifier"
+    if parent_role == _VERIFIER_FORKSERVER:
         return "verifier"
     return "other"
 
