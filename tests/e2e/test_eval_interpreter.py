@@ -112,17 +112,28 @@ def assert_both_evals_committed(root: Path, run_id: str) -> None:
     assert any(k.startswith("eval/") for k in stage0.metrics), stage0.metrics
 
 
-def test_default_per_stage_eval_runs_in_a_flow_in_the_generation_interpreter(tmp_path, tiny_model_dir, prefect_api):
+@pytest.mark.parametrize("fork", [False, True])
+def test_default_per_stage_eval_runs_in_a_flow_in_the_generation_interpreter(
+    tmp_path, tiny_model_dir, prefect_api, fork
+):
+    """Every job a new interpreter (``orchestration.fork_jobs: false``): the generate job and both evals start
+    through the generation interpreter, the train job does not. Forked from the job fork server (the default): the
+    generation interpreter starts one server (servers are kept by interpreter), which forks those three jobs."""
     log = tmp_path / "interpreter.log"
     wrapper = recording_interpreter(tmp_path / "gen-python", sys.executable, log)
-    overrides = [*one_stage_overrides(tmp_path, tiny_model_dir, "evalflow"), f"generation.python={wrapper}"]
+    overrides = [
+        *one_stage_overrides(tmp_path, tiny_model_dir, "evalflow"),
+        f"generation.python={wrapper}",
+        f"orchestration.fork_jobs={str(fork).lower()}",
+    ]
     cfg = load_config("configs/gsm8k-smollm2-quick.yaml", overrides)
     assert cfg.eval.every_stage and cfg.eval.python is None  # the main config's default: evaluate every stage
     result = runner.invoke(app, ["run", "configs/gsm8k-smollm2-quick.yaml", *overrides])
     assert result.exit_code == 0, result.output
     assert_both_evals_committed(tmp_path, "evalflow")
     started = [line.split()[1] for line in log.read_text().splitlines()]  # "-m mugrpo.jobs.KIND SPEC"
-    assert started == ["mugrpo.jobs.generate", "mugrpo.jobs.eval", "mugrpo.jobs.eval"], started
+    expected = ["mugrpo.jobs.forkserver"] if fork else ["mugrpo.jobs.generate", "mugrpo.jobs.eval", "mugrpo.jobs.eval"]
+    assert started == expected, started
 
 
 @pytest.mark.vllm

@@ -88,7 +88,9 @@ class ChaosSettings:
     updates_per_stage: int = 3
     max_delay_s: float | None = None
     """A kill comes U(0, max_delay_s) seconds after a job is seen alive; None: the arm's uninterrupted wall time
-    divided by its moments, so that the moments spread over the run on a fast or a loaded machine alike."""
+    divided by twice its moments, so that the moments spread over the run on a fast or a loaded machine alike and
+    the last is reached before the run completes (the mean delay sums to a quarter of the run; each resume's own
+    progress, a job pre-started while another runs included, is what makes up the rest)."""
     data_edit: bool = True
     """Each arm edits its training file once between a kill and the resume and expects the resume refused."""
     eval_every_stage: bool = True
@@ -510,7 +512,7 @@ def _run_arm(
 
     t0 = time.monotonic()
     run = RunProcess(work / f"{arm}-chaos.yaml", env, work / f"{arm}-chaos.log")
-    max_delay_s = s.max_delay_s or result.reference_s / max(len(moments), 1)
+    max_delay_s = s.max_delay_s or result.reference_s / (2 * max(len(moments), 1))
     say(f"[{arm}] kills come U(0, {max_delay_s:.0f}) s after a job is seen alive")
     for m in moments:
         event = _kill_moment(run, m, max_delay_s, root / RUN_ID, s.num_stages)
