@@ -13,7 +13,7 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from flows.exclusive import one_flow_run_per_run_id
 from flows.stage import launch_workers, segment_flow, stage_flow
 from mugrpo.config import Config, config_from_dict
-from mugrpo.lease import RunLease
+from mugrpo.lease import RunLease, held_lease
 from mugrpo.manifest import read_job_manifest
 from mugrpo.runs import init_run, open_store, write_final_eval_spec
 from mugrpo.tracking.session import TrackingSession
@@ -72,6 +72,9 @@ def _run(cfg: Config) -> dict[str, Any]:
     """Hold the run lease in object storage (mugrpo.lease: one writer per run, jobs fenced by its token) for the
     whole run."""
     orch = cfg.orchestration
+    held = held_lease(open_store(cfg), cfg.run.id)
+    if held is not None:  # taken by `mugrpo run` before Prefect started (mugrpo.cli): a loser never got here
+        return _run_leased(cfg, held)
     with RunLease(open_store(cfg), cfg.run.id, ttl_s=orch.lease_ttl_s, wait_s=orch.lease_wait_s) as lease:
         return _run_leased(cfg, lease)
 
@@ -79,11 +82,12 @@ def _run(cfg: Config) -> dict[str, Any]:
 def _run_leased(cfg: Config, lease: RunLease) -> dict[str, Any]:
     logger = get_run_logger()
     t0 = time.monotonic()
-    store = init_run(cfg)
-    logger.info("run %s lives at %s", cfg.run.id, store.uri(cfg.run.id))
-    if cfg.orchestration.verify_on_resume:  # never build on a corrupted committed stage (mugrpo.verify)
+    if cfg.orchestration.verify_on_resume:  # never build on a corrupted committed stage (mugrpo.verify), and
+        store = open_store(cfg)  # refuse before init_run records the resume in run.json's history
         checked = refuse_corrupted(store, cfg.run.id, cfg.run.num_stages)
         logger.info("verified %d committed files (%.1f MiB)", checked.total_files, checked.total_bytes / 2**20)
+    store = init_run(cfg)
+    logger.info("run %s lives at %s", cfg.run.id, store.uri(cfg.run.id))
     results = []
     final = {}
     with TrackingSession(cfg, store) as tracking:  # live mirror of committed metrics (tracking.sinks)

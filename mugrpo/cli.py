@@ -161,11 +161,10 @@ def _interrupt(signum: int, frame: object) -> None:
 def _execute(cfg) -> None:
     _prefect_env()
     from mugrpo.data import check_heldout_disjoint
-    from mugrpo.lease import LeaseFenced, RunLeaseHeld, live_holder
-    from mugrpo.resume import RunRefused
+    from mugrpo.lease import RunLease, RunLeaseHeld, live_holder
     from mugrpo.runs import open_store
     from mugrpo.storage_errors import check_store, check_writable
-    from mugrpo.verify import CorruptedRunError
+    from mugrpo.verify import CorruptedRunError, refuse_corrupted
 
     try:  # reasoning-gym benchmarks of the training task: no question text shared with training
         check_heldout_disjoint(cfg.data.train, [b.dataset for b in cfg.eval.benchmarks])
@@ -174,22 +173,65 @@ def _execute(cfg) -> None:
         raise typer.Exit(2) from None
     store = open_store(cfg)
     uri = store.uri(cfg.run.id)
+    # Every refusal happens here, before Prefect starts and before anything is written (docs/reliability.md,
+    # "Refusals"): one block, printed once, exit 2 (what was asked is wrong) or 3 (the run's state refuses it).
     with storage_guard(uri, cfg.run.storage_options):  # fail fast, before Prefect's server starts
         check_store(store, uri)
-        check_writable(store, cfg.run.id, uri)  # permission denied, read-only or full: one line, exit 2
         holder = live_holder(store, cfg.run.id)
     if holder is not None and cfg.orchestration.lease_wait_s == 0:  # the flow takes the lease; refuse early here
-        err.print(
-            f"Error: run {cfg.run.id} at {uri} is being written by {holder}; two writers would commit over each "
-            "other. Wait for it to finish or stop it (a dead writer's lease expires after orchestration.lease_ttl_s).",
-            style="red",
-            markup=False,
-            highlight=False,
+        _refuse_state(
+            f"run {cfg.run.id} at {uri} is being written by {holder}; two writers would commit over each other. "
+            "Wait for it to finish or stop it (a dead writer's lease expires after orchestration.lease_ttl_s)."
         )
-        raise typer.Exit(3)
     with storage_guard(uri, cfg.run.storage_options):
         _check_resume(store, cfg)  # a changed config or input is refused here, once, before Prefect is imported
+        _check_epoch(cfg)
+        if cfg.orchestration.verify_on_resume:
+            try:
+                refuse_corrupted(store, cfg.run.id, cfg.run.num_stages)
+            except CorruptedRunError as e:
+                _refuse_state(str(e))
+        check_writable(store, cfg.run.id, uri)  # permission denied, read-only or full: one line, exit 2
+    lease = RunLease(
+        store, cfg.run.id, ttl_s=cfg.orchestration.lease_ttl_s, wait_s=cfg.orchestration.lease_wait_s
+    )  # taken here, so two `mugrpo run` started together never both reach Prefect (the flow runs under it)
+    try:
+        with storage_guard(uri, cfg.run.storage_options):
+            lease.acquire()
+    except RunLeaseHeld as e:
+        _refuse_state(str(e))
+    try:
+        _run_flow(cfg, uri)
+    finally:
+        lease.release()
+
+
+def _refuse_state(message: str) -> None:
+    """Print a refusal the run's state causes (another writer, corrupted committed data) once, exit 3."""
+    err.print(f"Error: {message}", style="red", markup=False, highlight=False)
+    raise typer.Exit(3)
+
+
+def _check_epoch(cfg) -> None:
+    """Refuse (exit 2) a stage that asks for more prompts than the training set holds: it would sample some prompt
+    twice in one stage (:func:`mugrpo.prompt_plan.check_stage_prompts`)."""
+    from mugrpo.data import DatasetError, load_problems
+    from mugrpo.prompt_plan import PlanError, check_stage_prompts
+    from mugrpo.schedules import stage_plan
+
+    try:
+        problems, _ = load_problems(cfg.data.train)
+        for k in range(cfg.run.num_stages):
+            check_stage_prompts(stage_plan(cfg, k).num_prompts, len(problems), k, cfg.data.train)
+    except (PlanError, DatasetError) as e:
+        _refuse(e)
+
+
+def _run_flow(cfg, uri: str) -> None:
     from flows.run import run_flow
+    from mugrpo.lease import LeaseFenced, RunLeaseHeld
+    from mugrpo.resume import RunRefused
+    from mugrpo.verify import CorruptedRunError
     from tasks.launchers import JobError
 
     console.print(f"[bold]run {cfg.run.id}[/bold] lives at {uri}")

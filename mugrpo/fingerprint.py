@@ -244,13 +244,21 @@ def run_inputs(cfg: Any, previous: dict[str, InputFingerprint] | None = None) ->
         FileNotFoundError: an input does not exist (names it).
     """
     previous = previous or {}
-    out = {TRAIN_ROLE: dataset_fingerprint(cfg.data.train, TRAIN_ROLE, previous.get(TRAIN_ROLE))}
-    for bench in cfg.eval.benchmarks:
+    out = {TRAIN_ROLE: _named(cfg.data.train, TRAIN_ROLE, previous, "data.train.path")}
+    for i, bench in enumerate(cfg.eval.benchmarks):
         role = eval_role(bench.dataset.name)
-        out[role] = dataset_fingerprint(bench.dataset, role, previous.get(role))
-    for fp in model_fingerprints(cfg.model.source, previous):
+        out[role] = _named(bench.dataset, role, previous, f"eval.benchmarks[{i}].dataset.path")
+    for fp in model_fingerprints(cfg.model.source, previous):  # its message names model.source
         out[fp.role] = fp
     return out
+
+
+def _named(dataset: Any, role: str, previous: dict[str, InputFingerprint], key: str) -> InputFingerprint:
+    """:func:`dataset_fingerprint`; a missing file is reported with the config key that names it."""
+    try:
+        return dataset_fingerprint(dataset, role, previous.get(role))
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{key} = {getattr(dataset, 'path', None)!r}: no such file ({e.strerror or e})") from e
 
 
 def changed_inputs_message(run_id: str, uri: str, changed: list[tuple[InputFingerprint, InputFingerprint]]) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from mugrpo.lease import LeaseFence
 from mugrpo.storage import RetryBudget, Store
 
 
@@ -36,7 +37,9 @@ class JobSpec(BaseModel):
     )
 
     def store(self) -> Store:
-        return Store(self.root, self.storage_options, self.storage_retry)
+        """The run's store, its writes fenced by the run lease (:class:`mugrpo.lease.LeaseFence`): a job of a
+        writer that lost the run changes nothing."""
+        return Store(self.root, self.storage_options, self.storage_retry, guard=LeaseFence())
 
     @staticmethod
     def run_fields(cfg, stage: int) -> dict[str, Any]:

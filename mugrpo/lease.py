@@ -184,6 +184,7 @@ class RunLease:
         os.environ[TOKEN_ENV] = self.token  # inherited by job subprocesses; tasks add it to remote jobs' env
         self._thread = threading.Thread(target=self._beat, name=f"lease-{self.run_id}", daemon=True)
         self._thread.start()
+        _HELD[self.store.uri(self.rel)] = self
         return self
 
     def heartbeat(self) -> None:
@@ -217,6 +218,7 @@ class RunLease:
 
     def release(self) -> None:
         """Stop heartbeating and mark the lease released (compare-and-swap: a lease taken over is left alone)."""
+        _HELD.pop(self.store.uri(self.rel), None)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
@@ -239,6 +241,16 @@ class RunLease:
         self.release()
 
 
+#: Leases this process holds (acquired, not released), by the lease object's URL.
+_HELD: dict[str, RunLease] = {}
+
+
+def held_lease(store: Store, run_id: str) -> RunLease | None:
+    """The lease of run ``run_id`` this process holds (``mugrpo run`` takes it before Prefect starts; the run flow
+    then runs under it instead of taking it again), or None."""
+    return _HELD.get(store.uri(RunLayout(run_id).lease))
+
+
 def live_holder(store: Store, run_id: str) -> str | None:
     """The description of the live writer holding ``run_id``'s lease, or None when it is free or stale (a cheap
     pre-check; :meth:`RunLease.acquire` is what takes it)."""
@@ -248,6 +260,45 @@ def live_holder(store: Store, run_id: str) -> str | None:
     holder = LeaseRecord.from_bytes(current[0], store.uri(RunLayout(run_id).lease))
     now = time.time()
     return None if holder.stale(now) else holder.describe(now)
+
+
+class LeaseFence:
+    """The commit guard of a run writer's stores (:class:`mugrpo.storage.Store` ``guard``): every write and delete
+    under a run folder becomes visible only after :func:`check_fence` passed for it, so a writer that lost the run
+    (a preempted flow, a job frozen past its lease) changes nothing the new holder committed.
+
+    - Local store: the check and the rename (or removal) run under the lease's own lock, the ``flock`` its takeover
+      takes: a takeover cannot land between them.
+    - S3: the check runs right before the final request; a small object (every manifest, marker, plan, table part
+      and shard) is then written with ``If-Match`` its ETag (``If-None-Match: *`` when absent), so an object another
+      writer committed in between is not replaced (:meth:`mugrpo.storage.Store.write_bytes`). A multipart upload
+      (weights, optimizer state) is checked before it starts and before its completing request.
+
+    The lease object itself and paths outside a run folder pass unguarded. The token is the process's
+    ``MUGRPO_LEASE_TOKEN`` at each write (a flow sets it when it takes the lease).
+    """
+
+    def __call__(self, store: Store, rel: str, commit) -> None:
+        try:
+            run_id = rel.split("/", 1)[0]
+            lease = RunLayout(run_id).lease
+        except ValueError:
+            commit()
+            return
+        if rel == lease or "/" not in rel:
+            commit()
+            return
+        if store.is_local:
+            with store.local_lock(lease):
+                check_fence(store, run_id, rel)
+                commit()
+        else:
+            check_fence(store, run_id, rel)
+            try:
+                commit()
+            except PreconditionFailed:  # the object changed since the check: whose bytes are they?
+                check_fence(store, run_id, rel)  # a takeover's: refused as fenced
+                raise
 
 
 def check_fence(store: Store, run_id: str, what: str) -> None:

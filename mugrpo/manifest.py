@@ -7,7 +7,6 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from mugrpo.layout import RunLayout, parse_checkpoint_step
-from mugrpo.lease import check_fence
 from mugrpo.storage import ChecksumError, Store
 from mugrpo.version import code_version
 from schemas import FileRecord, JobManifest, StageManifest
@@ -23,11 +22,11 @@ def write_manifest(store: Store, manifest: StageManifest) -> str:
     file of the stage is written.
 
     Raises:
-        mugrpo.lease.LeaseFenced: this writer does not hold the run lease (a late job of a superseded owner).
+        mugrpo.lease.LeaseFenced: (a fenced store, :class:`mugrpo.lease.LeaseFence`) this writer does not hold the
+            run lease (a late job of a superseded owner).
     """
     manifest = _stamped(manifest)
     rel = RunLayout(manifest.run_id).stage_manifest(manifest.stage)
-    check_fence(store, manifest.run_id, rel)
     return store.write_bytes(rel, manifest.model_dump_json(indent=2).encode())
 
 
@@ -44,11 +43,11 @@ def write_job_manifest(store: Store, manifest: JobManifest) -> str:
     written (its commit point).
 
     Raises:
-        mugrpo.lease.LeaseFenced: this writer does not hold the run lease.
+        mugrpo.lease.LeaseFenced: (a fenced store, :class:`mugrpo.lease.LeaseFence`) this writer does not hold the
+            run lease.
     """
     manifest = _stamped(manifest)
     rel = RunLayout(manifest.run_id).job_manifest(manifest.stage, manifest.job)
-    check_fence(store, manifest.run_id, rel)
     return store.write_bytes(rel, manifest.model_dump_json(indent=2).encode())
 
 

@@ -36,7 +36,6 @@ from mugrpo.fingerprint import (
     problems_digest,
 )
 from mugrpo.layout import RunLayout
-from mugrpo.lease import check_fence
 from mugrpo.refusals import InputChangedError
 from mugrpo.storage import Store
 from mugrpo.version import code_version
@@ -108,6 +107,41 @@ def _training_set_changed(store: Store, spec: Any) -> str | None:
     return changed_inputs_message(spec.run_id, store.uri(RunLayout(spec.run_id).run_dir), [(old, new)])
 
 
+def check_stage_prompts(num_prompts: int, dataset_size: int, stage: int, dataset: Any) -> None:
+    """Refuse a stage that asks for more prompts than one pass over the training set holds: its plan would
+    schedule some prompt twice within the stage.
+
+    Raises:
+        PlanError: names the stage, both numbers, the training set and the config keys that set them.
+    """
+    if num_prompts > dataset_size:
+        where = getattr(dataset, "path", None) or getattr(dataset, "name", "the training set")
+        raise PlanError(
+            f"stage {stage} asks for {num_prompts} prompts but the training set {where} holds {dataset_size} (after "
+            "data.train's limit and skipped rows): a stage would sample some prompts twice. Lower "
+            "generation.prompts_per_stage (or the stage's prompts in run.stage_schedule), or use a larger training set."
+        )
+
+
+def _check_same_training_set(store: Store, spec: Any, digest: str) -> None:
+    """Refuse a new plan drawn from other training problems than the run's earlier plans were (their
+    ``dataset_sha256``): a file edited in place with its size and mtime kept passes the fingerprint's quick check,
+    not this one.
+
+    Raises:
+        PlanError: names the training set, the earlier plan and both digests.
+    """
+    for j in range(spec.stage):
+        earlier = read_plan(store, spec.run_id, j)
+        if earlier is not None and earlier.dataset_sha256 != digest:
+            raise PlanError(
+                f"stage {spec.stage}: the training set {spec.dataset.path or spec.dataset.name} is not the one stage "
+                f"{j} was planned on ({store.uri(RunLayout(spec.run_id).prompt_plan(j))}): problems sha256 "
+                f"{earlier.dataset_sha256} then, {digest} now. Nothing was sampled: restore the training set the run "
+                "started with, or start a new run id"
+            )
+
+
 def stage_prompts(store: Store, spec: Any, problems: list[Problem]) -> list[Problem]:
     """The problems stage ``spec.stage`` samples (``spec`` is a :class:`mugrpo.generation.GenerateSpec`): its
     plan's, looked up by prompt id, or, for a stage without a plan, :func:`mugrpo.data.select_problems` at the
@@ -115,7 +149,9 @@ def stage_prompts(store: Store, spec: Any, problems: list[Problem]) -> list[Prob
 
     Raises:
         PlanError: a planned prompt is not in ``problems``; or a new plan would repeat a prompt of an earlier stage
-            of the same epoch; or the training set changed since the run started (names the file and both sha256).
+            of the same epoch, or ask for more prompts than the training set holds; or the training set changed
+            since the run started (its file's sha256, or its problems' digest against the earlier plans': an edit
+            that kept the file's size and mtime).
     """
     layout = RunLayout(spec.run_id)
     plan = read_plan(store, spec.run_id, spec.stage)
@@ -132,6 +168,9 @@ def stage_prompts(store: Store, spec: Any, problems: list[Problem]) -> list[Prob
     changed = _training_set_changed(store, spec)
     if changed is not None:
         raise PlanError(changed)
+    digest = problems_digest(problems)
+    _check_same_training_set(store, spec, digest)
+    check_stage_prompts(spec.num_prompts, len(problems), spec.stage, spec.dataset)
 
     chosen = select_problems(problems, spec.seed, spec.prompt_start, spec.num_prompts)
     plan = PromptPlan(
@@ -140,7 +179,7 @@ def stage_prompts(store: Store, spec: Any, problems: list[Problem]) -> list[Prob
         seed=spec.seed,
         prompt_start=spec.prompt_start,
         dataset_size=len(problems),
-        dataset_sha256=problems_digest(problems),
+        dataset_sha256=digest,
         prompt_ids=[p.prompt_id for p in chosen],
         code_version=code_version(),
     )
@@ -153,7 +192,6 @@ def stage_prompts(store: Store, spec: Any, problems: list[Problem]) -> list[Prob
             + "; ".join(overlaps[:3])
         )
     rel = layout.prompt_plan(spec.stage)
-    check_fence(store, spec.run_id, rel)
     store.write_bytes(rel, plan.model_dump_json(indent=2).encode())
     return chosen
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from mugrpo.config import Config
 from mugrpo.fingerprint import model_source_path
 from mugrpo.layout import RunLayout
-from mugrpo.lease import TOKEN_ENV
+from mugrpo.lease import TOKEN_ENV, LeaseFence
 from mugrpo.manifest import new_manifest, read_job_manifest, read_manifest, write_manifest
 from mugrpo.resume import ConfigMismatchError as ConfigMismatchError  # re-exported: callers catch it from here
 from mugrpo.resume import InputChangedError as InputChangedError
@@ -27,7 +27,8 @@ JOBS = ("generate", "train", "eval")
 
 
 def open_store(cfg: Config) -> Store:
-    return Store(cfg.run.root, cfg.run.storage_options, cfg.run.storage_retry)
+    """The run's store, its writes fenced by the run lease (:class:`mugrpo.lease.LeaseFence`)."""
+    return Store(cfg.run.root, cfg.run.storage_options, cfg.run.storage_retry, guard=LeaseFence())
 
 
 def init_run(cfg: Config) -> Store:

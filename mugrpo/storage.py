@@ -22,7 +22,7 @@ import json
 import os
 import posixpath
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -109,6 +109,11 @@ class ChecksumError(StorageError):
     """A file's bytes do not match the sha256 recorded for it."""
 
 
+#: A store's commit guard (``Store(guard=...)``): called as ``guard(store, rel, commit)`` where a write or delete of
+#: ``rel`` is about to become visible; it calls ``commit()`` exactly once, or raises and leaves it unpublished.
+CommitGuard = Callable[["Store", str, Callable[[], None]], None]
+
+
 class PreconditionFailed(StorageError):
     """A conditional write lost: the object exists (create) or changed since it was read (replace)."""
 
@@ -142,11 +147,16 @@ class Store:
     """
 
     def __init__(
-        self, url: str, storage_options: dict[str, Any] | None = None, retry: RetryBudget | None = None
+        self,
+        url: str,
+        storage_options: dict[str, Any] | None = None,
+        retry: RetryBudget | None = None,
+        guard: CommitGuard | None = None,
     ) -> None:
         self.url = str(url).rstrip("/") or "/"
         self.storage_options = dict(storage_options or {})
         self.retry = retry or RetryBudget()
+        self.guard = guard
         options = self.storage_options
         if self.url.startswith(_S3_PROTOCOLS):
             options = self.retry.s3_options(options)
@@ -184,10 +194,45 @@ class Store:
     def write_bytes(self, rel: str, data: bytes) -> str:
         """Write ``data`` atomically at ``rel`` (for small files; see :meth:`write_file`); returns its sha256.
 
+        With a :attr:`guard` on S3 the PUT is conditional on the object not having changed since the guard's check
+        (``If-Match`` its ETag, ``If-None-Match: *`` when absent), so bytes another writer committed in between are
+        never replaced (:meth:`publish`).
+
         Raises:
             StorageError: the write failed (past the retry budget on S3); names the object and the cause.
+            PreconditionFailed: (S3, with a guard) the object changed between the check and the write, and its bytes
+                are not these.
         """
-        return self.write_chunks(rel, [data])
+        if self.guard is None or self.is_local:
+            return self.write_chunks(rel, [data])
+        try:
+            self.invalidate_cache()
+            version = self.fs.info(self.full(rel)).get("ETag")
+        except FileNotFoundError:
+            version = None
+        condition = {"IfMatch": version} if version else {"IfNoneMatch": "*"}
+
+        def put() -> None:
+            try:
+                self._conditional_put(rel, data, **condition)
+            except PreconditionFailed:
+                current = self.read_versioned(rel)
+                if current is None or current[0] != data:  # someone else's bytes: never replaced
+                    raise
+                # the same bytes, written by a sibling job of this writer (e.g. a fan-out worker's prompt plan)
+
+        _fault_pause(rel)
+        self.publish(rel, put)
+        return sha256_bytes(data)
+
+    def publish(self, rel: str, commit: Callable[[], None]) -> None:
+        """Make a write or delete of ``rel`` visible: ``commit()`` (a rename, the final PUT, a removal), through the
+        store's :attr:`guard` when it has one (the run lease's fence, :class:`mugrpo.lease.LeaseFence`: a writer
+        that lost the run publishes nothing). Every write and delete of this class goes through here."""
+        if self.guard is None:
+            commit()
+        else:
+            self.guard(self, rel, commit)
 
     def write_chunks(self, rel: str, chunks: Iterable[bytes], *, part_bytes: int = PART_BYTES) -> str:
         """Write the concatenation of ``chunks`` atomically at ``rel``; returns its sha256 (computed on the fly).
@@ -215,7 +260,7 @@ class Store:
                         f.flush()
                         os.fsync(f.fileno())
                     _fault_pause(rel)
-                    os.replace(tmp, path)
+                    self.publish(rel, lambda: os.replace(tmp, path))
                 except BaseException:
                     if os.path.exists(tmp):  # an error, Ctrl-C or SIGTERM: no orphan (SIGKILL leaves one, hidden)
                         os.unlink(tmp)
@@ -227,7 +272,7 @@ class Store:
                         digest.update(chunk)
                         f.write(chunk)
                     _fault_pause(rel)
-                    f.close()  # the commit: the one PUT, or CompleteMultipartUpload
+                    self.publish(rel, f.close)  # the commit: the one PUT, or CompleteMultipartUpload
                 except BaseException:
                     try:
                         f.discard()  # AbortMultipartUpload: the parts sent so far are dropped
@@ -354,8 +399,9 @@ class Store:
         return int(self.fs.size(self.full(rel)))
 
     def delete(self, rel: str, *, recursive: bool = False) -> None:
+        """Remove ``rel`` (a folder with ``recursive``) if it exists, through the :attr:`guard`."""
         if self.exists(rel):
-            self.fs.rm(self.full(rel), recursive=recursive)
+            self.publish(rel, lambda: self.fs.rm(self.full(rel), recursive=recursive))
 
     def invalidate_cache(self) -> None:
         self.fs.invalidate_cache()
@@ -396,7 +442,7 @@ class Store:
             StorageError: the write failed for another reason.
         """
         if self.is_local:
-            with self._local_lock(rel):
+            with self.local_lock(rel):
                 tmp = self._local_tmp(rel, data)
                 try:
                     os.link(tmp, self.full(rel))
@@ -417,7 +463,7 @@ class Store:
             PreconditionFailed: ``rel`` changed (or vanished) since ``version`` was read.
         """
         if self.is_local:
-            with self._local_lock(rel):
+            with self.local_lock(rel):
                 current = self.read_versioned(rel)
                 if current is None or current[1] != version:
                     raise PreconditionFailed(f"{self.uri(rel)} changed since it was read")
@@ -436,7 +482,8 @@ class Store:
         return tmp
 
     @contextlib.contextmanager
-    def _local_lock(self, rel: str) -> Iterator[None]:
+    def local_lock(self, rel: str) -> Iterator[None]:
+        """An exclusive ``flock`` on a hidden lock file beside ``rel`` (local stores), held for the block."""
         import fcntl
 
         path = self.full(rel)

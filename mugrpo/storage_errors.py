@@ -132,8 +132,9 @@ def check_store(store: Store, url: str | None = None) -> None:
 
 
 def check_writable(store: Store, rel: str, url: str | None = None) -> None:
-    """Write and delete one empty probe object under ``rel`` (the run folder), so a run root the process may not
-    write to fails with one line before any work starts, not in the first job after Prefect's server started.
+    """Write and delete one empty probe object in the store's root (beside the run folder ``rel``, which it does
+    not create), so a run root the process may not write to fails with one line before any work starts, not in the
+    first job after Prefect's server started.
 
     The probe is a real write (``os.access`` answers yes to root whatever the mode, and says nothing about S3
     policies or read-only mounts); it is named ``.mugrpo-write-probe-*`` and removed at once.
@@ -145,7 +146,8 @@ def check_writable(store: Store, rel: str, url: str | None = None) -> None:
     import uuid
 
     url = url or store.uri(rel)
-    probe = f"{rel}/.mugrpo-write-probe-{uuid.uuid4().hex}"
+    # beside the run folder, not in it: a refused run leaves no folder behind (and a probe is not a commit)
+    probe = f".mugrpo-write-probe-{uuid.uuid4().hex}"
     try:
         store.write_bytes(probe, b"")
         store.delete(probe)

@@ -32,11 +32,23 @@ def _stamp(table: pa.Table, name: str) -> pa.Table:
 
 
 def table_from_rows(rows: list[dict], name: str) -> pa.Table:
-    """Build a table of schema ``name`` from row dicts. Raises SchemaError naming the table on a bad row."""
+    """Build a table of schema ``name`` from row dicts. Values of map columns (``reward_components``,
+    ``loss_metrics``) are written with their keys sorted, whatever order the dict had (a config read back from
+    run.json lists reward components in another order than its YAML): a resumed run's rows equal an uninterrupted
+    run's, byte for byte. Raises SchemaError naming the table on a bad row."""
+    schema = TABLES.get(name)
+    maps = [f.name for f in schema if pa.types.is_map(f.type)] if schema is not None else []
+    if maps:
+        rows = [{**r, **{m: _sorted_map(r[m]) for m in maps if m in r}} for r in rows]
     try:
         return pa.Table.from_pylist(rows, schema=TABLES[name])
     except (KeyError, pa.ArrowInvalid, pa.ArrowTypeError) as e:
         raise SchemaError(f"rows do not fit the {name!r} schema: {e}") from e
+
+
+def _sorted_map(value):
+    """A map value in canonical key order: a dict's items sorted by key (a list of pairs as given; None kept)."""
+    return dict(sorted(value.items())) if isinstance(value, dict) else value
 
 
 def write_table(store: Store, rel: str, table: pa.Table, name: str, *, run_rel: str | None = None) -> FileRecord:

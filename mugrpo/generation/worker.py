@@ -41,7 +41,6 @@ from mugrpo.generation.prompts import PreparedPrompt, prepare_prompts
 from mugrpo.generation.shards import generate_groups, sample_shard, shard_rows
 from mugrpo.generation.spec import GenerateSpec, GenerationError
 from mugrpo.layout import RunLayout
-from mugrpo.lease import check_fence
 from mugrpo.manifest import read_job_manifest
 from mugrpo.policies import local_policy_dir
 from mugrpo.progress import console, job_progress
@@ -249,7 +248,6 @@ def _sample_and_commit(
     def commit(shard: int, live: list[PreparedPrompt], groups: list[list], plan: ShardPlan | None) -> int:
         rows, n_tok = shard_rows(spec, shard, live, groups, scorer, plan)
         rel = layout.rollout_shard(spec.stage, shard)
-        check_fence(store, spec.run_id, rel)  # a late job of a superseded run writer writes no shard
         write_table(store, rel, table_from_rows(rows, "rollouts"), "rollouts")
         return n_tok
 

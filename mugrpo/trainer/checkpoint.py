@@ -36,7 +36,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from mugrpo.layout import POLICY_REF_FILE, RunLayout
-from mugrpo.lease import check_fence
 from mugrpo.manifest import checkpoint_steps
 from mugrpo.policies import PolicyRef, parse_policy_ref
 from mugrpo.storage import COMPLETE_MARKER, Store
@@ -154,7 +153,6 @@ def write_checkpoint(
         (tmp / STATE_FILE).write_text(json.dumps(payload, indent=2, sort_keys=True))
         for name, data in (extra_files or {}).items():
             (tmp / name).write_bytes(data)
-        check_fence(store, rel.split("/", 1)[0], rel)  # a superseded run writer commits no checkpoint
         return store.upload_dir(tmp, rel, meta={"step": trainer_state.get("stage_update")})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from mugrpo.data import DatasetConfig, load_problems
-from mugrpo.fingerprint import TRAIN_ROLE, dataset_fingerprint
+from mugrpo.fingerprint import TRAIN_ROLE, dataset_fingerprint, problems_digest
 from mugrpo.generation import GenerateSpec, run_generate, select_problems
 from mugrpo.layout import RunLayout
 from mugrpo.manifest import read_job_manifest
@@ -108,7 +108,7 @@ def test_a_new_plan_may_not_repeat_a_prompt_of_the_same_epoch(tmp_path, train):
         seed=5,
         prompt_start=0,
         dataset_size=40,
-        dataset_sha256="0" * 64,
+        dataset_sha256=problems_digest(problems),  # the same training set (its digest), another plan
         prompt_ids=[stage1[1], "x1", stage1[3], "x2"],
     )
     store.write_bytes(RunLayout(RUN).prompt_plan(0), stage0.model_dump_json().encode())
@@ -185,3 +185,39 @@ def test_the_generation_job_writes_and_follows_the_plan(tmp_path, train, tiny_mo
     again = sorted((r["prompt_id"], r["sample_idx"], r["response_text"]) for t in rows for r in t.to_pylist())
     assert again == first
     assert json.loads((root / RUN / "jobs/stage=1/generate.plan.json").read_text())["prompt_ids"] == plan.prompt_ids
+
+
+def test_an_edit_that_keeps_size_and_mtime_is_refused_at_the_next_plan(tmp_path, train):
+    """Issue 42: the fingerprint's quick check (size and mtime unchanged: not re-hashed) lets a same-size edit with
+    its mtime set back through; the next stage's plan compares its problems' digest with the earlier plans' and
+    refuses, naming the training set and both digests. Nothing is written."""
+    import os
+
+    store = Store(str(tmp_path / "runs"))
+    s0, s1 = spec(tmp_path / "runs", train, 0), spec(tmp_path / "runs", train, 1)
+    store.write_json(
+        RunLayout(RUN).run_json, {"inputs": {TRAIN_ROLE: dataset_fingerprint(s0.dataset, TRAIN_ROLE).model_dump()}}
+    )
+    problems, _ = load_problems(s0.dataset)
+    stage_prompts(store, s0, problems)
+    stat = os.stat(train)
+    text = train.read_text()
+    edited = text.replace("Natalia", "Nataliz", 1)  # one letter, same size
+    assert len(edited) == len(text) and edited != text
+    train.write_text(edited)
+    os.utime(train, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # mtime set back
+    assert dataset_fingerprint(s1.dataset, TRAIN_ROLE, dataset_fingerprint(s0.dataset, TRAIN_ROLE)).sha256
+    changed, _ = load_problems(s1.dataset)
+    with pytest.raises(PlanError, match="is not the one stage 0 was planned on") as e:
+        stage_prompts(store, s1, changed)
+    assert problems_digest(problems) in str(e.value) and problems_digest(changed) in str(e.value)
+    assert read_plan(store, RUN, 1) is None
+
+
+def test_a_stage_of_more_prompts_than_the_training_set_holds_is_refused(tmp_path, train):
+    store = Store(str(tmp_path / "runs"))
+    ds = DatasetConfig(name="gsm8k", path=str(train), answer_kind="gsm8k", limit=3)
+    problems, _ = load_problems(ds)
+    with pytest.raises(PlanError, match="asks for 4 prompts but the training set .* holds 3"):
+        stage_prompts(store, spec(tmp_path / "runs", train, 0, dataset=ds), problems)
+    assert read_plan(store, RUN, 0) is None

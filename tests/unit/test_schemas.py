@@ -214,3 +214,25 @@ def test_train_steps_version_3_reads_with_a_null_health_panel_in_python_sql_and_
         {"stage": 1, "ess": 0.97, "batch_id": "0123456789abcdef"},
     ]
     assert "ESS 0.970" in health_line(latest_train_step(store, layout, num_stages=2))
+
+
+def test_map_columns_are_written_in_one_key_order():
+    """Issue 42: a config read back from run.json lists reward components in another order than its YAML, so a
+    resumed run built its reward_components maps in another key order. Maps are written sorted by key: the rows of a
+    resumed run equal an uninterrupted run's, byte for byte."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    (base,) = rollout_rows(1)
+    yaml_order = {**base, "reward_components": {"math_correctness": 1.0, "format": 0.5}}
+    json_order = {**base, "reward_components": {"format": 0.5, "math_correctness": 1.0}}
+    tables = [table_from_rows([row], "rollouts") for row in (yaml_order, json_order)]
+    assert tables[0].column("reward_components").to_pylist() == [[("format", 0.5), ("math_correctness", 1.0)]]
+    assert tables[0].equals(tables[1])
+    blobs = []
+    for t in tables:
+        buf = io.BytesIO()
+        pq.write_table(t, buf)
+        blobs.append(buf.getvalue())
+    assert blobs[0] == blobs[1]
