@@ -61,7 +61,9 @@ def test_a_missing_training_file_names_its_key_and_leaves_no_run_folder(tiny_mod
 
 
 def test_a_stage_larger_than_the_training_set_is_refused_before_anything_is_written(
-    tiny_model_dir, tmp_path, prefect_api  # noqa: F811
+    tiny_model_dir,
+    tmp_path,
+    prefect_api,  # noqa: F811
 ):
     cfg = tiny_config(tmp_path / "runs", tiny_model_dir, data={"train": gsm8k_train(limit=3)})  # 4 prompts a stage
     out = run_cli(["run", str(write_config(tmp_path / "run.yaml", cfg))], run_env(prefect_api))
@@ -71,9 +73,7 @@ def test_a_stage_larger_than_the_training_set_is_refused_before_anything_is_writ
 
 
 def test_of_two_runs_started_together_the_loser_is_one_block(tiny_model_dir, tmp_path, prefect_api):  # noqa: F811
-    config = write_config(
-        tmp_path / "run.yaml", tiny_config(tmp_path / "runs", tiny_model_dir, run={"num_stages": 1})
-    )
+    config = write_config(tmp_path / "run.yaml", tiny_config(tmp_path / "runs", tiny_model_dir, run={"num_stages": 1}))
     env = {**run_env(prefect_api), "MUGRPO_RUN_SLOT": "off"}
     cmd = [sys.executable, "-m", "mugrpo.cli", "run", str(config)]
     procs = [

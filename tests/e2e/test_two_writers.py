@@ -56,7 +56,11 @@ def signal_tree(pid: int, sig: int) -> None:
 
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_a_frozen_writer_changes_nothing_the_next_one_committed(
-    where, tmp_path, tiny_model_dir, prefect_api, request  # noqa: F811
+    where,
+    tmp_path,
+    tiny_model_dir,
+    prefect_api,
+    request,  # noqa: F811
 ):
     if where == "s3":
         import s3fs
