@@ -44,7 +44,7 @@ def test_a_corrupted_shard_refuses_the_resume_once_and_records_nothing(committed
     shard.write_bytes(original[:-100])
     try:
         out = run_cli(["resume", str(run)], committed["env"])
-        text = assert_one_block(out, 3, "corrupted")
+        text = assert_one_block(out, 3, "has corrupted committed files")
         assert "shard=00000.parquet" in text
         assert (run / "run.json").read_bytes() == history  # no "resume" entry
     finally:
