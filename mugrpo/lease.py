@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
 from mugrpo.layout import RunLayout
-from mugrpo.storage import PreconditionFailed, StorageError, Store
+from mugrpo.storage import CommitRefused, PreconditionFailed, StorageError, Store
 
 #: Environment variable carrying the lease token from the flow process to the jobs it launches.
 TOKEN_ENV = "MUGRPO_LEASE_TOKEN"
@@ -47,7 +47,7 @@ class RunLeaseHeld(RuntimeError):
     """Another live writer holds the run's lease; the message names it and when its lease expires."""
 
 
-class LeaseFenced(RuntimeError):
+class LeaseFenced(CommitRefused):
     """This process's lease token is no longer the holder's: its commit is refused."""
 
 

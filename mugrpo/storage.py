@@ -110,8 +110,15 @@ class ChecksumError(StorageError):
 
 
 #: A store's commit guard (``Store(guard=...)``): called as ``guard(store, rel, commit)`` where a write or delete of
-#: ``rel`` is about to become visible; it calls ``commit()`` exactly once, or raises and leaves it unpublished.
+#: ``rel`` is about to become visible; it calls ``commit()`` exactly once, or raises (a :class:`CommitRefused` to
+#: refuse it) and leaves it unpublished.
 CommitGuard = Callable[["Store", str, Callable[[], None]], None]
+
+
+class CommitRefused(RuntimeError):
+    """Raised by a store's commit guard to refuse a commit (e.g. :class:`mugrpo.lease.LeaseFenced`): it reaches the
+    caller as raised, not wrapped in a :class:`StorageError` (a refusal is not an I/O failure; retrying cannot fix
+    it)."""
 
 
 class PreconditionFailed(StorageError):
@@ -281,7 +288,7 @@ class Store:
                     finally:  # never flushed again, not even by the file's __del__ at interpreter exit (which
                         f.buffer, f.closed = None, True  # would wait forever on fsspec's stopped event loop)
                     raise
-        except StorageError:
+        except (StorageError, CommitRefused):
             raise
         except Exception as e:  # noqa: BLE001 - every cause (OSError, botocore, aiohttp) gets the object's name
             raise self._failed("write", rel, e) from e

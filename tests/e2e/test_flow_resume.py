@@ -75,6 +75,13 @@ def running_jobs(proc: subprocess.Popen) -> set[tuple[str, int]]:
     return jobs
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # it exited
+        return b""
+
+
 def waiting(spec_path: str) -> bool:
     """Whether the job of this spec waits at its start gate (mugrpo.start_gate): a start marker is missing."""
     try:
@@ -294,10 +301,10 @@ def test_sigkill_inside_the_checkpoint_overlap_then_resume_matches_the_sequentia
         if tree:
             kill_tree(proc)
         else:  # the flow sees its train task fail, lets the generation it runs finish, then fails the run
-            train = [
+            train = [  # stage 0's train job (stage 1's, pre-started, waits at its gate beside it)
                 pid
                 for pid in descendants(proc.pid)
-                if b"mugrpo.jobs.train" in Path(f"/proc/{pid}/cmdline").read_bytes()
+                if re.search(rb"mugrpo\.jobs\.train[\x00 ].*stage=0/train\.spec\.json", _cmdline(pid))
             ]
             os.kill(train[0], signal.SIGKILL)
             assert proc.wait(timeout=600) != 0, log.read_text()[-4000:]

@@ -92,19 +92,37 @@ def test_report_and_status_on_wrong_paths(tmp_path, tiny_model_dir):
     assert result.exit_code == 2 and "is a folder of runs; pass one of" in result.output and "/r2" in result.output
 
 
-def test_a_failed_job_stops_the_run_with_its_error_and_the_resume_command(tmp_path, tiny_model_dir, prefect_api):
+def test_a_bad_training_row_is_refused_before_anything_is_written(tmp_path, tiny_model_dir, prefect_api):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"question": "q", "answer": "#### 1"}) + "\n{oops\n")
     overrides = [
-        f"run.root={tmp_path}",
+        f"run.root={tmp_path}/runs",
         "run.id=broken",
         f"model.source={tiny_model_dir}",
         f"data.train.path={bad}",
         "data.train.on_bad_row=error",
+    ]
+    result = runner.invoke(app, ["run", "configs/gsm8k-smollm2-quick.yaml", *overrides])
+    assert result.exit_code == 2, result.output
+    assert "bad.jsonl:2: invalid JSON" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "runs" / "broken").exists()  # nothing written: no run folder, no history entry
+
+
+def test_a_failed_job_stops_the_run_with_its_error_and_the_resume_command(tmp_path, tiny_model_dir, prefect_api):
+    # A generation interpreter that fails when it starts (a broken image, a missing driver): the first job fails.
+    broken = tmp_path / "broken-python"
+    broken.write_text("#!/bin/sh\necho 'generation interpreter: no usable driver found' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    overrides = [
+        f"run.root={tmp_path}",
+        "run.id=broken",
+        f"model.source={tiny_model_dir}",
+        f"generation.python={broken}",
         "orchestration.retries=0",
     ]
     result = runner.invoke(app, ["run", "configs/gsm8k-smollm2-quick.yaml", *overrides])
     out = result.output.replace("\n", " ")
     assert result.exit_code == 1, result.output
-    assert "run broken stopped" in out and "bad.jsonl:2" in out and f"mugrpo resume {tmp_path}/broken" in out
+    assert "run broken stopped" in out and "no usable driver found" in out, result.output
+    assert f"mugrpo resume {tmp_path}/broken" in out
     assert (tmp_path / "broken" / "policies/stage=0/_COMPLETE").exists()  # committed work is kept

@@ -19,7 +19,7 @@ from _s3 import moto_server, s3_root  # noqa: F401  (fixtures)
 from _tiny import REPO_ROOT, job_env, tiny_config
 
 from mugrpo.layout import RunLayout
-from mugrpo.lease import TOKEN_ENV, LeaseFenced, LeaseRecord, RunLease, RunLeaseHeld, check_fence
+from mugrpo.lease import TOKEN_ENV, LeaseFence, LeaseFenced, LeaseRecord, RunLease, RunLeaseHeld, check_fence
 from mugrpo.manifest import read_job_manifest, write_job_manifest
 from mugrpo.storage import Store
 from schemas import JobManifest
@@ -133,7 +133,9 @@ def test_heartbeat_renews_and_a_superseded_writer_is_fenced(store, monkeypatch):
             assert old.lost and new.record.owner in old.lost
             with pytest.raises(LeaseFenced, match="taken over"):
                 old.ensure_held()
-            # A late job of the old writer (its token in the environment) cannot commit.
+            # A late job of the old writer (its token in the environment) cannot commit through a run writer's store
+            # (mugrpo.runs.open_store, JobSpec.store: the lease's commit guard).
+            store = Store(store.url, store.storage_options, guard=LeaseFence())
             monkeypatch.setenv(TOKEN_ENV, old.token)
             with pytest.raises(
                 LeaseFenced, match=rf"refusing to commit .*generate\.manifest\.json.*{new.record.owner}"
