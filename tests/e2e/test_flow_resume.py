@@ -65,21 +65,19 @@ def running_jobs(proc: subprocess.Popen) -> set[tuple[str, int]]:
     pre-started and still waiting at its start gate (a marker of its spec's ``start_after`` missing) does not."""
     jobs = set()
     for pid in descendants(proc.pid):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
+        cmdline = _cmdline(pid)
         match = JOB_RE.search(cmdline)
         if match and not waiting(cmdline.replace("\0", " ").split()[-1]):
             jobs.add((match.group(1), int(match.group(2))))
     return jobs
 
 
-def _cmdline(pid: int) -> bytes:
+def _cmdline(pid: int) -> str:
+    """The command line of ``pid`` as /proc shows it (NUL-separated; a forked job's is its title), "" once it exited."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:  # it exited
-        return b""
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def waiting(spec_path: str) -> bool:
@@ -304,7 +302,7 @@ def test_sigkill_inside_the_checkpoint_overlap_then_resume_matches_the_sequentia
             train = [  # stage 0's train job (stage 1's, pre-started, waits at its gate beside it)
                 pid
                 for pid in descendants(proc.pid)
-                if re.search(rb"mugrpo\.jobs\.train[\x00 ].*stage=0/train\.spec\.json", _cmdline(pid))
+                if (match := JOB_RE.search(_cmdline(pid))) and match.group(1, 2, 3) == ("train", "0", "train")
             ]
             os.kill(train[0], signal.SIGKILL)
             assert proc.wait(timeout=600) != 0, log.read_text()[-4000:]
