@@ -328,7 +328,7 @@ def status_cmd(
         "reward",
         "verify t/o",
         "gen tok",
-        "probe tok",
+        "excl tok",
         "T_gen",
         "T_train",
         "T_eval",
@@ -349,7 +349,10 @@ def status_cmd(
             str(s.checkpoints),
             f"{reward:.3f}" if reward is not None else "-",
             str(m.counts.get("generate/reward_timeouts", "-")) if m else "-",
-            *(str(m.counts[k]) if m and k in m.counts else "-" for k in ("generate/tokens", "generate/probe_tokens")),
+            *(
+                str(m.counts[k]) if m and k in m.counts else "-"
+                for k in ("generate/tokens", "generate/excluded_tokens")
+            ),
             *((f"{getattr(t, f):.0f}s" if t else "-") for f in ("t_gen", "t_train", "t_eval")),
             f"{t.t_switch:.1f}s" if t else "-",
             f"{t.t_sync:.3f}s" if t else "-",  # warm weight sync: milliseconds matter

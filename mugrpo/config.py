@@ -10,6 +10,7 @@ Every knob names the paper it comes from. Sections owned by a subsystem are defi
 from __future__ import annotations
 
 import difflib
+import functools
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from mugrpo.adapters import LoraSection, require_peft
 from mugrpo.advantages import AdvantageConfig
-from mugrpo.algorithms import Settings, check_sections, section_fields, sections_of
+from mugrpo.algorithms import Settings, check_sections, section_fields, sections_of, stage_prompts
 from mugrpo.config_keys import OPERATIONAL, SEMANTIC
 from mugrpo.data import DatasetConfig
 from mugrpo.engines.base import SamplingParams
@@ -453,6 +454,7 @@ class _CoreSections(_Section):
             num_stages=self.run.num_stages,
             prompts_per_stage=self.generation.prompts_per_stage,
             updates_per_stage=self.train.updates_per_stage,
+            sampled_prompts=functools.partial(stage_prompts, sections_of(self)),
         )
 
     def algorithm_settings(self) -> Settings:
@@ -499,21 +501,21 @@ def _check_eval_interpreter(generation: GenerationSection, evaluation: EvalSecti
 
 
 def _check_loss_inputs(cfg: _CoreSections) -> None:
-    """What the policy loss needs from training and rewards (e.g. whole groups, a correctness component).
+    """What the policy loss needs from training, the algorithms and rewards (e.g. whole groups, a per-rollout input
+    an algorithm provides, a correctness component).
 
     Raises:
         ValueError: naming the config key to set.
     """
-    from mugrpo.losses import CORRECTNESS_COMPONENT, check_trainer_settings, loss_requirements
+    from mugrpo.algorithms import provided_inputs
+    from mugrpo.losses import check_trainer_settings
 
-    check_trainer_settings(cfg.loss, group_minibatches=cfg.train.group_minibatches)
-    needs_labels = loss_requirements(cfg.loss.name).positive_labels
-    if needs_labels and cfg.loss.positive_rule == "correctness" and CORRECTNESS_COMPONENT not in cfg.reward.components:
-        raise ValueError(
-            f"loss.positive_rule=correctness labels a response positive when its {CORRECTNESS_COMPONENT!r} reward "
-            f"component is 1, but reward.components is {sorted(cfg.reward.components)}: add it, or use "
-            "loss.positive_rule=reward_threshold with loss.positive_threshold"
-        )
+    check_trainer_settings(
+        cfg.loss,
+        group_minibatches=cfg.train.group_minibatches,
+        provided=provided_inputs(sections_of(cfg), cfg.loss),
+        reward_components=cfg.reward.components,
+    )
 
 
 def _is_secret_key(key: str) -> bool:

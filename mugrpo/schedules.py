@@ -16,6 +16,7 @@ run's :class:`ScheduleInputs`, which the run config gives (:meth:`mugrpo.config.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -81,12 +82,15 @@ class ScheduleInputs:
         num_stages: ``run.num_stages``.
         prompts_per_stage: ``generation.prompts_per_stage``.
         updates_per_stage: ``train.updates_per_stage``.
+        sampled_prompts: the prompts a stage samples when the schedule gives it ``n`` (the algorithms'
+            ``Algorithm.stage_prompts``, e.g. dynamic sampling's over-sampling); identity by default.
     """
 
     schedule: StageScheduleConfig
     num_stages: int
     prompts_per_stage: int
     updates_per_stage: int
+    sampled_prompts: Callable[[int], int] = lambda n: n
 
 
 class Scheduled(Protocol):
@@ -140,7 +144,8 @@ def stage_sizes(cfg: Scheduled) -> list[StageSize]:
     """
     inputs = cfg.schedule_inputs()
     fn = STAGE_SCHEDULES[inputs.schedule.name]
-    return [fn(inputs, k) for k in range(inputs.num_stages)]
+    sizes = [fn(inputs, k) for k in range(inputs.num_stages)]
+    return [dataclasses.replace(s, prompts=inputs.sampled_prompts(s.prompts)) for s in sizes]
 
 
 def stage_plan(cfg: Scheduled, stage: int) -> StagePlan:

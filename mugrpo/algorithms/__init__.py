@@ -2,8 +2,9 @@
 behind the hook points of :mod:`mugrpo.algorithms.base` that the trainer and the generation worker call.
 
 Built in: ``replay`` (rollout-level replay-buffer GRPO, :mod:`.replay`) and ``agpo`` (AGPO, :mod:`.agpo`).
-Importing this package registers them in :data:`ALGORITHMS` (with the losses and advantage estimators they bring).
-docs/algorithms/adding.md walks through adding one.
+Importing this package registers them in :data:`ALGORITHMS` (with the losses and advantage estimators they bring),
+then imports the plugins (:mod:`.plugins`: entry points ``mugrpo.plugins``, ``MUGRPO_PLUGINS``), algorithms kept
+outside this package. docs/algorithms/adding.md walks through adding one.
 """
 
 from mugrpo.algorithms import agpo, replay  # noqa: F401  (importing registers the built-in algorithms)
@@ -16,9 +17,11 @@ from mugrpo.algorithms.base import (
     GenerationHooks,
     GenerationStart,
     ResumePoint,
+    RolloutColumn,
     RolloutRef,
     RunQuery,
     SavedState,
+    ScoredShard,
     Settings,
     ShardPlan,
     ShardToSample,
@@ -29,12 +32,17 @@ from mugrpo.algorithms.base import (
     UpdateInputs,
     UpdateRows,
     check_sections,
+    declared_columns,
+    excluded,
     longest_repeat,
     make_generation_hooks,
     make_train_hooks,
+    provided_inputs,
     section_fields,
     sections_of,
+    stage_prompts,
 )
+from mugrpo.algorithms.plugins import load_plugins
 
 __all__ = [
     "ALGORITHMS",
@@ -45,10 +53,12 @@ __all__ = [
     "GenerationHooks",
     "GenerationStart",
     "ResumePoint",
+    "RolloutColumn",
     "RolloutRef",
     "RunQuery",
     "SavedState",
     "Settings",
+    "ScoredShard",
     "ShardPlan",
     "ShardToSample",
     "StageCommit",
@@ -58,9 +68,16 @@ __all__ = [
     "UpdateInputs",
     "UpdateRows",
     "check_sections",
+    "declared_columns",
+    "excluded",
+    "load_plugins",
     "longest_repeat",
     "make_generation_hooks",
     "make_train_hooks",
+    "provided_inputs",
     "section_fields",
     "sections_of",
+    "stage_prompts",
 ]
+
+load_plugins()

@@ -16,7 +16,7 @@ The trainer (:mod:`mugrpo.trainer`), per stage, in this order::
     TrainHooks.start(StageStart)                  resume state: from the checkpoint, else the previous stage's commit
     per update u:
         TrainHooks.compose(UpdateRows)            -> rollouts added to the update's fresh minibatch
-        TrainHooks.before_update(UpdateRows)      -> UpdateInputs: per-rollout loss inputs (e.g. clip ranges)
+        TrainHooks.before_update(UpdateRows)      -> UpdateInputs: per-rollout loss inputs (Algorithm.inputs)
         (the optimizer update)
         TrainHooks.after_update(UpdateRows, m)    -> StepRecord: train_steps columns and loss metrics of the update
     per checkpoint:
@@ -29,8 +29,18 @@ The generation worker (:mod:`mugrpo.generation`), per stage, in this order::
 
     GenerationHooks.start(GenerationStart)        state as of the first shard still to sample
     per shard to sample:
-        GenerationHooks.plan_shard(ShardToSample) -> ShardPlan: per-prompt temperatures, columns, probe groups
+        GenerationHooks.plan_shard(ShardToSample) -> ShardPlan: per-prompt temperatures, columns, extra groups
+        GenerationHooks.scored(ScoredShard)       -> per-prompt columns set once the shard's groups are scored
     GenerationHooks.worker_metrics()              -> metrics of the worker manifest (the state at its commit)
+
+What travels per rollout is declared, never implied (docs/algorithms/adding.md):
+
+- :attr:`Algorithm.columns`: the rollout columns the algorithm writes (:class:`RolloutColumn`, through
+  ``ShardPlan.columns`` / ``GenerationHooks.scored``) and reads back in the trainer (``RolloutRef.columns``); a
+  column may mark rows the trainer never trains on (``RolloutColumn.excludes``);
+- :attr:`Algorithm.inputs`: the per-rollout loss inputs it provides from ``TrainHooks.before_update``
+  (``LossContext.inputs``; a loss declares what it reads with ``mugrpo.losses.requires(inputs=...)``);
+- :meth:`Algorithm.stage_prompts`: the prompts a stage samples, e.g. over-sampled for dynamic sampling.
 
 Hooks receive these small frozen contexts, never a job spec or the run config: what an algorithm reads is what its
 context declares. Every hook has a no-op default, so an algorithm overrides only the points it uses.
@@ -43,6 +53,7 @@ from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Any, ClassVar, Literal, Protocol
 
+import pyarrow as pa
 from pydantic import BaseModel, Field
 
 from mugrpo.data import Problem
@@ -71,7 +82,33 @@ class RolloutRef(Protocol):
     @property
     def zero_variance(self) -> bool: ...
     @property
-    def probe(self) -> tuple[float, float, float] | None: ...
+    def columns(self) -> Mapping[str, Any]:
+        """The row's values of the algorithms' declared columns (:attr:`Algorithm.columns`), by name."""
+        ...
+
+
+@dataclass(frozen=True)
+class RolloutColumn:
+    """A rollout column an algorithm declares (:attr:`Algorithm.columns`).
+
+    The generation worker writes it on every row (``default`` unless a hook sets it), the rollout table stores it
+    (a column of the versioned schema, or an extension column after it: :func:`mugrpo.tables.table_from_rows`), and
+    the trainer reads it back into ``RolloutRef.columns``.
+
+    Attributes:
+        field: its Arrow name and type.
+        default: its value on rows no hook sets it on (None: NULL).
+        excludes: a true value marks a row the trainer never trains on (a group sampled to plan a shard, a group
+            filtered out by dynamic sampling): it stays in the table, counted apart.
+    """
+
+    field: pa.Field
+    default: Any = None
+    excludes: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.field.name
 
 
 # ---------------------------------------------------------------------------------------------------------- checks
@@ -165,10 +202,11 @@ class UpdateInputs:
     """Per-rollout inputs of the loss for one update, aligned with ``fresh + extra`` of its :class:`UpdateRows`.
 
     Attributes:
-        clip_eps: the symmetric clip range of each rollout (``LossContext.clip_eps``), or None.
+        values: input name (one of the algorithm's :attr:`Algorithm.inputs`) -> one value per rollout; the loss
+            reads it as a [B] tensor from ``LossContext.inputs``.
     """
 
-    clip_eps: Sequence[float] | None = None
+    values: Mapping[str, Sequence[Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -322,17 +360,38 @@ class ShardPlan:
 
     Attributes:
         temperatures: per prompt, the temperature of its training group (None: the stage's).
-        columns: per prompt, rollout columns set on each of its rows (training and probe rows).
-        probe_params: sampling params of the probe groups.
-        probe_samples, probe_results: per prompt, a group sampled and scored to plan the shard, written as rows
-            with ``is_probe`` (never trained on).
+        columns: per prompt, declared columns set on each of its rows (training and extra rows).
+        extra_params: sampling params of the extra groups.
+        extra_samples, extra_results: per prompt, a group sampled and scored to plan the shard (AGPO's probes),
+            written as rows after the shard's training rows.
+        extra_columns: per prompt, declared columns set on its extra rows only (on top of ``columns``); a column
+            with ``excludes`` set true there keeps them out of training.
     """
 
     temperatures: tuple[float, ...] | None = None
     columns: Sequence[Mapping[str, Any]] = ()
-    probe_params: SamplingParams | None = None
-    probe_samples: Sequence[Sequence[Sample]] = ()
-    probe_results: Sequence[Sequence[RewardResult]] = ()
+    extra_params: SamplingParams | None = None
+    extra_samples: Sequence[Sequence[Sample]] = ()
+    extra_results: Sequence[Sequence[RewardResult]] = ()
+    extra_columns: Sequence[Mapping[str, Any]] = ()
+
+
+@dataclass(frozen=True)
+class ScoredShard:
+    """A shard's training groups, sampled and scored, before its rows are written.
+
+    Attributes:
+        stage, shard: where it is.
+        prompt_ids: the shard's prompts, in order.
+        rewards: per prompt, its group's rewards.
+        zero_variance: per prompt, whether its group's rewards are all equal (no learning signal).
+    """
+
+    stage: int
+    shard: int
+    prompt_ids: Sequence[str]
+    rewards: Sequence[Sequence[float]]
+    zero_variance: Sequence[bool]
 
 
 class GenerationHooks:
@@ -348,6 +407,11 @@ class GenerationHooks:
 
     def plan_shard(self, shard: ShardToSample) -> ShardPlan | None:
         """Plan the shard before it is sampled (None: sample it as configured)."""
+        return None
+
+    def scored(self, shard: ScoredShard) -> Sequence[Mapping[str, Any]] | None:
+        """Per prompt of the scored shard, declared columns to set on its training rows (None: none). Dynamic
+        sampling filters here: a declared ``excludes`` column set true keeps a group out of training."""
         return None
 
     def worker_metrics(self) -> dict[str, float]:
@@ -400,6 +464,8 @@ class Algorithm:
             to ``section()`` (the section has its own switch, e.g. ``enabled``).
         jobs: the job specs that carry the section besides the run config ("train", "generate").
         description: the section's one-line description in the config reference.
+        columns: the rollout columns it declares (:class:`RolloutColumn`), written on every rollout row.
+        inputs: the per-rollout loss inputs its trainer hooks provide (``UpdateInputs.values`` keys).
     """
 
     name: ClassVar[str]
@@ -407,6 +473,14 @@ class Algorithm:
     optional: ClassVar[bool] = True
     jobs: ClassVar[frozenset[str]] = frozenset({"train"})
     description: ClassVar[str] = ""
+    columns: ClassVar[tuple[RolloutColumn, ...]] = ()
+    inputs: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def stage_prompts(cls, section: Any, prompts: int) -> int:
+        """The prompts a stage samples when the stage schedule asks for ``prompts`` (e.g. more, for dynamic
+        sampling to filter down to ``prompts`` groups); the section is None or off: ``prompts``."""
+        return prompts
 
     @classmethod
     def check(cls, section: Any, settings: Settings) -> None:
@@ -493,3 +567,43 @@ def make_generation_hooks(sections: Mapping[str, Any]) -> list[GenerationHooks]:
     """The generation hooks of the algorithms on in a stage with these sections."""
     made = (ALGORITHMS[name].generation_hooks(section) for name, section in sections.items())
     return [hooks for hooks in made if hooks is not None]
+
+
+def declared_columns() -> list[RolloutColumn]:
+    """Every registered algorithm's declared rollout columns, in registry order.
+
+    Raises:
+        ValueError: two algorithms declare one column name with different types.
+    """
+    seen: dict[str, RolloutColumn] = {}
+    for name in ALGORITHMS:
+        for column in ALGORITHMS[name].columns:
+            other = seen.get(column.name)
+            if other is not None and other.field.type != column.field.type:
+                raise ValueError(f"algorithm {name} declares rollout column {column.name!r} with another type")
+            seen.setdefault(column.name, column)
+    return list(seen.values())
+
+
+def excluded(row: Mapping[str, Any]) -> bool:
+    """Whether a rollout row is kept out of training: a declared ``excludes`` column is true on it."""
+    return any(row.get(c.name) for c in declared_columns() if c.excludes)
+
+
+def provided_inputs(sections: Mapping[str, Any], loss: PolicyLossConfig) -> set[str]:
+    """The loss inputs the algorithms on in a run (those whose :meth:`Algorithm.train_hooks` are not None)
+    provide."""
+    return {
+        i
+        for name, section in sections.items()
+        if ALGORITHMS[name].train_hooks(section, loss) is not None
+        for i in ALGORITHMS[name].inputs
+    }
+
+
+def stage_prompts(sections: Mapping[str, Any], prompts: int) -> int:
+    """The prompts a stage samples for a schedule's ``prompts``, after every algorithm's
+    :meth:`Algorithm.stage_prompts`."""
+    for name, section in sections.items():
+        prompts = ALGORITHMS[name].stage_prompts(section, prompts)
+    return prompts

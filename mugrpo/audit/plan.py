@@ -39,7 +39,7 @@ def stage_plan(run: AuditRun, stage: int) -> StagePlan:
         mugrpo.tables.RolloutDataError: the stage's rollouts are not committed or invalid.
         mugrpo.storage.ChecksumError: a rollout file changed after its manifest was written.
     """
-    from mugrpo.losses import positive_labeler
+    from mugrpo.losses import row_inputs
     from mugrpo.runs import policy_version
     from mugrpo.seeds import derive_seed
     from mugrpo.trainer.data import load_rollouts, make_minibatch_order
@@ -51,7 +51,7 @@ def stage_plan(run: AuditRun, stage: int) -> StagePlan:
         run.run_id,
         spec.rollout_stages,
         skip_zero_variance_groups=spec.train.skip_zero_variance_groups,
-        positive_label=positive_labeler(spec.loss),
+        row_inputs=row_inputs(spec.loss),
     )
     order = make_minibatch_order(
         data,

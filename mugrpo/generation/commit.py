@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 import numpy as np
 import pyarrow.parquet as pq
 
+from mugrpo.algorithms import declared_columns, excluded
 from mugrpo.fanout import commit_when_all_committed, slowest_timings, worker_job
 from mugrpo.generation.spec import GenerateSpec, GenerationError
 from mugrpo.layout import RunLayout
@@ -28,7 +29,6 @@ _SUMMARY_COLUMNS = [
     "zero_variance",
     "num_tokens",
     "finish_reason",
-    "is_probe",
     "temperature",
     "reward_status",
 ]
@@ -81,11 +81,13 @@ def commit_generation(spec: GenerateSpec) -> JobManifest | None:
     """Write the stage's generate manifest from its worker manifests (the generation commit), or return None
     while a worker has not committed. Idempotent: an existing generate manifest is returned as is.
 
-    Every shard is read back through its worker manifest (sha256 checked). Probe rows are counted apart:
-    ``rows``/``prompts`` and the reward metrics are over training rows; ``probe_rows``/``probe_tokens`` count the
-    probes, ``tokens`` is every generated token (probes included, the token budget), and the workers' metrics (the
-    algorithms' state at their commit) are carried over. Timings are the slowest worker's (the workers ran in
-    parallel); ``tokens_per_second`` is the tokens sampled by this launch of the workers over that time.
+    Every shard is read back through its worker manifest (sha256 checked). Rows a declared ``excludes`` column
+    marks (:func:`mugrpo.algorithms.excluded`: AGPO's planning groups, groups dynamic sampling filtered out) are
+    counted apart: ``rows``/``prompts`` and the reward metrics are over training rows; ``excluded_rows`` /
+    ``excluded_tokens`` count the others, ``tokens`` is every generated token (excluded rows included, the token
+    budget), and the workers' metrics (the algorithms' state at their commit) are carried over. Timings are the
+    slowest worker's (the workers ran in parallel); ``tokens_per_second`` is the tokens sampled by this launch of
+    the workers over that time.
 
     Raises:
         mugrpo.storage.ChecksumError: a shard changed after its worker committed it.
@@ -104,7 +106,9 @@ def _committed_rows(spec: GenerateSpec, store: Store, files: list[FileRecord]) -
     for rec in files:
         rel = layout.abs(rec.path)
         store.read_bytes(rel, expected_sha256=rec.sha256)
-        rows.extend(read_table(store, rel, "rollouts").select(_SUMMARY_COLUMNS).to_pylist())
+        declared = [c.name for c in declared_columns()]
+        table = read_table(store, rel, "rollouts", extra=[c.field for c in declared_columns()])
+        rows.extend(table.select(_SUMMARY_COLUMNS + declared).to_pylist())
     return rows
 
 
@@ -113,27 +117,27 @@ def _generation_manifest(spec: GenerateSpec, store: Store, parts: list[JobManife
     files = sorted((f for p in parts for f in p.files), key=lambda f: f.path)
     all_rows = _committed_rows(spec, store, files)
     check_rollouts_follow_plan(store, spec.run_id, spec.stage, (r["prompt_id"] for r in all_rows))
-    probe_rows = [r for r in all_rows if r["is_probe"]]
-    train_rows = [r for r in all_rows if not r["is_probe"]]
+    excluded_rows = [r for r in all_rows if excluded(r)]
+    train_rows = [r for r in all_rows if not excluded(r)]
     metrics = _summary(train_rows)
     t_gen = max(p.timings.get("gen", 0.0) for p in parts)
     tokens = sum(p.counts.get("new_tokens", 0) for p in parts)
     if t_gen > 0:
         metrics["tokens_per_second"] = tokens / t_gen
-    if probe_rows:
-        metrics["probe_mean_reward"] = float(np.mean([r["reward"] for r in probe_rows]))
+    if excluded_rows:
+        metrics["excluded_mean_reward"] = float(np.mean([r["reward"] for r in excluded_rows]))
         metrics["mean_temperature"] = float(np.mean([r["temperature"] for r in train_rows]))
     for p in parts:  # the algorithms' state at each worker's commit
         metrics.update(p.metrics)
-    probe_tokens = sum(r["num_tokens"] for r in probe_rows)
+    excluded_tokens = sum(r["num_tokens"] for r in excluded_rows)
     first = parts[0].counts
     counts = {
         "rows": len(train_rows),
         "prompts": len({r["prompt_id"] for r in train_rows}),
         "shards": first["shards"],
-        "tokens": probe_tokens + sum(r["num_tokens"] for r in train_rows),
-        "probe_rows": len(probe_rows),
-        "probe_tokens": probe_tokens,
+        "tokens": excluded_tokens + sum(r["num_tokens"] for r in train_rows),
+        "excluded_rows": len(excluded_rows),
+        "excluded_tokens": excluded_tokens,
         "zero_variance_groups": len({r["prompt_id"] for r in train_rows if r["zero_variance"]}),
         "dataset_rows": first["dataset_rows"],
         "workers": spec.workers,

@@ -1,20 +1,22 @@
 """One shard of a stage: its sampling params, its samples, and its rollout rows (rewards, group advantages).
 
 A shard's plan (:class:`mugrpo.algorithms.ShardPlan`, from the algorithms' ``plan_shard`` hooks) may set each
-prompt's temperature, add columns to each prompt's rows and add probe groups, written as rows with ``is_probe``
-(sampled and scored to plan the shard, never trained on).
+prompt's temperature, set declared columns on each prompt's rows and add extra groups (sampled and scored to plan
+the shard), written after the training rows with their own columns. Once the shard's groups are scored, the
+algorithms' ``scored`` hooks may set more declared columns on each prompt's training rows (dynamic sampling's
+filter). Every declared column (:func:`mugrpo.algorithms.declared_columns`) no hook sets holds its default.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
 
 from mugrpo.advantages import compute_advantages
-from mugrpo.algorithms import ShardPlan
+from mugrpo.algorithms import GenerationHooks, ScoredShard, ShardPlan, declared_columns
 from mugrpo.engines.base import Sample, SamplingParams
 from mugrpo.generation.prompts import PreparedPrompt
 from mugrpo.generation.spec import GenerateSpec, GenerationError
@@ -74,28 +76,60 @@ def shard_rows(
     groups: list[list[Sample]],
     scorer: RewardScorer,
     plan: ShardPlan | None = None,
+    hooks: Sequence[GenerationHooks] = (),
 ) -> tuple[list[dict], int]:
-    """Score and group-normalize one shard's samples into rollout rows, followed by the plan's probe rows
-    (``is_probe`` true; their advantage is that of the probe group, never trained on). Returns (rows, generated
-    tokens, probe tokens included)."""
+    """Score and group-normalize one shard's samples into rollout rows (with the columns of the plan and of the
+    ``hooks``' :meth:`~mugrpo.algorithms.GenerationHooks.scored`), followed by the plan's extra rows (their
+    advantage is that of their own group). Returns (rows, generated tokens, extra groups' included)."""
     if not prompts:
         return [], 0
     params = shard_params(spec, shard, prompts, plan)
     flat = [(p, i, s) for p, samples in zip(prompts, groups, strict=True) for i, s in enumerate(samples)]
     results = scorer.score([RewardInput.for_problem(p.problem, s.text) for p, _, s in flat])
-    columns = {}
+    columns: dict[str, dict[str, Any]] = {p.problem.prompt_id: {} for p in prompts}
     if plan is not None and plan.columns:
-        columns = {p.problem.prompt_id: c for p, c in zip(prompts, plan.columns, strict=True)}
-    rows = rollout_rows(spec, params, flat, results, columns, is_probe=False)
+        for p, c in zip(prompts, plan.columns, strict=True):
+            columns[p.problem.prompt_id].update(c)
+    rows = rollout_rows(spec, params, flat, results, columns)
+    if hooks:
+        _add_scored_columns(spec, shard, prompts, rows, hooks)
     tokens = sum(len(s.response_token_ids) for _, _, s in flat)
-    if plan is not None and plan.probe_samples:
-        probe_flat = [
-            (p, i, s) for p, samples in zip(prompts, plan.probe_samples, strict=True) for i, s in enumerate(samples)
+    if plan is not None and plan.extra_samples:
+        extra_flat = [
+            (p, i, s) for p, samples in zip(prompts, plan.extra_samples, strict=True) for i, s in enumerate(samples)
         ]
-        probe_results = [r for group in plan.probe_results for r in group]
-        rows += rollout_rows(spec, plan.probe_params, probe_flat, probe_results, columns, is_probe=True)
-        tokens += sum(len(s.response_token_ids) for _, _, s in probe_flat)
+        extra_results = [r for group in plan.extra_results for r in group]
+        own = plan.extra_columns or [{}] * len(prompts)
+        extra_columns = {
+            p.problem.prompt_id: {**columns[p.problem.prompt_id], **c} for p, c in zip(prompts, own, strict=True)
+        }
+        rows += rollout_rows(spec, plan.extra_params, extra_flat, extra_results, extra_columns)
+        tokens += sum(len(s.response_token_ids) for _, _, s in extra_flat)
     return rows, tokens
+
+
+def _add_scored_columns(
+    spec: GenerateSpec, shard: int, prompts: list[PreparedPrompt], rows: list[dict], hooks: Sequence[GenerationHooks]
+) -> None:
+    """Set the columns each hook's ``scored`` gives a prompt on the prompt's training ``rows`` (in place)."""
+    ids = [p.problem.prompt_id for p in prompts]
+    by_prompt: dict[str, list[dict]] = {i: [] for i in ids}
+    for row in rows:
+        by_prompt[row["prompt_id"]].append(row)
+    view = ScoredShard(
+        stage=spec.stage,
+        shard=shard,
+        prompt_ids=ids,
+        rewards=[[r["reward"] for r in by_prompt[i]] for i in ids],
+        zero_variance=[all(r["zero_variance"] for r in by_prompt[i]) for i in ids],
+    )
+    for h in hooks:
+        given = h.scored(view)
+        if given is None:
+            continue
+        for i, c in zip(ids, given, strict=True):
+            for row in by_prompt[i]:
+                row.update(c)
 
 
 def rollout_rows(
@@ -104,18 +138,19 @@ def rollout_rows(
     flat: list,
     results: list,
     columns: Mapping[str, Mapping[str, Any]],
-    *,
-    is_probe: bool,
 ) -> list[dict]:
     """Rollout rows of ``flat`` = [(prompt, sample index, sample)] with their reward results and group advantages;
-    ``columns``: per prompt id, more columns of its rows (from the shard's plan)."""
+    ``columns``: per prompt id, declared columns of its rows (from the shard's plan); every other declared column
+    holds its default."""
     rewards = np.array([r.reward for r in results], dtype=np.float32)
     group_ids = np.array([p.problem.prompt_id for p, _, _ in flat])
     advantages, zero_var = compute_advantages(rewards, group_ids, spec.advantage, expected_group_size=params.n)
     now = datetime.now(UTC)
+    defaults = {c.name: c.default for c in declared_columns()}
     rows = []
     for (p, i, s), r, adv, zv in zip(flat, results, advantages, zero_var, strict=True):
         row = {
+            **defaults,
             "run_id": spec.run_id,
             "stage": spec.stage,
             "policy_version": spec.policy_version,
@@ -145,7 +180,6 @@ def rollout_rows(
             "seed": params.seed,
             "engine": spec.engine,
             "created_at": now,
-            "is_probe": is_probe,
         }
         row.update(columns.get(p.problem.prompt_id, {}))
         rows.append(row)

@@ -11,8 +11,10 @@ sha256; the training job reads the rollouts through it (:mod:`mugrpo.generation.
 the same functions.
 
 Algorithms (:mod:`mugrpo.algorithms`) hook in at fixed places: ``start`` once the worker knows which shards it
-still samples, ``plan_shard`` before each shard is sampled (its probes are scored after the previous shard's commit
-finished, so the verifier pool serves one caller at a time), ``worker_metrics`` at the worker's commit.
+still samples, ``plan_shard`` before each shard is sampled (its extra groups are scored after the previous shard's
+commit finished, so the verifier pool serves one caller at a time), ``scored`` once a shard's groups are scored,
+``worker_metrics`` at the worker's commit. Every rollout file holds the algorithms' declared columns
+(:func:`mugrpo.algorithms.declared_columns`).
 
 Determinism: shard ``s`` is sampled with seed ``derive_seed(run seed, stage, s)``, so a resumed job produces the same
 rollouts as an uninterrupted one on engines that honour per-call seeds (TransformersEngine). vLLM is seeded once per
@@ -31,6 +33,7 @@ from mugrpo.algorithms import (
     GenerationStart,
     ShardPlan,
     ShardToSample,
+    declared_columns,
     make_generation_hooks,
     sections_of,
 )
@@ -246,9 +249,10 @@ def _sample_and_commit(
     layout = RunLayout(spec.run_id)
 
     def commit(shard: int, live: list[PreparedPrompt], groups: list[list], plan: ShardPlan | None) -> int:
-        rows, n_tok = shard_rows(spec, shard, live, groups, scorer, plan)
+        rows, n_tok = shard_rows(spec, shard, live, groups, scorer, plan, hooks)
         rel = layout.rollout_shard(spec.stage, shard)
-        write_table(store, rel, table_from_rows(rows, "rollouts"), "rollouts")
+        declared = [c.field for c in declared_columns()]
+        write_table(store, rel, table_from_rows(rows, "rollouts", declared), "rollouts", extra=declared)
         return n_tok
 
     tokens, t_gen = 0, 0.0

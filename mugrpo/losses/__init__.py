@@ -10,7 +10,8 @@ Usage::
     out.loss.backward()
 
 Built-in losses: ``grpo``, ``mu_grpo``, ``gspo``, ``conspo``. An algorithm package may register its own loss
-(:mod:`mugrpo.algorithms`): add one with ``@POLICY_LOSSES.register("name")``.
+(:mod:`mugrpo.algorithms`): add one with ``@POLICY_LOSSES.register("name")``. A loss's per-rollout inputs are
+declared by name (``@requires(inputs=...)``) and read from ``LossContext.inputs`` (:mod:`mugrpo.losses.inputs`).
 """
 
 from mugrpo.losses import clipped, conspo, gspo  # noqa: F401  (importing registers the built-in losses)
@@ -28,6 +29,7 @@ from mugrpo.losses.conspo import (
     training_progress,
 )
 from mugrpo.losses.gspo import gspo_loss, sequence_log_ratio
+from mugrpo.losses.inputs import ROLLOUT_INPUTS, RolloutInput, RowFn, UpdateStatFn, input_tensor
 from mugrpo.losses.interface import LossContext, LossOutput, PolicyLossFn, reduce_metrics
 from mugrpo.losses.kl import KL_ESTIMATORS, kl_estimate
 from mugrpo.losses.metrics import MetricStat, merge_stats
@@ -50,6 +52,7 @@ from mugrpo.losses.registry import (
     loss_clip_range,
     loss_requirements,
     requires,
+    row_inputs,
     token_surrogate,
 )
 from mugrpo.losses.veto import VETO_SCOPES, VetoInfo, negative_advantage_veto_mask
@@ -59,6 +62,7 @@ __all__ = [
     "AGGREGATIONS",
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
+    "ROLLOUT_INPUTS",
     "VETO_SCOPES",
     "AggMode",
     "KLEstimator",
@@ -70,6 +74,9 @@ __all__ = [
     "PolicyLossFn",
     "PositiveLabeler",
     "PreparedBatch",
+    "RolloutInput",
+    "RowFn",
+    "UpdateStatFn",
     "TokenSurrogate",
     "VetoInfo",
     "VetoScope",
@@ -88,6 +95,7 @@ __all__ = [
     "grpo_loss",
     "gspo_loss",
     "importance_ratio",
+    "input_tensor",
     "kl_estimate",
     "loss_requirements",
     "margin_schedule",
@@ -98,6 +106,7 @@ __all__ = [
     "prepare_batch",
     "reduce_metrics",
     "requires",
+    "row_inputs",
     "token_surrogate",
     "sequence_log_ratio",
     "sequence_scores",

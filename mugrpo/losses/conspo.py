@@ -8,9 +8,9 @@ the negatives of its group by an InfoNCE with temperature tau and a margin m_t o
 
 m_t = (M/2)(1 - cos(pi * min(lambda_t/alpha, 1))) with lambda_t the training progress. Groups that are all positive
 or all negative carry no contrast and are discarded (counted in the metrics). The update's loss is the mean of
-loss_q over its valid groups, normalized by the global count of valid groups (``LossContext.global_num_valid_groups``,
-known from the labels before the forward pass), so micro-batching and data-parallel sharding change nothing as long
-as a group is never split (``train.group_minibatches``).
+loss_q over its valid groups, normalized by the global count of valid groups (the update statistic
+``num_valid_groups`` in ``LossContext.inputs``, known from the labels before the forward pass), so micro-batching
+and data-parallel sharding change nothing as long as a group is never split (``train.group_minibatches``).
 
 Labels come through the rollout rows: :class:`PositiveLabeler` turns a row's reward and reward components into a
 bool when the trainer loads the rollouts (:func:`mugrpo.trainer.data.load_rollouts`), not inside the loss.
@@ -19,12 +19,14 @@ bool when the trainer loads the rollouts (:func:`mugrpo.trainer.data.load_rollou
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from mugrpo.losses.config import PolicyLossConfig
+from mugrpo.losses.inputs import ROLLOUT_INPUTS, RolloutInput
 from mugrpo.losses.interface import LossContext, LossOutput
 from mugrpo.losses.metrics import MetricStat
 from mugrpo.losses.pipeline import finalize_sequence_loss, prepare_batch
@@ -101,12 +103,13 @@ class PositiveLabeler:
     rule: str
     threshold: float | None = None
 
-    def __call__(self, reward: float, components: Mapping[str, float]) -> bool:
-        """Label of a row with total ``reward`` and ``reward_components``.
+    def __call__(self, row: Mapping[str, Any]) -> bool:
+        """Label of a rollout row with a total ``reward`` and ``reward_components``.
 
         Raises:
             ValueError: the ``correctness`` rule and a row without a ``math_correctness`` component.
         """
+        reward, components = float(row["reward"]), dict(row["reward_components"])
         if self.rule == "correctness" and CORRECTNESS_COMPONENT not in components:
             raise ValueError(
                 f"positive_rule=correctness needs the reward component {CORRECTNESS_COMPONENT!r}, this row has "
@@ -120,10 +123,25 @@ class PositiveLabeler:
 
 
 def positive_labeler(config: PolicyLossConfig) -> PositiveLabeler | None:
-    """The labeler the data path applies to each rollout row, or None when ``config.name``'s loss needs no labels."""
-    if not loss_requirements(config.name).positive_labels:
+    """The labeler the data path applies to each rollout row, or None when ``config.name``'s loss reads no
+    ``positive`` input."""
+    if POSITIVE not in loss_requirements(config.name).inputs:
         return None
     return PositiveLabeler(config.positive_rule, config.positive_threshold)
+
+
+def check_positive_rule(config: PolicyLossConfig, reward_components: Collection[str]) -> None:
+    """Check that the run's rewards can label its rollouts by ``loss.positive_rule``.
+
+    Raises:
+        ValueError: ``positive_rule=correctness`` without the correctness reward component (naming both keys).
+    """
+    if config.positive_rule == "correctness" and CORRECTNESS_COMPONENT not in reward_components:
+        raise ValueError(
+            f"loss.positive_rule=correctness labels a response positive when its {CORRECTNESS_COMPONENT!r} reward "
+            f"component is 1, but reward.components is {sorted(reward_components)}: add it, or use "
+            "loss.positive_rule=reward_threshold with loss.positive_threshold"
+        )
 
 
 def count_valid_groups(group_index: Sequence[int], positive: Sequence[bool], nonempty: Sequence[bool]) -> int:
@@ -141,6 +159,21 @@ def count_valid_groups(group_index: Sequence[int], positive: Sequence[bool], non
         if member:
             seen.setdefault(int(g), set()).add(bool(label))
     return sum(1 for labels in seen.values() if len(labels) == 2)
+
+
+#: ConSPO's per-rollout input: each response's positive/negative label, from its row by ``loss.positive_rule``,
+#: with the update's count of valid groups (its loss normalizer) as the update statistic ``num_valid_groups``.
+POSITIVE = "positive"
+NUM_VALID_GROUPS = "num_valid_groups"
+ROLLOUT_INPUTS.register(POSITIVE)(
+    RolloutInput(
+        dtype=torch.bool,
+        columns=("reward", "reward_components"),
+        make=lambda config: PositiveLabeler(config.positive_rule, config.positive_threshold),
+        update_stats={NUM_VALID_GROUPS: lambda labels, groups, nonempty: count_valid_groups(groups, labels, nonempty)},
+        check=lambda config, components: check_positive_rule(config, components),
+    )
+)
 
 
 # --- the loss -----------------------------------------------------------------------------------------------------
@@ -230,7 +263,7 @@ def group_infonce(
 
 
 @POLICY_LOSSES.register("conspo")
-@requires(whole_groups=True, positive_labels=True)
+@requires(whole_groups=True, inputs=(POSITIVE,))
 def conspo_loss(
     logprobs: torch.Tensor,
     behavior_logprobs: torch.Tensor,
@@ -242,9 +275,10 @@ def conspo_loss(
 ) -> LossOutput:
     """ConSPO's loss (arXiv 2605.12969): the mean over valid groups of the group InfoNCE with a cosine margin.
 
-    loss = (1/N_valid) sum_q loss_q + kl_coef * KL, with N_valid = ``context.global_num_valid_groups`` (or this
-    call's valid groups when absent). There is no importance ratio: ``behavior_logprobs`` and ``advantages`` only
-    feed the standard metrics (ratio, drift); clip and veto fractions are 0.
+    loss = (1/N_valid) sum_q loss_q + kl_coef * KL, with N_valid = ``context.inputs["num_valid_groups"]`` (the
+    whole update's valid groups; this call's valid groups when absent). There is no importance ratio:
+    ``behavior_logprobs`` and ``advantages`` only feed the standard metrics (ratio, drift); clip and veto fractions
+    are 0.
 
     Args:
         logprobs: [B, T] log pi_theta of the response tokens (requires grad).
@@ -253,8 +287,8 @@ def conspo_loss(
         response_mask: [B, T] bool, True on response tokens.
         config: ``conspo_tau``, ``conspo_margin``, ``conspo_margin_alpha``, ``kl_coef`` / ``kl_estimator`` /
             ``agg_mode`` (the KL term's aggregation).
-        context: needs ``group_index`` [B], ``positive`` [B] bool and ``progress`` (lambda_t); optional
-            ``global_num_valid_groups``, ``global_num_tokens`` (KL term), ``ref_logprobs``, ``entropy``.
+        context: needs ``group_index`` [B], ``inputs["positive"]`` [B] bool and ``progress`` (lambda_t); optional
+            ``inputs["num_valid_groups"]``, ``global_num_tokens`` (KL term), ``ref_logprobs``, ``entropy``.
 
     Returns:
         :class:`LossOutput` with the standard metrics plus ``conspo_valid_groups`` and
@@ -270,19 +304,20 @@ def conspo_loss(
         raise ValueError("veto_enabled=True: the negative-advantage veto acts on token ratios; conspo has none")
     if config.tis_cap is not None:
         raise ValueError("tis_cap is set: truncated importance sampling weights token ratios; conspo has none")
-    missing = [n for n in ("group_index", "positive", "progress") if context is None or getattr(context, n) is None]
+    missing = [n for n in ("group_index", "progress") if context is None or getattr(context, n) is None]
     if missing:
         raise ValueError(f"conspo needs LossContext.{', LossContext.'.join(missing)}")
+    positive = context.input(POSITIVE, "loss.name=conspo")
     batch = prepare_batch(logprobs, behavior_logprobs, advantages, response_mask, config, context)
     ctx = batch.context
     margin = margin_schedule(ctx.progress, config.conspo_margin, config.conspo_margin_alpha)
     scores = sequence_scores(batch.logprobs, batch.response_mask)
     member = batch.response_mask.any(dim=-1)
     out = group_infonce(
-        scores, ctx.positive.bool(), ctx.group_index.to(scores.device), member, config.conspo_tau, margin
+        scores, positive.bool().to(scores.device), ctx.group_index.to(scores.device), member, config.conspo_tau, margin
     )
-    if ctx.global_num_valid_groups is not None:
-        policy_loss, is_global = out.loss_sum / ctx.global_num_valid_groups, True
+    if NUM_VALID_GROUPS in ctx.inputs:
+        policy_loss, is_global = out.loss_sum / max(float(ctx.inputs[NUM_VALID_GROUPS]), 1.0), True
     else:
         policy_loss, is_global = out.loss_sum / out.num_valid_groups.clamp_min(1), False
     stats = {

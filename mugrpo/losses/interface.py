@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -31,15 +31,12 @@ class LossContext:
             required when ``tis_cap`` is set (truncated importance sampling).
         group_index: [B] int group id of each response (one prompt = one group). Used by group-wise losses
             (ConSPO, arXiv 2605.12969); the trainer never splits a group across micro-batches for them.
-        positive: [B] bool, each response's positive/negative label (ConSPO: verified correct, or the
-            configured ``positive_rule``), computed by the data path from the rollout rows, not by the loss.
-        global_num_valid_groups: groups of the whole optimizer update (all micro-batches and ranks) with at least
-            one positive and one negative non-empty response: ConSPO's normalizer, known from the rewards
-            before the forward pass.
         progress: training progress lambda_t in [0, 1]: global updates done before this update / the run's total
             updates (ConSPO's margin schedule).
-        clip_eps: [B] float symmetric clip range of each response (its group's eps; AGPO, arXiv 2605.20722),
-            computed by the trainer's clip-range controller before the update; required by the ``agpo`` loss.
+        inputs: the per-rollout inputs the loss declared (:func:`mugrpo.losses.requires`), by name: [B] tensors
+            (e.g. ConSPO's ``positive`` labels, AGPO's ``clip_eps``) and the update statistics of rollout inputs
+            as floats (e.g. ConSPO's ``num_valid_groups``); see :mod:`mugrpo.losses.inputs`. Read them with
+            :meth:`input`.
     """
 
     global_num_tokens: float | None = None
@@ -49,18 +46,29 @@ class LossContext:
     entropy: torch.Tensor | None = None
     trainer_behavior_logprobs: torch.Tensor | None = None
     group_index: torch.Tensor | None = None
-    positive: torch.Tensor | None = None
-    global_num_valid_groups: float | None = None
     progress: float | None = None
-    clip_eps: torch.Tensor | None = None
+    inputs: Mapping[str, torch.Tensor | float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("global_num_tokens", "global_num_seqs", "max_response_len", "global_num_valid_groups"):
+        for name in ("global_num_tokens", "global_num_seqs", "max_response_len"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"LossContext.{name} must be > 0 when given, got {value}")
         if self.progress is not None and not 0.0 <= self.progress <= 1.0:
             raise ValueError(f"LossContext.progress must lie in [0, 1], got {self.progress}")
+
+    def input(self, name: str, loss: str = "this loss") -> torch.Tensor | float:
+        """The per-rollout input (or update statistic) ``name``.
+
+        Raises:
+            ValueError: the context has no input ``name`` (``loss``'s declaration and its provider are named).
+        """
+        if name not in self.inputs:
+            raise ValueError(
+                f"{loss} needs the loss input {name!r} (LossContext.inputs has {sorted(self.inputs) or 'none'}): "
+                "declare it with @requires(inputs=...) and register its provider (mugrpo.losses.inputs)"
+            )
+        return self.inputs[name]
 
 
 @dataclass(frozen=True)

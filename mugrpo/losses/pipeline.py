@@ -101,9 +101,9 @@ def prepare_batch(
         value = getattr(context, name)
         if value is not None:
             _check_shape(f"LossContext.{name}", value, shape)
-    for name in ("group_index", "positive", "clip_eps"):
-        value = getattr(context, name)
-        if value is not None and value.shape != shape[:1]:
+    rows = {"group_index": context.group_index} | {f"inputs[{n!r}]": v for n, v in context.inputs.items()}
+    for name, value in rows.items():
+        if isinstance(value, torch.Tensor) and value.shape != shape[:1]:
             raise ValueError(f"LossContext.{name} has shape {tuple(value.shape)}, expected [{shape[0]}]")
     if config.kl_coef > 0 and context.ref_logprobs is None:
         raise ValueError(f"kl_coef={config.kl_coef} needs LossContext.ref_logprobs (reference policy log-probs)")

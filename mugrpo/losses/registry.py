@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 import torch
 
 from mugrpo.losses.config import PolicyLossConfig
+from mugrpo.losses.inputs import ROLLOUT_INPUTS, RowFn
 from mugrpo.losses.interface import LossContext, LossOutput, PolicyLossFn
 from mugrpo.registry import Registry
 
@@ -22,27 +23,29 @@ class LossRequirements:
     Attributes:
         whole_groups: every group must sit whole in one micro-batch and one update (``train.group_minibatches``),
             because the loss compares the responses of a group with each other.
-        positive_labels: each response needs a positive/negative label (``LossContext.positive``), computed by the
-            data path from the rollout rows with ``PolicyLossConfig.positive_rule``.
+        inputs: names of the per-rollout inputs it reads from ``LossContext.inputs``, each provided by a rollout
+            input (:data:`mugrpo.losses.inputs.ROLLOUT_INPUTS`) or by an algorithm (``Algorithm.inputs``).
     """
 
     whole_groups: bool = False
-    positive_labels: bool = False
+    inputs: tuple[str, ...] = ()
 
 
-def requires(*, whole_groups: bool = False, positive_labels: bool = False) -> Callable[[PolicyLossFn], PolicyLossFn]:
+def requires(*, whole_groups: bool = False, inputs: tuple[str, ...] = ()) -> Callable[[PolicyLossFn], PolicyLossFn]:
     """Decorator declaring a loss's :class:`LossRequirements` (apply it below ``@POLICY_LOSSES.register``)."""
 
     def mark(fn: PolicyLossFn) -> PolicyLossFn:
-        fn.requirements = LossRequirements(whole_groups=whole_groups, positive_labels=positive_labels)
+        fn.requirements = LossRequirements(whole_groups=whole_groups, inputs=tuple(inputs))
         return fn
 
     return mark
 
 
-#: ``(config, clip_eps) -> (low, high)``: the ratio clip range of a loss, floats or [B] tensors (per response,
-#: from ``LossContext.clip_eps`` [B] or None).
-ClipRangeFn = Callable[[PolicyLossConfig, "torch.Tensor | None"], "tuple[torch.Tensor | float, torch.Tensor | float]"]
+#: ``(config, inputs) -> (low, high) | None``: the ratio clip range of a loss, floats or [B] tensors (per response,
+#: from the batch's per-rollout inputs, e.g. AGPO's ``clip_eps``), or None where the inputs give none.
+ClipRangeFn = Callable[
+    [PolicyLossConfig, "Mapping[str, torch.Tensor]"], "tuple[torch.Tensor | float, torch.Tensor | float] | None"
+]
 
 
 def clip_range(bounds: ClipRangeFn) -> Callable[[PolicyLossFn], PolicyLossFn]:
@@ -58,16 +61,17 @@ def clip_range(bounds: ClipRangeFn) -> Callable[[PolicyLossFn], PolicyLossFn]:
 
 
 def loss_clip_range(
-    config: PolicyLossConfig, clip_eps: torch.Tensor | None = None
+    config: PolicyLossConfig, inputs: Mapping[str, torch.Tensor] | None = None
 ) -> tuple[torch.Tensor | float, torch.Tensor | float] | None:
-    """The clip range [low, high] of the loss named by ``config.name`` for responses with per-group clip ranges
-    ``clip_eps`` ([B] or None): floats or [B] tensors; None when the loss declares no clip range.
+    """The clip range [low, high] of the loss named by ``config.name`` for responses with the per-rollout
+    ``inputs`` of their batch (``TokenBatch.inputs``): floats or [B] tensors; None when the loss declares no clip
+    range (or its inputs are absent).
 
     Raises:
         UnknownNameError: no policy loss is registered as ``config.name``.
     """
     bounds = getattr(POLICY_LOSSES[config.name], "clip_range", None)
-    return None if bounds is None else bounds(config, clip_eps)
+    return None if bounds is None else bounds(config, inputs or {})
 
 
 def token_surrogate(fn: PolicyLossFn) -> PolicyLossFn:
@@ -97,18 +101,55 @@ def loss_requirements(name: str) -> LossRequirements:
     return getattr(POLICY_LOSSES[name], "requirements", LossRequirements())
 
 
-def check_trainer_settings(config: PolicyLossConfig, *, group_minibatches: bool) -> None:
+def check_trainer_settings(
+    config: PolicyLossConfig,
+    *,
+    group_minibatches: bool,
+    provided: Collection[str] | None = None,
+    reward_components: Collection[str] | None = None,
+) -> None:
     """Check that the training settings give the loss what it needs.
 
+    Args:
+        provided: the loss inputs the run's algorithms provide (``Algorithm.inputs`` of those on); None: not
+            known here (the inputs are then not checked).
+        reward_components: the run's reward components, checked by the loss's rollout inputs
+            (:attr:`~mugrpo.losses.inputs.RolloutInput.check`); None: not known here.
+
     Raises:
-        ValueError: the loss needs whole groups per update and ``train.group_minibatches`` is off.
+        ValueError: the loss needs whole groups per update and ``train.group_minibatches`` is off, or an input
+            that neither a rollout input nor an algorithm of the run provides.
         UnknownNameError: unknown loss name.
     """
-    if loss_requirements(config.name).whole_groups and not group_minibatches:
+    needs = loss_requirements(config.name)
+    if needs.whole_groups and not group_minibatches:
         raise ValueError(
             f"loss.name={config.name} compares the responses of a group with each other, so a group must never be "
             "split across updates or micro-batches: set train.group_minibatches=true"
         )
+    if reward_components is not None:
+        for name in needs.inputs:
+            check = ROLLOUT_INPUTS[name].check if name in ROLLOUT_INPUTS else None
+            if check is not None:
+                check(config, reward_components)
+    if provided is None:
+        return
+    missing = [n for n in needs.inputs if n not in ROLLOUT_INPUTS and n not in provided]
+    if missing:
+        raise ValueError(
+            f"loss.name={config.name} needs the per-rollout input(s) {missing}, which no rollout input "
+            f"(mugrpo.losses.inputs) and no algorithm on in this run provides (provided: {sorted(provided) or 'none'})"
+        )
+
+
+def row_inputs(config: PolicyLossConfig) -> dict[str, RowFn]:
+    """The row functions of the rollout inputs the loss ``config.name`` declares, by name ({}: none): the data path
+    applies each to every rollout row it loads (:func:`mugrpo.trainer.data.load_rollouts`).
+
+    Raises:
+        UnknownNameError: unknown loss name.
+    """
+    return {n: ROLLOUT_INPUTS[n].make(config) for n in loss_requirements(config.name).inputs if n in ROLLOUT_INPUTS}
 
 
 def compute_policy_loss(

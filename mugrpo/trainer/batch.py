@@ -6,10 +6,11 @@ response is a real response token with a behavior log-prob and a loss (docs/desi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import torch
 
+from mugrpo.losses.inputs import input_tensor
 from mugrpo.trainer.data import Rollout
 from mugrpo.truncation import Truncation
 
@@ -36,10 +37,9 @@ class TokenBatch:
         truncations: B min-p / top-k / top-p settings of each row's behavior distribution.
         group_index: [B] int64 index of each row's group in the rollout set.
         prompt_ids: B prompt ids (for error reports).
-        positive: [B] bool positive/negative label of each row (a loss that needs labels), or None when the
-            rollouts carry none.
-        clip_eps: [B] float32 clip range of each row's group, set before the update from an algorithm's
-            :class:`~mugrpo.algorithms.UpdateInputs`, or None.
+        inputs: the per-rollout loss inputs by name, each [B] (:mod:`mugrpo.losses.inputs`): the rollout inputs
+            every row carries (``Rollout.inputs``), then those set before the update from the algorithms'
+            :class:`~mugrpo.algorithms.UpdateInputs`.
     """
 
     input_ids: torch.Tensor
@@ -54,8 +54,7 @@ class TokenBatch:
     truncations: list[Truncation]
     group_index: torch.Tensor
     prompt_ids: list[str]
-    positive: torch.Tensor | None = None
-    clip_eps: torch.Tensor | None = None
+    inputs: dict[str, torch.Tensor] = field(default_factory=dict)
     learner_temperatures: torch.Tensor | None = None
 
     @property
@@ -68,6 +67,7 @@ class TokenBatch:
         moved = {
             f.name: (v.to(device) if isinstance(v := getattr(self, f.name), torch.Tensor) else v) for f in fields(self)
         }
+        moved["inputs"] = {name: v.to(device) for name, v in self.inputs.items()}
         return TokenBatch(**moved)
 
 
@@ -127,9 +127,9 @@ def collate(
         truncations=[r.truncation for r in rollouts],
         group_index=torch.tensor(group_index, dtype=torch.long),
         prompt_ids=[r.prompt_id for r in rollouts],
-        positive=(
-            None
-            if any(r.positive is None for r in rollouts)
-            else torch.tensor([r.positive for r in rollouts], dtype=torch.bool)
-        ),
+        inputs={
+            name: input_tensor([r.inputs[name] for r in rollouts], name)
+            for name in rollouts[0].inputs
+            if all(name in r.inputs for r in rollouts)
+        },
     )

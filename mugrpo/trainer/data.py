@@ -13,18 +13,21 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from mugrpo.algorithms import declared_columns, excluded
 from mugrpo.layout import RunLayout
-from mugrpo.losses import PositiveLabeler, count_valid_groups
+from mugrpo.losses import ROLLOUT_INPUTS, RowFn
 from mugrpo.manifest import read_job_manifest
 from mugrpo.storage import Store
 from mugrpo.tables import RolloutDataError, read_table
 from mugrpo.truncation import Truncation
 
-#: Rollout columns the trainer reads.
+#: Rollout columns the trainer reads, besides the algorithms' declared columns and what the loss's rollout inputs read.
 ROLLOUT_COLUMNS = [
     "stage",
     "policy_version",
@@ -42,10 +45,6 @@ ROLLOUT_COLUMNS = [
     "top_p",
     "top_k",
     "min_p",
-    "is_probe",
-    "probe_sigma",
-    "probe_vote_entropy",
-    "probe_skew",
 ]
 
 
@@ -58,11 +57,9 @@ class Rollout:
     (:mod:`mugrpo.engines.base`). ``truncation`` is the min-p / top-k / top-p the engine sampled with (none for
     greedy rows); the trainer computes its log-probs under the same truncation (:mod:`mugrpo.truncation`).
     ``sampler_logprobs`` keeps the engine's log-probs when a stage-start recompute replaced ``behavior_logprobs``
-    (the health panel measures the importance weights against the sampler). ``positive`` is the row's
-    positive/negative label for losses that need one
-    (:attr:`mugrpo.losses.LossRequirements.positive_labels`), from the loss's ``positive_rule``; None when the loss
-    needs none. ``probe`` is the (sigma, vote entropy, skew) of the probe group its prompt was planned with
-    (columns ``probe_*``, written by an algorithm's shard plan), None for rollouts sampled without one.
+    (the health panel measures the importance weights against the sampler). ``columns`` holds the row's values of
+    the algorithms' declared columns (:attr:`mugrpo.algorithms.Algorithm.columns`, NULL as None), ``inputs`` the
+    loss's rollout inputs computed from the row (:mod:`mugrpo.losses.inputs`), both by name.
     """
 
     stage: int
@@ -76,9 +73,9 @@ class Rollout:
     advantage: float
     temperature: float
     truncation: Truncation = Truncation()
-    positive: bool | None = None
     zero_variance: bool = False  # the row's group has equal rewards (the estimator's ``zero_variance`` flag)
-    probe: tuple[float, float, float] | None = None
+    columns: Mapping[str, Any] = field(default_factory=dict)
+    inputs: Mapping[str, Any] = field(default_factory=dict)
     #: Sampled greedily (stored temperature 0): ``train.learner_temperature`` leaves such rows at T = 1.
     greedy: bool = False
     #: The engine's log-probs of the response when ``behavior_logprobs`` were replaced by the trainer's recompute
@@ -118,8 +115,11 @@ def _f32(value: float) -> float:
     return float(str(np.float32(value)))
 
 
-def _to_rollout(row: dict, where: str, positive_label: PositiveLabeler | None = None) -> Rollout:
-    """Validate one rollout row (lengths, finiteness) and convert it, labeled by ``positive_label`` when given."""
+def _to_rollout(
+    row: dict, where: str, row_inputs: Mapping[str, RowFn] | None = None, columns: Sequence[str] = ()
+) -> Rollout:
+    """Validate one rollout row (lengths, finiteness) and convert it, with its declared ``columns`` and each of
+    ``row_inputs`` applied to it."""
     response, logprobs = row["response_token_ids"], row["behavior_logprobs"]
     if not len(response) == len(logprobs) == row["num_tokens"]:
         raise _row_error(
@@ -139,12 +139,12 @@ def _to_rollout(row: dict, where: str, positive_label: PositiveLabeler | None = 
     temperature = float(row["temperature"])
     if not temperature >= 0:
         raise _row_error(where, row, f"temperature {temperature} is negative")
-    positive = None
-    if positive_label is not None:
+    inputs = {}
+    for name, fn in (row_inputs or {}).items():
         try:
-            positive = positive_label(float(row["reward"]), dict(row["reward_components"]))
+            inputs[name] = fn(row)
         except ValueError as e:
-            raise _row_error(where, row, f"reward_components: {e}") from None
+            raise _row_error(where, row, f"loss input {name!r}: {e}") from None
     try:
         truncation = Truncation(top_p=_f32(row["top_p"]), top_k=int(row["top_k"]), min_p=_f32(row["min_p"]))
     except ValueError as e:
@@ -161,18 +161,11 @@ def _to_rollout(row: dict, where: str, positive_label: PositiveLabeler | None = 
         advantage=float(row["advantage"]),
         temperature=temperature if temperature > 0 else 1.0,
         truncation=truncation if temperature > 0 else Truncation(),  # greedy rows are never truncated
-        positive=positive,
         zero_variance=bool(row["zero_variance"]),
-        probe=_probe_stats(row),
+        columns={name: row[name] for name in columns},
+        inputs=inputs,
         greedy=temperature == 0,
     )
-
-
-def _probe_stats(row: dict) -> tuple[float, float, float] | None:
-    """(sigma, vote entropy, skew) of the row's probe group, or None (no probe; a row from before schema v3)."""
-    if row.get("probe_sigma") is None:
-        return None
-    return (row["probe_sigma"], row["probe_vote_entropy"], row["probe_skew"])
 
 
 def load_rollouts(
@@ -181,15 +174,16 @@ def load_rollouts(
     stages: list[int],
     *,
     skip_zero_variance_groups: bool,
-    positive_label: PositiveLabeler | None = None,
+    row_inputs: Mapping[str, RowFn] | None = None,
 ) -> RolloutSet:
     """Read the committed rollouts of ``stages`` through each stage's generation job manifest.
 
-    With ``positive_label`` (:func:`mugrpo.losses.positive_labeler`), every rollout is labeled positive or
-    negative from its row's reward and reward components, and the rule is part of the data fingerprint.
+    Each of ``row_inputs`` (the loss's rollout inputs, :func:`mugrpo.losses.row_inputs`) is applied to every row
+    (``Rollout.inputs``); their rules are part of the data fingerprint. The algorithms' declared columns are read
+    into ``Rollout.columns``.
 
-    Probe rows (``is_probe``: sampled to plan a shard) are never trained on: they are left out here (counted as
-    ``probe_rows``).
+    Rows a declared ``excludes`` column marks (:func:`mugrpo.algorithms.excluded`: e.g. a group sampled to plan a
+    shard) are never trained on: they are left out here (counted as ``excluded_rows``).
 
     Every file is checked against the sha256 the manifest recorded and against the rollout schema and version
     (:func:`mugrpo.tables.read_table`).
@@ -202,9 +196,14 @@ def load_rollouts(
     """
     layout = RunLayout(run_id)
     rows: list[tuple[dict, str]] = []
+    row_inputs = dict(row_inputs or {})
     digest = hashlib.sha256(f"skip_zero_variance_groups={skip_zero_variance_groups}".encode())
-    if positive_label is not None:
-        digest.update(positive_label.describe().encode())
+    for fn in row_inputs.values():
+        digest.update(fn.describe().encode())
+    fields = [c.field for c in declared_columns()]
+    declared = [f.name for f in fields]
+    read_by_inputs = [c for n in row_inputs for c in ROLLOUT_INPUTS[n].columns]
+    wanted = list(dict.fromkeys(ROLLOUT_COLUMNS + declared + read_by_inputs))
     for stage in sorted(set(stages)):
         manifest = read_job_manifest(store, run_id, stage, "generate")
         if manifest is None:
@@ -217,12 +216,12 @@ def load_rollouts(
             if not record.path.startswith(prefix):
                 continue
             rel = layout.abs(record.path)
-            table = read_table(store, rel, "rollouts", expected_sha256=record.sha256)
+            table = read_table(store, rel, "rollouts", expected_sha256=record.sha256, extra=fields)
             digest.update(f"{record.path}:{record.sha256}".encode())
             where = store.uri(rel)
-            rows.extend((row, where) for row in table.select(ROLLOUT_COLUMNS).to_pylist())
-    probe_rows = sum(1 for row, _ in rows if row["is_probe"])
-    rows = [(row, where) for row, where in rows if not row["is_probe"]]
+            rows.extend((row, where) for row in table.select(wanted).to_pylist())
+    excluded_rows = sum(1 for row, _ in rows if excluded(row))
+    rows = [(row, where) for row, where in rows if not excluded(row)]
     rows.sort(key=lambda item: (item[0]["stage"], item[0]["prompt_id"], item[0]["sample_idx"]))
 
     by_group: dict[tuple[int, str], list[tuple[dict, str]]] = {}
@@ -236,11 +235,11 @@ def load_rollouts(
             dropped += 1
             continue
         start = len(rollouts)
-        rollouts.extend(_to_rollout(row, where, positive_label) for row, where in members)
+        rollouts.extend(_to_rollout(row, where, row_inputs, declared) for row, where in members)
         groups.append(list(range(start, len(rollouts))))
     counts = {
         "rows_read": len(rows),
-        "probe_rows": probe_rows,
+        "excluded_rows": excluded_rows,
         "groups_read": len(by_group),
         "zero_variance_groups_dropped": dropped,
         "rows": len(rollouts),
@@ -249,17 +248,17 @@ def load_rollouts(
     return RolloutSet(rollouts, groups, digest.hexdigest(), counts)
 
 
-def valid_groups_in(indices: list[int], data: RolloutSet) -> int | None:
-    """Groups of the rollouts ``indices`` (a whole minibatch) with a positive and a negative non-empty response:
-    the normalizer of a group-wise loss with labels, known before the forward pass. None when the rollouts carry
-    no labels."""
-    if any(data.rollouts[i].positive is None for i in indices):
-        return None
-    group_of = {i: g for g, members in enumerate(data.groups) for i in members}
-    rows = [data.rollouts[i] for i in indices]
-    return count_valid_groups(
-        [group_of[i] for i in indices], [r.positive for r in rows], [r.num_tokens > 0 for r in rows]
-    )
+def update_statistics(rollouts: Sequence[Rollout], group_index: Sequence[int]) -> dict[str, float]:
+    """The update statistics of the rollout inputs the rollouts carry (:attr:`RolloutInput.update_stats`, e.g.
+    ConSPO's count of valid groups), over a whole update's ``rollouts`` (every rank's) with their group ids: known
+    before the forward pass. {} when they carry none."""
+    stats: dict[str, float] = {}
+    nonempty = [r.num_tokens > 0 for r in rollouts]
+    for name in rollouts[0].inputs if rollouts else ():
+        values = [r.inputs[name] for r in rollouts]
+        for stat, fn in ROLLOUT_INPUTS[name].update_stats.items():
+            stats[stat] = float(fn(values, list(group_index), nonempty))
+    return stats
 
 
 class MinibatchOrder:

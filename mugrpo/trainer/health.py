@@ -47,7 +47,7 @@ def token_health_rows(
     """One micro-batch's per-token health rows.
 
     Args:
-        batch: the micro-batch (``sampler_logprobs``, ``response_mask``, ``clip_eps``).
+        batch: the micro-batch (``sampler_logprobs``, ``response_mask``, ``inputs``).
         logprobs: [B, R] log pi_theta of the response tokens at the learner temperature (detached here).
         logit_var: [B, R] raw-logit variance over the vocabulary of each token.
         loss_config: the policy loss (its clip range, :func:`mugrpo.losses.loss_clip_range`).
@@ -58,7 +58,7 @@ def token_health_rows(
     """
     mask = batch.response_mask
     log_w = logprobs.detach().double() - batch.sampler_logprobs.double()
-    bounds = loss_clip_range(loss_config, batch.clip_eps)
+    bounds = loss_clip_range(loss_config, batch.inputs)
     if bounds is None:
         outside = torch.full_like(log_w, math.nan)
     else:

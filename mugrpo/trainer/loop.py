@@ -28,7 +28,7 @@ from mugrpo.adapters import load_tokenizer as adapter_tokenizer
 from mugrpo.algorithms import ResumePoint, StageStart, TrainHooks, make_train_hooks, sections_of
 from mugrpo.config import TrainSection
 from mugrpo.layout import RunLayout
-from mugrpo.losses import positive_labeler
+from mugrpo.losses import row_inputs
 from mugrpo.manifest import latest_checkpoint, read_job_manifest
 from mugrpo.models import load_model, load_policy
 from mugrpo.policies import local_policy_dir
@@ -221,7 +221,7 @@ class Trainer:
             spec.run_id,
             spec.rollout_stages,
             skip_zero_variance_groups=spec.train.skip_zero_variance_groups,
-            positive_label=positive_labeler(spec.loss),
+            row_inputs=row_inputs(spec.loss),
         )
         acc = self.accelerator
         if acc.is_main_process:
@@ -349,12 +349,12 @@ class Trainer:
         engine's, never read): written into the rollouts with ``recompute_behavior_logprobs`` (returns None),
         else returned for truncated IS."""
         train = spec.train
-        probe = PolicyTokenLogprobs(behavior.to(device).eval(), train.logprob_chunk_size)
+        behavior_policy = PolicyTokenLogprobs(behavior.to(device).eval(), train.logprob_chunk_size)
         # Under the training forward's autocast, so the update-1 ratio is exactly 1 (mugrpo.trainer.precision).
         needed = sorted({i for u in range(train.updates_per_stage) for i in order.minibatch(u)})
         subset = dataclasses.replace(data, rollouts=[data.rollouts[i] for i in needed])
         with self.accelerator.autocast():
-            recomputed = recompute_logprobs(probe, subset, train.micro_batch_size, self.pad_id, device)
+            recomputed = recompute_logprobs(behavior_policy, subset, train.micro_batch_size, self.pad_id, device)
         trainer_behavior = [torch.tensor(r.behavior_logprobs, dtype=torch.float32) for r in data.rollouts]
         for i, logprobs in zip(needed, recomputed, strict=True):
             trainer_behavior[i] = logprobs

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -90,7 +91,7 @@ def train_update(
     max_response_len: int | None = None,
     reference: torch.nn.Module | None = None,
     trainer_behavior_logprobs: list[torch.Tensor] | None = None,
-    global_num_valid_groups: int | None = None,
+    update_statistics: Mapping[str, float] | None = None,
     progress: float | None = None,
 ) -> UpdateResult:
     """Run one optimizer update over this rank's micro-batches.
@@ -107,8 +108,9 @@ def train_update(
         max_response_len: Dr. GRPO's constant normalizer (``seq-mean-token-sum-norm``).
         reference: frozen reference policy wrapper, required when ``loss_config.kl_coef > 0``.
         trainer_behavior_logprobs: per micro-batch [B, R] trainer-recomputed behavior log-probs (TIS), or None.
-        global_num_valid_groups: groups of the whole minibatch over all ranks with a positive and a negative
-            response (the normalizer of a group-wise loss), or None.
+        update_statistics: the rollout inputs' statistics of the whole minibatch over all ranks (e.g. ConSPO's
+            ``num_valid_groups``, :func:`mugrpo.trainer.data.update_statistics`), given to the loss in
+            ``LossContext.inputs``; None: none.
         progress: training progress lambda_t in [0, 1] of this update (a loss's schedule input), or None.
 
     Returns:
@@ -124,8 +126,8 @@ def train_update(
         global_num_tokens=float(max(global_num_tokens, 1)),
         global_num_seqs=float(max(global_num_seqs, 1)),
         max_response_len=max_response_len,
-        global_num_valid_groups=None if global_num_valid_groups is None else float(max(global_num_valid_groups, 1)),
         progress=progress,
+        inputs=dict(update_statistics or {}),
     )
     outputs, loss_sum, health_rows = _backward_micro_batches(
         accelerator, model, micro_batches, loss_config, context, reference, trainer_behavior_logprobs
@@ -190,8 +192,7 @@ def _backward_micro_batches(
                 entropy=entropy,
                 trainer_behavior_logprobs=tis,
                 group_index=batch.group_index,
-                positive=batch.positive,
-                clip_eps=batch.clip_eps,
+                inputs={**update_context.inputs, **batch.inputs},
             )
             out = compute_policy_loss(
                 logprobs, batch.behavior_logprobs, batch.advantages, batch.response_mask, loss_config, context=context

@@ -19,10 +19,11 @@ import torch
 
 from mugrpo.algorithms import TrainHooks, UpdateRows
 from mugrpo.losses import training_progress
+from mugrpo.losses.inputs import input_tensor
 from mugrpo.progress import console, job_progress
 from mugrpo.trainer.batch import TokenBatch, collate
 from mugrpo.trainer.commit import write_nonfinite_report
-from mugrpo.trainer.data import Rollout, split_minibatch, valid_groups_in
+from mugrpo.trainer.data import Rollout, split_minibatch, update_statistics
 from mugrpo.trainer.health import batch_identity
 from mugrpo.trainer.records import train_step_row
 from mugrpo.trainer.stage import LivePolicy, StageRun
@@ -97,29 +98,29 @@ def compose_update(live: LivePolicy, run: StageRun, u: int) -> Update:
 
 
 def apply_update_inputs(hooks: Mapping[str, TrainHooks], update: Update) -> None:
-    """The algorithms' per-rollout loss inputs of the update, set on its micro-batches.
+    """The algorithms' per-rollout loss inputs of the update (:class:`~mugrpo.algorithms.UpdateInputs`), set by
+    name on its micro-batches' ``inputs``.
 
     Raises:
-        ValueError: two algorithms set the same input, or one gives a value count other than the update's.
+        ValueError: two algorithms (or an algorithm and a rollout input) set the same input, or one gives a value
+            count other than the update's.
     """
-    clip_eps = None
+    values: dict[str, list] = {}
     for name, h in hooks.items():
         inputs = h.before_update(update.rows)
-        if inputs is None or inputs.clip_eps is None:
-            continue
-        if clip_eps is not None:
-            raise ValueError(f"algorithm {name} sets clip_eps, which another algorithm of the run sets too")
-        if len(inputs.clip_eps) != len(update.rollouts):
-            raise ValueError(
-                f"algorithm {name} gave {len(inputs.clip_eps)} clip_eps values for {len(update.rollouts)} rollouts"
-            )
-        clip_eps = list(inputs.clip_eps)
-    if clip_eps is None:
+        for key, given in ({} if inputs is None else inputs.values).items():
+            if key in values or any(key in b.inputs for b in update.batches):
+                raise ValueError(f"algorithm {name} sets the loss input {key!r}, which another provider sets too")
+            if len(given) != len(update.rollouts):
+                raise ValueError(f"algorithm {name} gave {len(given)} {key} values for {len(update.rollouts)} rollouts")
+            values[key] = list(given)
+    if not values:
         return
     position = {i: p for p, i in enumerate(update.indices)}
     for mb, batch in zip(update.micro, update.batches, strict=True):
         at = [position[i] if i < update.num_rows else len(update.indices) + i - update.num_rows for i in mb]
-        batch.clip_eps = torch.tensor([clip_eps[p] for p in at], dtype=torch.float32)
+        for key, given in values.items():
+            batch.inputs[key] = input_tensor([given[p] for p in at], key)
 
 
 def run_update(live: LivePolicy, run: StageRun, update: Update) -> UpdateResult:
@@ -143,7 +144,9 @@ def run_update(live: LivePolicy, run: StageRun, update: Update) -> UpdateResult:
             max_response_len=spec.max_response_len,
             reference=run.reference,
             trainer_behavior_logprobs=update.tis,
-            global_num_valid_groups=valid_groups_in(update.indices, run.data),
+            update_statistics=update_statistics(
+                [run.data.rollouts[i] for i in update.indices], [run.group_of[i] for i in update.indices]
+            ),
             progress=training_progress(spec.policy_version + u - 1, spec.total_updates),
         )
     except NonFiniteError as e:

@@ -63,9 +63,9 @@ def test_tiny_agpo_run_two_stages(tmp_path, tiny_model_dir):
         train_manifests.append(run_training(_train_spec(root, stage)))
 
     for stage, (g, t) in enumerate(zip(gen_manifests, train_manifests, strict=True)):
-        assert g.counts["rows"] == 12 and g.counts["probe_rows"] == 12 and g.counts["probe_tokens"] > 0
-        assert g.counts["tokens"] > g.counts["probe_tokens"]
-        assert t.counts["updates"] == 2 and t.counts["probe_rows"] == 12 and t.counts["rows"] == 12
+        assert g.counts["rows"] == 12 and g.counts["excluded_rows"] == 12 and g.counts["excluded_tokens"] > 0
+        assert g.counts["tokens"] > g.counts["excluded_tokens"]
+        assert t.counts["updates"] == 2 and t.counts["excluded_rows"] == 12 and t.counts["rows"] == 12
         steps, _ = read_steps(store, layout, stage)
         for row in steps.to_pylist():
             m = dict(row["loss_metrics"])

@@ -35,8 +35,8 @@ def test_probe_then_adaptive_temperature_by_hand_and_resume(tmp_path, tiny_model
     probes = [r for r in rows if r["is_probe"]]
     train = [r for r in rows if not r["is_probe"]]
     assert len(probes) == len(train) == 12
-    assert manifest.counts["rows"] == 12 and manifest.counts["probe_rows"] == 12
-    assert manifest.counts["probe_tokens"] == sum(r["num_tokens"] for r in probes)
+    assert manifest.counts["rows"] == 12 and manifest.counts["excluded_rows"] == 12
+    assert manifest.counts["excluded_tokens"] == sum(r["num_tokens"] for r in probes)
     assert manifest.counts["tokens"] == sum(r["num_tokens"] for r in rows)
 
     # Replay the controller by hand over the prompts in shard order, from the probe rows alone.
@@ -68,8 +68,8 @@ def test_probe_then_adaptive_temperature_by_hand_and_resume(tmp_path, tiny_model
 
     # The trainer never sees the probes.
     data = load_rollouts(Store(str(root)), "gen", [0], skip_zero_variance_groups=False)
-    assert data.counts["probe_rows"] == 12 and len(data.rollouts) == 12
-    assert all(r.probe is not None for r in data.rollouts)
+    assert data.counts["excluded_rows"] == 12 and len(data.rollouts) == 12
+    assert all(r.columns["probe_sigma"] is not None and r.columns["is_probe"] is False for r in data.rollouts)
 
     # Resume: the last shard and the manifest gone, the re-run replays shard 0's U and rewrites shard 1 bitwise.
     store, layout = Store(str(root)), RunLayout("gen")
@@ -89,7 +89,7 @@ def test_rollouts_without_agpo_have_no_probe_rows(tmp_path, tiny_model_dir):
     with_policy(root, tiny_model_dir, "gen")
     manifest = run_generate(generate_spec(root, "gen", num_prompts=2))
     rows = _shard_rows(root, 1)[0]
-    assert manifest.counts["probe_rows"] == 0 and "agpo_u_ema" not in manifest.metrics
+    assert manifest.counts["excluded_rows"] == 0 and "agpo_u_ema" not in manifest.metrics
     assert all(r["is_probe"] is False and r["agpo_u"] is None for r in rows)
 
 

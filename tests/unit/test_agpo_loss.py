@@ -1,4 +1,4 @@
-"""AGPO's loss (arXiv 2605.20722): per-group symmetric clip range through LossContext.clip_eps, by hand."""
+"""AGPO's loss (arXiv 2605.20722): per-group symmetric clip range through the loss input clip_eps, by hand."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def _inputs():
 
 def test_agpo_loss_by_hand_with_per_group_eps_and_kl():
     logprobs, behavior, advantages, mask = _inputs()
-    context = LossContext(ref_logprobs=torch.zeros(2, 2), clip_eps=torch.tensor([0.2, 0.05]))
+    context = LossContext(ref_logprobs=torch.zeros(2, 2), inputs={"clip_eps": torch.tensor([0.2, 0.05])})
     out = compute_policy_loss(logprobs, behavior, advantages, mask, AGPO, context=context)
     # row 0: rho 1.5, A=+1, eps 0.2 -> -min(1.5, 1.2) = -1.2 (clipped, no gradient)
     # row 1: rho 1.1, A=-1, eps 0.05 -> -min(-1.1, -1.05) = 1.1 (not clipped)
@@ -54,7 +54,7 @@ def test_agpo_with_equal_eps_is_grpo_with_that_clip_range():
         advantages,
         mask,
         PolicyLossConfig(name="agpo", **cfg),
-        context=LossContext(clip_eps=torch.full((4,), 0.1)),
+        context=LossContext(inputs={"clip_eps": torch.full((4,), 0.1)}),
     )
     (g_agpo,) = torch.autograd.grad(agpo.loss, logprobs)
     grpo = compute_policy_loss(
@@ -68,12 +68,16 @@ def test_agpo_with_equal_eps_is_grpo_with_that_clip_range():
 def test_agpo_needs_a_valid_clip_eps():
     logprobs, behavior, advantages, mask = _inputs()
     cfg = PolicyLossConfig(name="agpo")
-    with pytest.raises(ValueError, match="needs LossContext.clip_eps"):
+    with pytest.raises(ValueError, match="needs the loss input 'clip_eps'"):
         compute_policy_loss(logprobs, behavior, advantages, mask, cfg, context=LossContext())
     with pytest.raises(ValueError, match=r"clip_eps must lie in \(0, 1\)"):
-        compute_policy_loss(logprobs, behavior, advantages, mask, cfg, context=LossContext(clip_eps=torch.zeros(2)))
-    with pytest.raises(ValueError, match=r"LossContext.clip_eps has shape \(3,\), expected \[2\]"):
-        compute_policy_loss(logprobs, behavior, advantages, mask, cfg, context=LossContext(clip_eps=torch.ones(3)))
+        compute_policy_loss(
+            logprobs, behavior, advantages, mask, cfg, context=LossContext(inputs={"clip_eps": torch.zeros(2)})
+        )
+    with pytest.raises(ValueError, match=r"LossContext.inputs\['clip_eps'\] has shape \(3,\), expected \[2\]"):
+        compute_policy_loss(
+            logprobs, behavior, advantages, mask, cfg, context=LossContext(inputs={"clip_eps": torch.ones(3)})
+        )
 
 
 def test_kl_step_per_response():
@@ -86,6 +90,6 @@ def test_kl_step_per_response():
         torch.ones(3),
         mask,
         PolicyLossConfig(name="agpo"),
-        context=LossContext(clip_eps=torch.full((3,), 0.2)),
+        context=LossContext(inputs={"clip_eps": torch.full((3,), 0.2)}),
     )
     assert float(out.metrics["agpo_kl_step"]) == pytest.approx(0.15)  # over the 2 non-empty responses

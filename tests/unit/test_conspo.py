@@ -23,13 +23,14 @@ from mugrpo.losses import (
     margin_schedule,
     positive_labeler,
     reduce_metrics,
+    row_inputs,
     training_progress,
 )
 from mugrpo.manifest import read_job_manifest
 from mugrpo.storage import Store
 from mugrpo.tables import read_table
 from mugrpo.trainer.batch import collate
-from mugrpo.trainer.data import RolloutDataError, load_rollouts, make_minibatch_order, valid_groups_in
+from mugrpo.trainer.data import RolloutDataError, load_rollouts, make_minibatch_order, update_statistics
 from mugrpo.trainer.loop import run_training
 from mugrpo.trainer.spec import TrainSpec
 
@@ -66,7 +67,7 @@ def _loss(logprobs, mask, config, groups=GROUPS, positive=POSITIVE, progress=0.2
         mask,
         config,
         context=LossContext(
-            group_index=torch.tensor(groups), positive=torch.tensor(positive), progress=progress, **context
+            group_index=torch.tensor(groups), progress=progress, inputs={"positive": torch.tensor(positive)}, **context
         ),
     )
 
@@ -185,14 +186,20 @@ def test_micro_batching_changes_nothing_with_the_global_valid_group_count():
     assert valid == 3  # groups 0, 1, 4; group 2 all positive, group 3 all negative
     common = dict(progress=0.4, global_num_tokens=float(mask.sum()), global_num_seqs=float(nonempty.sum()))
 
-    def run(rows, lp, context):
+    def run(rows, lp, context, inputs=None):
+        inputs = inputs or {}
         return compute_policy_loss(
             lp[rows],
             behavior[rows],
             torch.zeros(len(groups))[rows],
             mask[rows],
             config,
-            context=LossContext(group_index=groups[rows], positive=positive[rows], ref_logprobs=ref[rows], **context),
+            context=LossContext(
+                group_index=groups[rows],
+                ref_logprobs=ref[rows],
+                inputs={"positive": positive[rows], **inputs},
+                **context,
+            ),
         )
 
     whole = logprobs0.clone().requires_grad_()
@@ -200,7 +207,7 @@ def test_micro_batching_changes_nothing_with_the_global_valid_group_count():
     out_whole.loss.backward()
     split = logprobs0.clone().requires_grad_()
     outputs = [
-        run(rows, split, {**common, "global_num_valid_groups": float(valid)})
+        run(rows, split, common, {"num_valid_groups": float(valid)})
         for rows in (slice(0, 3), slice(3, 9), slice(9, 16))  # group boundaries
     ]
     sum(o.loss for o in outputs).backward()
@@ -225,7 +232,7 @@ def test_kl_term_is_the_one_of_the_other_losses():
                 torch.zeros(len(groups)),
                 mask,
                 PolicyLossConfig(name=name, kl_coef=kl_coef),
-                context=LossContext(group_index=groups, positive=positive, progress=0.5, ref_logprobs=ref),
+                context=LossContext(group_index=groups, progress=0.5, ref_logprobs=ref, inputs={"positive": positive}),
             )
             losses.append(out.loss)
         extra[name] = losses[1] - losses[0]
@@ -235,7 +242,7 @@ def test_kl_term_is_the_one_of_the_other_losses():
 
 def test_loss_needs_labels_groups_and_progress_and_rejects_token_ratio_options():
     logprobs, mask = _padded(TOKENS)
-    with pytest.raises(ValueError, match="LossContext.positive, LossContext.progress"):
+    with pytest.raises(ValueError, match="conspo needs LossContext.progress"):
         compute_policy_loss(
             logprobs,
             logprobs,
@@ -244,7 +251,16 @@ def test_loss_needs_labels_groups_and_progress_and_rejects_token_ratio_options()
             PolicyLossConfig(name="conspo"),
             context=LossContext(group_index=torch.tensor(GROUPS)),
         )
-    with pytest.raises(ValueError, match="LossContext.positive has shape"):
+    with pytest.raises(ValueError, match="loss.name=conspo needs the loss input 'positive'"):
+        compute_policy_loss(
+            logprobs,
+            logprobs,
+            torch.zeros(6),
+            mask,
+            PolicyLossConfig(name="conspo"),
+            context=LossContext(group_index=torch.tensor(GROUPS), progress=0.5),
+        )
+    with pytest.raises(ValueError, match=r"LossContext.inputs\['positive'\] has shape"):
         _loss(logprobs, mask, PolicyLossConfig(name="conspo"), positive=[True, False])
     with pytest.raises(ValueError, match="veto"):
         _loss(logprobs, mask, PolicyLossConfig(name="conspo", veto_enabled=True))
@@ -281,32 +297,31 @@ def test_labels_come_from_the_rollout_rows(tmp_path, tiny_model_dir):
     rows[0]["reward_components"] = [("math_correctness", 1.0), ("format", 0.5)]
     rows[0]["reward"] = 1.5
     commit_rollouts(store, RUN, 0, rows)
-    correctness = positive_labeler(PolicyLossConfig(name="conspo"))
-    data = load_rollouts(store, RUN, [0], skip_zero_variance_groups=True, positive_label=correctness)
+    correctness = row_inputs(PolicyLossConfig(name="conspo"))
+    data = load_rollouts(store, RUN, [0], skip_zero_variance_groups=True, row_inputs=correctness)
     key = {(r["prompt_id"], r["sample_idx"]): i for i, r in enumerate(rows)}  # load_rollouts sorts the rows
     order_of = [key[(r.prompt_id, r.sample_idx)] for r in data.rollouts]
-    assert [r.positive for r in data.rollouts] == [rows[i]["reward"] >= 1.0 for i in order_of]
-    threshold = positive_labeler(
-        PolicyLossConfig(name="conspo", positive_rule="reward_threshold", positive_threshold=1.2)
-    )
-    by_reward = load_rollouts(store, RUN, [0], skip_zero_variance_groups=True, positive_label=threshold)
-    assert [r.positive for r in by_reward.rollouts] == [i == 0 for i in order_of]
+    assert [r.inputs["positive"] for r in data.rollouts] == [rows[i]["reward"] >= 1.0 for i in order_of]
+    threshold = row_inputs(PolicyLossConfig(name="conspo", positive_rule="reward_threshold", positive_threshold=1.2))
+    by_reward = load_rollouts(store, RUN, [0], skip_zero_variance_groups=True, row_inputs=threshold)
+    assert [r.inputs["positive"] for r in by_reward.rollouts] == [i == 0 for i in order_of]
     assert by_reward.fingerprint != data.fingerprint  # a checkpoint is tied to its labels
-    assert positive_labeler(PolicyLossConfig(name="mu_grpo")) is None
-    assert load_rollouts(store, RUN, [0], skip_zero_variance_groups=True).rollouts[0].positive is None
+    assert positive_labeler(PolicyLossConfig(name="mu_grpo")) is None and row_inputs(PolicyLossConfig()) == {}
+    assert load_rollouts(store, RUN, [0], skip_zero_variance_groups=True).rollouts[0].inputs == {}
 
     order = make_minibatch_order(data, rollouts_per_update=8, group_minibatches=True, seed=0)
     indices = order.minibatch(0)
-    assert valid_groups_in(indices, data) == 2  # every synthetic group holds a 1 and a 0
+    group_of = {i: g for g, members in enumerate(data.groups) for i in members}
+    stats = update_statistics([data.rollouts[i] for i in indices], [group_of[i] for i in indices])
+    assert stats == {"num_valid_groups": 2.0}  # every synthetic group holds a 1 and a 0
     batch = collate([data.rollouts[i] for i in indices], [0] * 4 + [1] * 4, pad_token_id=2)
-    assert batch.positive.tolist() == [data.rollouts[i].positive for i in indices]
+    assert batch.inputs["positive"].tolist() == [data.rollouts[i].inputs["positive"] for i in indices]
+    assert batch.inputs["positive"].dtype == torch.bool
 
     rows[5]["reward_components"] = [("format", 0.0)]
     commit_rollouts(Store(str(tmp_path / "bad")), RUN, 0, rows)
-    with pytest.raises(RolloutDataError, match=r"sample_idx=1: reward_components: .*'math_correctness'"):
-        load_rollouts(
-            Store(str(tmp_path / "bad")), RUN, [0], skip_zero_variance_groups=True, positive_label=correctness
-        )
+    with pytest.raises(RolloutDataError, match=r"sample_idx=1: loss input 'positive': .*'math_correctness'"):
+        load_rollouts(Store(str(tmp_path / "bad")), RUN, [0], skip_zero_variance_groups=True, row_inputs=correctness)
 
 
 def _spec(root, **train) -> TrainSpec:

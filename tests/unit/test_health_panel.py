@@ -86,7 +86,7 @@ def test_token_rows_use_the_sampler_log_probs_and_each_loss_clip_range():
     assert rows[:, 2].tolist() == [0.0, 1.0, 1.0, 0.0]  # [0.8, 1.2]
     mu = token_health_rows(batch, policy, logit_var, PolicyLossConfig(name="mu_grpo"))
     assert mu[:, 2].tolist() == [0.0, 0.0, 0.0, 0.0]  # [0, 5]
-    batch.clip_eps = torch.tensor([0.05, 0.5])
+    batch.inputs["clip_eps"] = torch.tensor([0.05, 0.5])
     agpo = token_health_rows(batch, policy, logit_var, PolicyLossConfig(name="agpo"))
     assert agpo[:, 2].tolist() == [1.0, 1.0, 1.0, 0.0]  # row 1: [0.95, 1.05]; row 2: [0.5, 1.5]
     conspo = token_health_rows(batch, policy, logit_var, PolicyLossConfig(name="conspo"))

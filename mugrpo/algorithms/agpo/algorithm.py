@@ -8,6 +8,8 @@ from typing import Any
 
 from mugrpo.algorithms.agpo.config import AGPOConfig
 from mugrpo.algorithms.agpo.generation import AGPOGenerationHooks
+from mugrpo.algorithms.agpo.loss import CLIP_EPS
+from mugrpo.algorithms.agpo.probe import COLUMNS
 from mugrpo.algorithms.agpo.trainer import AGPOTrainHooks
 from mugrpo.algorithms.base import ALGORITHMS, Algorithm, GenerationHooks, Settings, TrainHooks
 from mugrpo.losses.config import PolicyLossConfig
@@ -28,6 +30,8 @@ class AGPO(Algorithm):
         "AGPO (arXiv 2605.20722): probe each prompt at tau_base and sample it at an adaptive temperature; with "
         "loss.name=agpo, clip each group at an adaptive eps. None = off."
     )
+    columns = COLUMNS
+    inputs = (CLIP_EPS,)
 
     @classmethod
     def check(cls, section: Any, settings: Settings) -> None:

@@ -14,14 +14,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pyarrow as pa
+
 from mugrpo.algorithms.agpo.config import AGPOConfig
 from mugrpo.algorithms.agpo.controllers import TemperatureController
 from mugrpo.algorithms.agpo.stats import DispersionMode, ProbeStats, probe_stats
-from mugrpo.algorithms.base import ShardPlan
+from mugrpo.algorithms.base import RolloutColumn, ShardPlan
 from mugrpo.engines.base import SamplingParams
 
 #: Key of the temperature controller's EMA in the generate job manifest's metrics (its state at stage commit).
 EMA_METRIC = "agpo_u_ema"
+
+#: The declared column of AGPO's probe rows: sampled at tau_base to plan the shard, never trained on.
+IS_PROBE = "is_probe"
+#: The declared columns of a probed prompt's statistics (sigma, vote entropy E, skew k3), in the controller's order.
+PROBE_STATS = ("probe_sigma", "probe_vote_entropy", "probe_skew")
+#: AGPO's rollout columns (columns of the rollouts schema since its version 3: ``schemas.tables``).
+COLUMNS = (
+    RolloutColumn(pa.field(IS_PROBE, pa.bool_()), default=False, excludes=True),
+    *(RolloutColumn(pa.field(name, pa.float64())) for name in PROBE_STATS),
+    RolloutColumn(pa.field("agpo_u", pa.float64())),  # U = w_r sigma + w_e E + w_k |k3|
+    RolloutColumn(pa.field("agpo_c", pa.float64())),  # c = (U - EMA) / (EMA + 1e-8); the row's temperature is tau(c)
+)
 
 
 @dataclass(frozen=True)
@@ -62,9 +76,10 @@ class ShardProbe:
         return ShardPlan(
             temperatures=self.temperatures,
             columns=[p.columns() for p in self.plans],
-            probe_params=params,
-            probe_samples=self.samples,
-            probe_results=self.results,
+            extra_params=params,
+            extra_samples=self.samples,
+            extra_results=self.results,
+            extra_columns=[{IS_PROBE: True}] * len(self.plans),
         )
 
 
@@ -110,7 +125,7 @@ def replay_uncertainties(controller: TemperatureController, rows: list[dict]) ->
     """
     n = 0
     for row in rows:
-        if row["is_probe"] or row["sample_idx"] != 0:
+        if row[IS_PROBE] or row["sample_idx"] != 0:
             continue
         if row["agpo_u"] is None:
             raise ValueError(

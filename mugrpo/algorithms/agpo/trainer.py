@@ -5,8 +5,8 @@
 1. :meth:`AGPOTrainHooks.before_update`: H = token-mean entropy of the current policy over the update's response
    tokens (``UpdateRows.policy_entropy``: a no-grad forward pass over its micro-batches, all ranks), the entropy
    ratio H / H_ref (H_ref = H on the very first update), and each response's clip range eps_g from its group's
-   probe (sigma, E, k3) and KLbar; returned as the update's ``clip_eps`` (the loss reads it through
-   ``LossContext.clip_eps``).
+   probe (sigma, E, k3) (its declared columns ``probe_*``) and KLbar; returned as the update's loss input
+   ``clip_eps`` (the ``agpo`` loss reads it from ``LossContext.inputs``).
 2. the update (the ``agpo`` loss also reports ``agpo_kl_step``: mean over responses of
    max(0, mean_t(logp_old - logp_new)), logp_new being this update's forward pass);
 3. :meth:`AGPOTrainHooks.after_update`: H_ref <- 0.01 H + 0.99 H_ref, KLbar <- 0.1 KL_step + 0.9 KLbar, and the
@@ -28,6 +28,8 @@ import numpy as np
 
 from mugrpo.algorithms.agpo.config import AGPOConfig
 from mugrpo.algorithms.agpo.controllers import ClipRangeController
+from mugrpo.algorithms.agpo.loss import CLIP_EPS
+from mugrpo.algorithms.agpo.probe import PROBE_STATS
 from mugrpo.algorithms.base import (
     CheckpointAt,
     CommitRecord,
@@ -104,12 +106,13 @@ class AGPOTrainHooks(TrainHooks):
         ratio = ctl.entropy_ratio(entropy)
         eps = []
         for rollout in [*rows.fresh, *rows.extra]:
-            if rollout.probe is None:
+            stats = [rollout.columns.get(name) for name in PROBE_STATS]
+            if any(v is None for v in stats):
                 raise RolloutDataError(
                     f"rollout prompt_id={rollout.prompt_id!r} stage={rollout.stage} has no AGPO probe statistics: "
                     "loss.name=agpo needs rollouts generated with agpo.probe=true"
                 )
-            eps.append(ctl.eps(ratio, *rollout.probe))
+            eps.append(ctl.eps(ratio, *stats))
         values = np.array(eps)
         self._pending = {
             "agpo_entropy": entropy,
@@ -119,7 +122,7 @@ class AGPOTrainHooks(TrainHooks):
             "agpo_eps_min": float(values.min()),
             "agpo_eps_max": float(values.max()),
         }
-        return UpdateInputs(clip_eps=eps)
+        return UpdateInputs(values={CLIP_EPS: eps})
 
     def after_update(self, rows: UpdateRows, metrics: Mapping[str, float]) -> StepRecord:
         """Update H_ref and KLbar from this update; its ``agpo_*`` metrics go to the row.
