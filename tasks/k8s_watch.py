@@ -32,7 +32,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasks.launchers import JobLaunchError, LaunchOutcome, LineSink, clip_line
+from tasks.launchers.errors import JobLaunchError
+from tasks.launchers.protocol import LineSink, clip_line
+from tasks.launchers.request import LaunchOutcome
 
 #: HTTP statuses of the Kubernetes API worth retrying (throttling, apiserver or etcd trouble).
 TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})

@@ -1,6 +1,6 @@
 """The ``kubernetes`` launcher: each job runs as a Kubernetes Job in the image of its kind.
 
-:func:`build_job_manifest` turns a :class:`~tasks.launchers.JobRequest` into a ``batch/v1`` Job (image, command,
+:func:`build_job_manifest` turns a :class:`~tasks.launchers.request.JobRequest` into a ``batch/v1`` Job (image, command,
 GPU limits, node selector and tolerations, S3 credentials from a Secret through ``secretKeyRef``, an HF-cache
 volume, tini as PID 1, Pod Security "restricted", requests = limits, multi-GPU launch); :class:`KubernetesLauncher`
 creates it, or re-attaches to the Job a dead flow pod left running, and watches it (:mod:`tasks.k8s_watch`).
@@ -33,7 +33,9 @@ from tasks.k8s_watch import (
     ensure_job,
     ensure_service,
 )
-from tasks.launchers import JobLaunchError, JobRequest, Launcher, LaunchOutcome, LineSink, register_launcher
+from tasks.launchers.errors import JobLaunchError
+from tasks.launchers.protocol import Launcher, LineSink, register_launcher
+from tasks.launchers.request import JobRequest, LaunchOutcome
 
 #: Environment variable holding a JSON object of :class:`KubernetesJobSettings` fields (set on the flow's pod).
 K8S_SETTINGS_ENV = "MUGRPO_K8S_JOB_SETTINGS"

@@ -33,7 +33,7 @@ from _prefect import (  # noqa: F401  (fixtures)
 )
 
 from tasks.kubernetes import KubernetesJobSettings, build_job_manifest
-from tasks.launchers import JobRequest
+from tasks.launchers.request import JobRequest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 INFRA = REPO_ROOT / "infra"

@@ -15,7 +15,9 @@ import pytest
 from _fake_k8s import FakeKubernetes, Fault, Plan
 
 from tasks.kubernetes import KubernetesJobSettings, KubernetesLauncher, build_job_manifest
-from tasks.launchers import JobFailedError, JobLaunchError, JobRequest, JobTimeoutError, launch_job
+from tasks.launchers.errors import JobFailedError, JobLaunchError, JobTimeoutError
+from tasks.launchers.protocol import launch_job
+from tasks.launchers.request import JobRequest
 
 JOBS = r"/apis/batch/v1/namespaces/mugrpo/jobs"
 FAST = {
