@@ -5,5 +5,5 @@ place where a job meets Prefect: launching, log streaming, timeouts and retries.
 """
 
 # Importing the launcher modules registers the launchers (subprocess, kubernetes).
-from tasks import kubernetes  # noqa: F401
+from tasks.kubernetes import launcher as kubernetes_launcher  # noqa: F401
 from tasks.launchers import subprocess_launcher  # noqa: F401
