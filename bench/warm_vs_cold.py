@@ -115,11 +115,12 @@ class _Process:
 class ProcessLauncher:
     """The stage schedule's launcher (:class:`mugrpo.pipeline.Launcher`) without Prefect: each job one process of
     its interpreter (``flows.stage.job_python``) on the flows' own subprocess launcher
-    (:class:`tasks.launchers.SubprocessLauncher`, pre-started jobs included), output appended to ``log``. In process
-    (:data:`JOBS_ENV`) a submitted job runs to its end first, so nothing overlaps, and nothing is pre-started."""
+    (:class:`tasks.launchers.subprocess_launcher.SubprocessLauncher`, pre-started jobs included), output appended
+    to ``log``. In process (:data:`JOBS_ENV`) a submitted job runs to its end first, so nothing overlaps, and nothing
+    is pre-started."""
 
     def __init__(self, cfg, log: Path) -> None:
-        from tasks.launchers import SubprocessLauncher
+        from tasks.launchers.subprocess_launcher import SubprocessLauncher
 
         self.cfg, self.log = cfg, log
         self.impl = SubprocessLauncher(fork=cfg.orchestration.fork_jobs)
@@ -136,7 +137,8 @@ class ProcessLauncher:
         )  # fmt: skip
 
     def run(self, job_name: str, stage: int, spec_url: str) -> float:
-        from tasks.launchers import JobError, launch_job
+        from tasks.launchers.errors import JobError
+        from tasks.launchers.protocol import launch_job
 
         if os.environ.get(JOBS_ENV) == "in-process":
             return job(job_name, spec_url, self.log)

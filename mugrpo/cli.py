@@ -232,7 +232,7 @@ def _run_flow(cfg, uri: str) -> None:
     from mugrpo.lease import LeaseFenced, RunLeaseHeld
     from mugrpo.resume import RunRefused
     from mugrpo.verify import CorruptedRunError
-    from tasks.launchers import JobError
+    from tasks.launchers.errors import JobError
 
     console.print(f"[bold]run {cfg.run.id}[/bold] lives at {uri}")
     console.print(f"  watch it:  mugrpo status {uri}")

@@ -4,4 +4,6 @@ Jobs are processes (``python -m mugrpo.jobs.{kind} SPEC_URL``) that import no Pr
 place where a job meets Prefect: launching, log streaming, timeouts and retries.
 """
 
-from tasks import kubernetes, launchers  # noqa: F401  (importing registers the launchers: subprocess, kubernetes)
+# Importing the launcher modules registers the launchers (subprocess, kubernetes).
+from tasks.kubernetes import launcher as kubernetes_launcher  # noqa: F401
+from tasks.launchers import subprocess_launcher  # noqa: F401

@@ -9,7 +9,7 @@
 
 Retries: a failed attempt is retried (task ``retries`` / ``retry_delay_seconds``) unless the failure cannot be
 fixed by running the same job again (:func:`is_transient`): an exit code in
-:data:`~tasks.launchers.NON_RETRYABLE_EXIT_CODES` (a usage or spec error) or an error raised before any job
+:data:`~tasks.launchers.errors.NON_RETRYABLE_EXIT_CODES` (a usage or spec error) or an error raised before any job
 started. Retrying is cheap because every job resumes from what it committed to object storage.
 
 No result is persisted and nothing is cached: object storage, not Prefect, decides what is done (docs/design.md).
@@ -31,7 +31,9 @@ from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import MissingContextError
 from prefect.runtime import task_run as current_task_run
 
-from tasks.launchers import LAUNCHERS, JobError, JobRequest, JobResult, launch_job
+from tasks.launchers.errors import JobError
+from tasks.launchers.protocol import LAUNCHERS, launch_job
+from tasks.launchers.request import JobRequest, JobResult
 
 if TYPE_CHECKING:  # mugrpo.config imports torch: keep this module light for flow processes and workers
     from mugrpo.config import OrchestrationSection
@@ -94,14 +96,14 @@ def run_job(
         env: extra environment of the job (strings). Credentials never go here: the job inherits them from the
             environment (subprocess) or a Secret (Kubernetes).
         timeout_s: wall-clock limit in seconds; the job (its whole process group / its Kubernetes Job) is killed
-            past it and the attempt fails with :class:`~tasks.launchers.JobTimeoutError`.
-        launcher: name in :data:`tasks.launchers.LAUNCHERS` (``subprocess`` or ``kubernetes``).
+            past it and the attempt fails with :class:`~tasks.launchers.errors.JobTimeoutError`.
+        launcher: name in :data:`tasks.launchers.protocol.LAUNCHERS` (``subprocess`` or ``kubernetes``).
         launcher_options: keyword arguments of the launcher (e.g. ``{"kill_grace_s": 5}``).
         module: module to run instead of ``mugrpo.jobs.{kind}`` (stand-in jobs in tests).
         labels: identifying key/values (run id, stage); labels of the Kubernetes Job.
 
     Returns:
-        :class:`~tasks.launchers.JobResult`: exit code 0, wall seconds (launch to exit), last output lines.
+        :class:`~tasks.launchers.request.JobResult`: exit code 0, wall seconds (launch to exit), last output lines.
 
     Raises:
         JobFailedError: non-zero exit; the message ends with the job's last 20 lines.
@@ -145,8 +147,8 @@ def job_request(
     labels: Mapping[str, str] | None = None,
     attempt: int = 1,
 ) -> JobRequest:
-    """The :class:`~tasks.launchers.JobRequest` :func:`run_job` launches (arguments as there): one builder, so a job
-    pre-started by :func:`prestart_job` is the one its first attempt follows."""
+    """The :class:`~tasks.launchers.request.JobRequest` :func:`run_job` launches (arguments as there): one builder,
+    so a job pre-started by :func:`prestart_job` is the one its first attempt follows."""
     return JobRequest(
         kind=kind,
         spec_url=spec_url,
@@ -170,7 +172,7 @@ def prestart_job(
     """Start job ``kind`` on ``spec_url`` ahead of the :func:`run_job` task run that will follow it (its first
     attempt, with the same arguments); ``request``: the keyword arguments of :func:`job_request`. Not a task run:
     the job's lines reach the run's logs once its task run follows it. Returns whether the launcher started it
-    (see :meth:`tasks.launchers.Launcher.prestart`).
+    (see :meth:`tasks.launchers.protocol.Launcher.prestart`).
 
     Raises:
         JobLaunchError: the launcher could not start the job.

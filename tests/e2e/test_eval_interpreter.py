@@ -32,7 +32,7 @@ from mugrpo.cli import app
 from mugrpo.config import ConfigError, load_config
 from mugrpo.manifest import read_job_manifest, read_manifest
 from mugrpo.storage import Store
-from tasks.kubernetes import KubernetesJobSettings
+from tasks.kubernetes.settings import KubernetesJobSettings
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 VLLM_PYTHON = os.environ.get("MUGRPO_VLLM_PYTHON")

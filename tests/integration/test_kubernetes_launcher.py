@@ -3,7 +3,8 @@
 No cluster exists here. Each test starts an HTTP server on 127.0.0.1 that plays the Kubernetes API (Jobs, pods,
 pod logs, events) and points ``KUBECONFIG`` at it; the launcher runs unchanged: the real ``kubernetes_asyncio``
 client loads the kubeconfig and speaks HTTP to the fake, and the launcher's own create/re-attach logic and watch
-loop (tasks/k8s_watch.py) run for real. Poll intervals are cut to a few hundredths of a second.
+loop (tasks/kubernetes/objects.py, tasks/kubernetes/watch.py) run for real. Poll intervals are cut to a few
+hundredths of a second.
 """
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ from pathlib import Path
 import pytest
 from _fake_k8s import FakeKubernetes, Fault, Plan
 
-from tasks.kubernetes import KubernetesJobSettings, KubernetesLauncher, build_job_manifest
-from tasks.launchers import JobFailedError, JobLaunchError, JobRequest, JobTimeoutError, launch_job
+from tasks.kubernetes.launcher import KubernetesLauncher
+from tasks.kubernetes.manifests import build_job_manifest
+from tasks.kubernetes.settings import KubernetesJobSettings
+from tasks.launchers.errors import JobFailedError, JobLaunchError, JobTimeoutError
+from tasks.launchers.protocol import launch_job
+from tasks.launchers.request import JobRequest
 
 JOBS = r"/apis/batch/v1/namespaces/mugrpo/jobs"
 FAST = {
@@ -258,9 +263,9 @@ def test_a_dropped_log_stream_resumes_from_the_last_line_seen(k8s):
 def rbac_grants() -> set[tuple[str, str]]:
     import yaml
 
-    from tasks.kubernetes import __file__ as k8s_module
+    from tasks.kubernetes.launcher import __file__ as k8s_module
 
-    path = Path(k8s_module).resolve().parents[1] / "infra" / "k8s" / "rbac.yaml"
+    path = Path(k8s_module).resolve().parents[2] / "infra" / "k8s" / "rbac.yaml"
     (role,) = [d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == "Role"]
     return {(res, verb) for rule in role["rules"] for res in rule["resources"] for verb in rule["verbs"]}
 

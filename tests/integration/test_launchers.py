@@ -16,17 +16,10 @@ from types import SimpleNamespace
 import pytest
 from _prefect import flow_run_logs, prefect_api, prefect_server  # noqa: F401  (fixtures)
 
-from tasks.launchers import (
-    LAUNCHERS,
-    TAIL_LINES,
-    JobFailedError,
-    JobRequest,
-    JobTimeoutError,
-    Launcher,
-    SubprocessLauncher,
-    launch_job,
-    register_launcher,
-)
+from tasks.launchers.errors import JobFailedError, JobTimeoutError
+from tasks.launchers.protocol import LAUNCHERS, TAIL_LINES, Launcher, launch_job, register_launcher
+from tasks.launchers.request import JobRequest
+from tasks.launchers.subprocess_launcher import SubprocessLauncher
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
 REPO_ROOT = TESTS_DIR.parent
@@ -200,7 +193,8 @@ def test_job_dies_with_a_sigkilled_flow_process(start, tmp_path):
     pid_file = tmp_path / "pids.json"
     spec = write_spec(tmp_path / "spec.json", pid_file=str(pid_file), sleep_s=600)
     driver = (
-        "import sys; from tasks.launchers import JobRequest, SubprocessLauncher, launch_job; "
+        "import sys; from tasks.launchers.protocol import launch_job; from tasks.launchers.request import JobRequest; "
+        "from tasks.launchers.subprocess_launcher import SubprocessLauncher; "
         f"launch_job(JobRequest(kind='standin', spec_url={spec!r}, timeout_s=600, module='jobs_fixture', "
         f"env={ {**JOB_ENV, **FORK_ENV}!r}), SubprocessLauncher(fork={start == 'fork'}))"
     )

@@ -1,5 +1,5 @@
-"""Multi-node training through the launcher's multi-node command (tasks.kubernetes.multinode_command): two torchrun
-"nodes" of one CPU process each (gloo), static rendezvous on 127.0.0.1, give the policy one process gives.
+"""Multi-node training through the launcher's multi-node command (tasks.kubernetes.commands.multinode_command): two
+torchrun "nodes" of one CPU process each (gloo), static rendezvous on 127.0.0.1, give the policy one process gives.
 
 This is the command each pod of a multi-node Kubernetes Job runs, with the node rank and the rendezvous address
 that the Indexed Job and its headless Service provide on a cluster (no cluster exists here).
@@ -19,7 +19,7 @@ from _tiny import REPO_ROOT, job_env, policy_weights, train_spec, write_spec
 from bench.support.synthetic import commit_synthetic_stage
 from mugrpo.layout import RunLayout
 from mugrpo.storage import Store
-from tasks.kubernetes import multinode_command
+from tasks.kubernetes.commands import multinode_command
 
 RUN = "trainer-test"
 

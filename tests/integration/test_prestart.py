@@ -1,4 +1,4 @@
-"""Pre-started jobs and the job fork server (tasks/launchers.py, tasks/forkserver.py, mugrpo/jobs/forkserver.py),
+"""Pre-started jobs and the job fork server (tasks/launchers/, tasks/forkserver.py, mugrpo/jobs/forkserver.py),
 with real processes: the stand-in job of tests/jobs_fixture.py, launched ahead of its run, then followed.
 
 - A pre-started job is followed by the run of an equal request: one process, its early lines delivered, its
@@ -20,14 +20,10 @@ from pathlib import Path
 import pytest
 from test_launchers import FORK_ENV, JOB_ENV, alive, launcher, standin, wait_gone, write_spec
 
-from tasks.launchers import (
-    JobFailedError,
-    SubprocessLauncher,
-    autogroup_nice,
-    can_raise_priority,
-    discard_prestarted,
-    launch_job,
-)
+from tasks.launchers.errors import JobFailedError
+from tasks.launchers.prestart import autogroup_nice, can_raise_priority, discard_prestarted
+from tasks.launchers.protocol import launch_job
+from tasks.launchers.subprocess_launcher import SubprocessLauncher
 
 
 @pytest.fixture(params=["spawn", "fork"])

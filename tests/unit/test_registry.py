@@ -9,7 +9,7 @@ from mugrpo.lr_schedule import LR_SCHEDULES
 from mugrpo.registry import Registry, UnknownNameError
 from mugrpo.rewards import REWARD_FUNCTIONS
 from mugrpo.schedules import STAGE_SCHEDULES
-from tasks.launchers import LAUNCHERS
+from tasks.launchers.protocol import LAUNCHERS
 
 
 def _square(x: float) -> float:

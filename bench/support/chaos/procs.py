@@ -1,10 +1,10 @@
 """The process tree of a local run, by role, and SIGKILL of one role (the chaos harness's victims).
 
 A local ``mugrpo run`` is one flow process (Prefect flows run in it); each job is a child process in its own session
-(``tasks/launchers.py``: ``python -m mugrpo.jobs.{generate,train,eval,segment}``), and each job's verifier pool
-(``mugrpo/rewards/pool.py``) is a set of ``multiprocessing`` workers under the job (spawned, or forked from the
-job's ``multiprocessing`` forkserver). Jobs may be forked from the job fork server (``mugrpo.jobs.forkserver``):
-their command line still names their module (setproctitle). Roles are read from
+(``tasks/launchers/subprocess_launcher.py``: ``python -m mugrpo.jobs.{generate,train,eval,segment}``), and each
+job's verifier pool (``mugrpo/rewards/pool.py``) is a set of ``multiprocessing`` workers under the job (spawned, or
+forked from the job's ``multiprocessing`` forkserver). Jobs may be forked from the job fork server
+(``mugrpo.jobs.forkserver``): their command line still names their module (setproctitle). Roles are read from
 ``/proc`` (Linux): no psutil needed for parent links and command lines.
 """
 

@@ -1,0 +1,43 @@
+"""The errors of a job that did not complete, each carrying the job's last output lines (:class:`JobError`)."""
+
+from __future__ import annotations
+
+#: Exit codes that mean "the command line or the spec is wrong": a retry cannot help (argparse/typer usage errors and
+#: ``mugrpo.jobs.common.load_spec`` exit with 2).
+NON_RETRYABLE_EXIT_CODES = frozenset({2})
+
+
+# ----------------------------------------------------------------------------------------------------------- errors
+class JobError(RuntimeError):
+    """A job did not complete. ``last_lines`` holds its last output lines (oldest first)."""
+
+    #: Whether a retry of the same job can succeed (Prefect's retry condition reads it).
+    transient = True
+
+    def __init__(self, message: str, *, kind: str, last_lines: tuple[str, ...] = ()):
+        self.kind = kind
+        self.last_lines = tuple(last_lines)
+        if self.last_lines:
+            message += f"\n--- last {len(self.last_lines)} lines of the {kind} job ---\n" + "\n".join(self.last_lines)
+        super().__init__(message)
+
+
+class JobFailedError(JobError):
+    """The job exited with a non-zero code (``exit_code``; negative = killed by that signal, None = unknown)."""
+
+    def __init__(self, message: str, *, kind: str, exit_code: int | None, last_lines: tuple[str, ...] = ()):
+        self.exit_code = exit_code
+        self.transient = exit_code not in NON_RETRYABLE_EXIT_CODES
+        super().__init__(message, kind=kind, last_lines=last_lines)
+
+
+class JobTimeoutError(JobError):
+    """The job ran longer than its timeout and was killed (its whole process group, or its Kubernetes Job)."""
+
+    def __init__(self, message: str, *, kind: str, timeout_s: float, last_lines: tuple[str, ...] = ()):
+        self.timeout_s = timeout_s
+        super().__init__(message, kind=kind, last_lines=last_lines)
+
+
+class JobLaunchError(JobError):
+    """The launcher could not start or watch the job (e.g. the Kubernetes API failed); usually transient."""
