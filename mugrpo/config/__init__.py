@@ -8,7 +8,8 @@ Every knob names the paper it comes from. Sections owned by a subsystem are defi
 
 Modules: :mod:`~mugrpo.config.run` (run, model, data), :mod:`~mugrpo.config.jobs` (generation, train, eval),
 :mod:`~mugrpo.config.operations` (orchestration, tracking), :mod:`~mugrpo.config.tree` (the composed
-:data:`Config` and its cross-section checks) and :mod:`~mugrpo.config.loading` (YAML, overrides, error messages).
+:data:`Config` and its cross-section checks), :mod:`~mugrpo.config.loading` (YAML, overrides, error messages) and
+:mod:`~mugrpo.config.docs` (the Markdown reference, imported on its own by ``mugrpo config reference``).
 """
 
 from mugrpo.config.jobs import BenchmarkConfig, EvalSection, GenerationSection, TrainSection
