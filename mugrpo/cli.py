@@ -67,7 +67,7 @@ def config_show(
 @config_app.command("reference")
 def config_reference_cmd():
     """Print the config reference (every key with type, default and description) as Markdown."""
-    from mugrpo.config_docs import config_reference
+    from mugrpo.config.docs import config_reference
 
     typer.echo(config_reference())
 

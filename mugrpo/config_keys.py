@@ -17,7 +17,8 @@ is operational only where a change is known not to alter the run's results. ``mu
 key's class (docs/config.md).
 
 This module imports nothing from mugrpo at import time, so the modules that define config sections can import the
-markers.
+markers. It stays outside the :mod:`mugrpo.config` package: importing one of that package's modules runs the package,
+which imports those modules (``mugrpo.rewards`` among them) before they have defined their sections.
 """
 
 from __future__ import annotations

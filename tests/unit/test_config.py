@@ -74,7 +74,7 @@ def test_shipped_configs_validate(name: str):
 
 
 def test_docs_config_reference_is_current():
-    from mugrpo.config_docs import config_reference
+    from mugrpo.config.docs import config_reference
 
     page = (REPO / "docs" / "config.md").read_text()
     assert config_reference().strip() in page, "docs/config.md is stale: regenerate it with `mugrpo config reference`"

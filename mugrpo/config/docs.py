@@ -8,7 +8,7 @@ import typing
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from mugrpo.config import Config
+from mugrpo.config.tree import Config
 from mugrpo.config_keys import SEMANTIC_CLASS, declared_class, section_model
 
 

