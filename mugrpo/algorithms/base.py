@@ -585,9 +585,15 @@ def declared_columns() -> list[RolloutColumn]:
     return list(seen.values())
 
 
-def excluded(row: Mapping[str, Any]) -> bool:
-    """Whether a rollout row is kept out of training: a declared ``excludes`` column is true on it."""
-    return any(row.get(c.name) for c in declared_columns() if c.excludes)
+def excluding_columns() -> list[str]:
+    """The declared columns with ``excludes`` set: a row where one is true is never trained on."""
+    return [c.name for c in declared_columns() if c.excludes]
+
+
+def excluded(row: Mapping[str, Any], columns: Sequence[str]) -> bool:
+    """Whether a rollout row is kept out of training: one of the excluding ``columns``
+    (:func:`excluding_columns`) is true on it (NULL, as in files older than the column, is not)."""
+    return any(row.get(name) for name in columns)
 
 
 def provided_inputs(sections: Mapping[str, Any], loss: PolicyLossConfig) -> set[str]:

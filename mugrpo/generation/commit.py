@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import numpy as np
 import pyarrow.parquet as pq
 
-from mugrpo.algorithms import declared_columns, excluded
+from mugrpo.algorithms import declared_columns, excluded, excluding_columns
 from mugrpo.fanout import commit_when_all_committed, slowest_timings, worker_job
 from mugrpo.generation.spec import GenerateSpec, GenerationError
 from mugrpo.layout import RunLayout
@@ -117,8 +117,9 @@ def _generation_manifest(spec: GenerateSpec, store: Store, parts: list[JobManife
     files = sorted((f for p in parts for f in p.files), key=lambda f: f.path)
     all_rows = _committed_rows(spec, store, files)
     check_rollouts_follow_plan(store, spec.run_id, spec.stage, (r["prompt_id"] for r in all_rows))
-    excluded_rows = [r for r in all_rows if excluded(r)]
-    train_rows = [r for r in all_rows if not excluded(r)]
+    excluding = excluding_columns()
+    excluded_rows = [r for r in all_rows if excluded(r, excluding)]
+    train_rows = [r for r in all_rows if not excluded(r, excluding)]
     metrics = _summary(train_rows)
     t_gen = max(p.timings.get("gen", 0.0) for p in parts)
     tokens = sum(p.counts.get("new_tokens", 0) for p in parts)

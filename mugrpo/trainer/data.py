@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from mugrpo.algorithms import declared_columns, excluded
+from mugrpo.algorithms import declared_columns, excluded, excluding_columns
 from mugrpo.layout import RunLayout
 from mugrpo.losses import ROLLOUT_INPUTS, RowFn
 from mugrpo.manifest import read_job_manifest
@@ -220,8 +220,9 @@ def load_rollouts(
             digest.update(f"{record.path}:{record.sha256}".encode())
             where = store.uri(rel)
             rows.extend((row, where) for row in table.select(wanted).to_pylist())
-    excluded_rows = sum(1 for row, _ in rows if excluded(row))
-    rows = [(row, where) for row, where in rows if not excluded(row)]
+    excluding = excluding_columns()
+    excluded_rows = sum(1 for row, _ in rows if excluded(row, excluding))
+    rows = [(row, where) for row, where in rows if not excluded(row, excluding)]
     rows.sort(key=lambda item: (item[0]["stage"], item[0]["prompt_id"], item[0]["sample_idx"]))
 
     by_group: dict[tuple[int, str], list[tuple[dict, str]]] = {}
