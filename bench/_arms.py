@@ -33,7 +33,7 @@ from bench.warm_vs_cold import job, run_cold, run_warm  # noqa: E402  (reuse, no
 MU_CONFIG = REPO / "configs" / "gsm8k-smollm2.yaml"
 GRPO_CONFIG = REPO / "configs" / "gsm8k-smollm2-grpo.yaml"
 GRPO_MU = 4  # the paper's GRPO baseline staleness
-#: LoRA's learning rate over full fine-tuning's ("LoRA Without Regret": ~10x; mugrpo.adapters).
+#: LoRA's learning rate over full fine-tuning's ("LoRA Without Regret": ~10x; mugrpo.policy.adapters).
 LORA_LR_FACTOR = 10
 
 
@@ -158,7 +158,7 @@ def execute(cfg, log: Path, tmp: Path) -> None:
     """Run ``cfg``'s stages through the job processes (cold: three per stage; warm: one segment job; as its
     ``orchestration.execution`` says), then evaluate its final policy (an eval job)."""
     from flows.stage import job_python
-    from mugrpo.runs import write_final_eval_spec
+    from mugrpo.orchestration.runs import write_final_eval_spec
 
     if cfg.orchestration.execution == "warm":
         run_warm(cfg, log, tmp)
@@ -179,8 +179,8 @@ def arm_report(cfg) -> dict:
     """Per-phase seconds (module docstring), rewards per stage and per update, and the final eval of a run."""
     import pyarrow.dataset as ds
 
-    from mugrpo.manifest import read_job_manifest
-    from mugrpo.runs import open_store
+    from mugrpo.commits.manifest import read_job_manifest
+    from mugrpo.orchestration.runs import open_store
 
     store, run = open_store(cfg), cfg.run.id
     stages, t = phase_seconds(cfg)
@@ -223,8 +223,8 @@ def phase_seconds(cfg) -> tuple[list[dict[str, float]], dict[str, float]]:
     Raises:
         AttributeError: a stage or its generate / train job has no committed manifest.
     """
-    from mugrpo.manifest import read_job_manifest, read_manifest
-    from mugrpo.runs import open_store
+    from mugrpo.commits.manifest import read_job_manifest, read_manifest
+    from mugrpo.orchestration.runs import open_store
 
     store, run = open_store(cfg), cfg.run.id
     stages = []
@@ -238,7 +238,8 @@ def phase_seconds(cfg) -> tuple[list[dict[str, float]], dict[str, float]]:
                 "t_roll": gen,
                 "t_train": train.get("train", 0.0) - ckpt,
                 "t_ckpt": ckpt,
-                # of it, seconds that ran beside the next stage's generation (mugrpo.pipeline): in t_total once
+                # of it, seconds that ran beside the next stage's generation (mugrpo.execution.pipeline): in t_total
+                # once
                 "t_ckpt_hidden": min(m.timings.t_overlap, ckpt),
                 "t_eval": m.timings.t_eval,
                 "t_total": m.timings.t_total - m.timings.t_eval,

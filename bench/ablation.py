@@ -147,11 +147,11 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="mugrpo-ablation-"))
     model = "smollm2"
     if args.quick:
-        from mugrpo.models import make_tiny_random_model
+        from mugrpo.policy.models import make_tiny_random_model
 
         model = str(make_tiny_random_model(tmp / "tiny", seed=0))
-    from mugrpo.manifest import read_job_manifest
-    from mugrpo.runs import init_run, open_store, write_final_eval_spec, write_job_specs
+    from mugrpo.commits.manifest import read_job_manifest
+    from mugrpo.orchestration.runs import init_run, open_store, write_final_eval_spec, write_job_specs
 
     sizes = {"prompts": args.prompts, "group": args.group_size}
     gen_cfg = config(tmp / "gen", args.quick, model, updates, args.lr, ARMS["veto-suffix"], **sizes)
@@ -167,7 +167,7 @@ def main() -> None:
         link_stage(tmp / "gen" / RUN_ID, tmp / arm / RUN_ID)
         t0 = time.monotonic()
         job("train", write_job_specs(cfg, 0)["train"], tmp / f"{arm}.log")
-        from mugrpo.runs import commit_stage
+        from mugrpo.orchestration.runs import commit_stage
         from schemas import StageTimings
 
         commit_stage(cfg, 0, StageTimings())

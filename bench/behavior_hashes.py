@@ -101,7 +101,7 @@ def _job(module: str, spec: str, log: Path) -> None:
 def run_cold(cfg_dict: dict, log: Path) -> Path:
     """What the stage flow does in cold execution: generate, train (and eval) job processes, then the stage commit."""
     from mugrpo.config import config_from_dict
-    from mugrpo.runs import commit_stage, init_run, write_job_specs
+    from mugrpo.orchestration.runs import commit_stage, init_run, write_job_specs
     from schemas import StageTimings
 
     cfg = config_from_dict(cfg_dict)
@@ -118,8 +118,8 @@ def run_cold(cfg_dict: dict, log: Path) -> Path:
 def run_warm(cfg_dict: dict, log: Path, tmp: Path) -> Path:
     """One warm segment job over every stage."""
     from mugrpo.config import config_from_dict
-    from mugrpo.runs import init_run
-    from mugrpo.warm import SegmentSpec
+    from mugrpo.execution.warm import SegmentSpec
+    from mugrpo.orchestration.runs import init_run
 
     cfg = config_from_dict(cfg_dict)
     init_run(cfg)
@@ -184,7 +184,7 @@ def fingerprint(run_dir: Path, num_stages: int) -> dict:
 
 def tiny_policy(tmp: Path) -> Path:
     """The tiny random Llama policy with the SmolLM2 tokenizer the tests use (deterministic)."""
-    from mugrpo.models import make_tiny_random_model
+    from mugrpo.policy.models import make_tiny_random_model
 
     return make_tiny_random_model(tmp / "tiny-policy" / "model", seed=0)
 
@@ -270,8 +270,8 @@ def synthetic_runs(tmp: Path, model: Path) -> dict:
         from bench.support.synthetic import commit_rollouts, synthetic_rollout_rows
     except ImportError:  # a checkout from before the test support left the library
         from mugrpo.trainer.synthetic import commit_rollouts, synthetic_rollout_rows
-    from mugrpo.layout import RunLayout
-    from mugrpo.storage import Store
+    from mugrpo.storage.layout import RunLayout
+    from mugrpo.storage.store import Store
 
     results = {}
     for name, (loss, train, sections) in SYN_ARMS.items():

@@ -25,7 +25,7 @@ DATA = REPO.parent / "shared" / "data"
 
 def main(argv: list[str] | None = None) -> int:
     from bench.support.chaos import QUICK, ChaosSettings, run_chaos
-    from mugrpo.models import make_tiny_random_model
+    from mugrpo.policy.models import make_tiny_random_model
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=0, help="draws the moments (arm, victim role, delay)")

@@ -152,8 +152,8 @@ def prepare_job(
 ):
     """A run folder holding the policy at stage 0 and a generate spec of one stage of ``rollouts`` (one shard);
     ``vllm_kwargs`` are the vLLM arm's ``generation.engine_kwargs``."""
-    from mugrpo.layout import RunLayout
-    from mugrpo.storage import Store
+    from mugrpo.storage.layout import RunLayout
+    from mugrpo.storage.store import Store
 
     name = f"{engine}-{dtype}-{rollouts}"
     root = work / f"pristine-{name}"
@@ -173,8 +173,8 @@ def job_counts(root: Path) -> dict:
     """Response tokens of the run folder's stage-0 rollouts and its generate job's ``gen`` seconds."""
     import pyarrow.dataset as ds
 
-    from mugrpo.manifest import read_job_manifest
-    from mugrpo.storage import Store
+    from mugrpo.commits.manifest import read_job_manifest
+    from mugrpo.storage.store import Store
 
     tokens = ds.dataset(root / "engines" / "rollouts", format="parquet", partitioning="hive").to_table(
         columns=["num_tokens"]
@@ -233,7 +233,7 @@ def main() -> None:
         f"scratch {work}",
         flush=True,
     )
-    from mugrpo.models import bench_model_dir
+    from mugrpo.policy.models import bench_model_dir
 
     policy = bench_model_dir(args.model, work / "models")
     prompts = questions(max(sizes.values()) // b.group_size)

@@ -5,8 +5,8 @@
     python bench/fanout.py --workers 1 2 --rounds 3 --json out.json
 
 Each arm runs the stage the way the stage flow's fan-out does, minus Prefect: the job spec is split into worker
-specs (:func:`mugrpo.fanout.worker_spec_paths`) and N real ``python -m mugrpo.jobs.generate`` processes start
-at once, each with one torch thread (transformers engine, ``engine_kwargs.num_threads: 1``, ``OMP_NUM_THREADS=1``)
+specs (:func:`mugrpo.coordination.fanout.worker_spec_paths`) and N real ``python -m mugrpo.jobs.generate`` processes
+start at once, each with one torch thread (transformers engine, ``engine_kwargs.num_threads: 1``, ``OMP_NUM_THREADS=1``)
 and its own verifier pool, on a fresh copy of the store. Reported per arm:
 
 - wall: first launch to last exit (what the stage waits for); tokens/s = the stage's response tokens / wall;
@@ -39,10 +39,10 @@ RUN = "fanout-bench"
 
 
 def make_spec(root: Path, args: argparse.Namespace, workers: int):
-    from mugrpo.data import DatasetConfig
+    from mugrpo.data.datasets import DatasetConfig
     from mugrpo.generation import GenerateSpec
-    from mugrpo.layout import RunLayout
     from mugrpo.rewards import RewardConfig
+    from mugrpo.storage.layout import RunLayout
 
     return GenerateSpec(
         root=str(root),
@@ -63,10 +63,10 @@ def make_spec(root: Path, args: argparse.Namespace, workers: int):
 
 def run_arm(policy: Path, work: Path, args: argparse.Namespace, workers: int, tag: str) -> dict:
     """One stage's generation by ``workers`` concurrent worker processes on a fresh store; its figures."""
-    from mugrpo.fanout import worker_job, worker_spec_paths
-    from mugrpo.layout import RunLayout
-    from mugrpo.manifest import read_job_manifest
-    from mugrpo.storage import Store
+    from mugrpo.commits.manifest import read_job_manifest
+    from mugrpo.coordination.fanout import worker_job, worker_spec_paths
+    from mugrpo.storage.layout import RunLayout
+    from mugrpo.storage.store import Store
 
     root = work / tag
     shutil.rmtree(root, ignore_errors=True)
@@ -107,10 +107,10 @@ def rollout_digest(root: str):
     """The stage's rollouts without ``created_at``, sorted: equal across arms when N does not change sampling."""
     import pyarrow as pa
 
-    from mugrpo.layout import RunLayout
-    from mugrpo.manifest import read_job_manifest
-    from mugrpo.storage import Store
-    from mugrpo.tables import read_table
+    from mugrpo.commits.manifest import read_job_manifest
+    from mugrpo.commits.tables import read_table
+    from mugrpo.storage.layout import RunLayout
+    from mugrpo.storage.store import Store
 
     store = Store(root)
     manifest = read_job_manifest(store, RUN, 0, "generate")
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict:
     cores = os.cpu_count() or 1
     with tempfile.TemporaryDirectory(prefix="mugrpo-fanout-") as tmp:
         work = Path(tmp)
-        from mugrpo.models import bench_model_dir
+        from mugrpo.policy.models import bench_model_dir
 
         policy = bench_model_dir(args.model, work)
         rounds = []

@@ -28,15 +28,15 @@ from pathlib import Path
 
 import torch
 
-from mugrpo.data import DatasetConfig, load_problems
+from mugrpo.common.seeds import derive_seed
+from mugrpo.data.datasets import DatasetConfig, load_problems
+from mugrpo.data.prompts import PromptConfig, encode_prompt, render_prompt
 from mugrpo.engines import make_engine
 from mugrpo.generation import GenerateSpec, run_generate, select_problems
-from mugrpo.layout import RunLayout
-from mugrpo.models import bench_model_dir
-from mugrpo.prompts import PromptConfig, encode_prompt, render_prompt
+from mugrpo.policy.models import bench_model_dir
 from mugrpo.rewards import RewardConfig
-from mugrpo.seeds import derive_seed
-from mugrpo.storage import Store
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "gsm8k" / "train.jsonl"

@@ -68,10 +68,10 @@ def generate_spec(run_id: str, prompts: int, shard_size: int, max_new_tokens: in
     """A stage-0 GenerateSpec of run ``run_id`` (root ``"ROOT"``, replaced per spawn by :func:`one_job`) on GSM8K
     train prompts, policy ``policies/stage=0``, the verifier pool of one worker; ``fields`` override the rest (e.g.
     ``engine``, ``dtype``, ``engine_kwargs``)."""
-    from mugrpo.data import DatasetConfig
+    from mugrpo.data.datasets import DatasetConfig
     from mugrpo.generation import GenerateSpec
-    from mugrpo.layout import RunLayout
     from mugrpo.rewards import RewardConfig
+    from mugrpo.storage.layout import RunLayout
 
     return GenerateSpec(
         root="ROOT",
@@ -91,9 +91,9 @@ def generate_spec(run_id: str, prompts: int, shard_size: int, max_new_tokens: in
 def prepare(work: Path, model: str, threads: int, prompts: int, max_new_tokens: int) -> dict[str, Path]:
     """The prepared run folders (``generate``, ``train``) and their job specs, made with this checkout."""
     from bench.support.synthetic import commit_synthetic_stage
-    from mugrpo.layout import RunLayout
-    from mugrpo.models import bench_model_dir
-    from mugrpo.storage import Store
+    from mugrpo.policy.models import bench_model_dir
+    from mugrpo.storage.layout import RunLayout
+    from mugrpo.storage.store import Store
     from mugrpo.trainer.spec import TrainSpec
 
     policy = bench_model_dir(model, work / "models")
@@ -260,7 +260,7 @@ def main() -> None:
     for job in JOBS:
         for what in ("policy_loads", "tokenizer_loads"):
             n = {arm: medians[arm][job][what] for arm in arms}
-            print(f"{job}: {what} by mugrpo.models per job: before {n['before']:g}, after {n['after']:g}")
+            print(f"{job}: {what} by mugrpo.policy.models per job: before {n['before']:g}, after {n['after']:g}")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "samples": samples, "medians": medians}, indent=1))
 

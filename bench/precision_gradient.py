@@ -74,8 +74,8 @@ def main() -> None:
     torch.set_flush_denormal(True)
 
     from mugrpo.losses import PolicyLossConfig
-    from mugrpo.models import load_policy
-    from mugrpo.storage import Store
+    from mugrpo.policy.models import load_policy
+    from mugrpo.storage.store import Store
     from mugrpo.trainer.batch import collate
     from mugrpo.trainer.data import load_rollouts, make_minibatch_order, split_minibatch
     from mugrpo.trainer.forward import PolicyTokenLogprobs

@@ -39,7 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench.support, when run as a script
 
-from mugrpo.models import bench_model_dir
+from mugrpo.policy.models import bench_model_dir
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "train.jsonl"
 SAMPLERS = {
@@ -52,10 +52,10 @@ VLLM_SAMPLERS = {"fp32": {"dtype": "float32"}, "bf16": {"dtype": "bfloat16"}}
 
 
 def prompts(policy: Path, count: int) -> list[list[int]]:
-    from mugrpo.data import DatasetConfig, load_problems
+    from mugrpo.data.datasets import DatasetConfig, load_problems
+    from mugrpo.data.prompts import PromptConfig, encode_prompt, render_prompt
     from mugrpo.generation import select_problems
-    from mugrpo.models import load_tokenizer
-    from mugrpo.prompts import PromptConfig, encode_prompt, render_prompt
+    from mugrpo.policy.models import load_tokenizer
 
     tok = load_tokenizer(policy)
     problems, _ = load_problems(DatasetConfig(name="gsm8k", path=str(DATA), answer_kind="gsm8k"))
@@ -156,7 +156,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)  # as the jobs do
 
-    from mugrpo.models import load_policy
+    from mugrpo.policy.models import load_policy
     from mugrpo.trainer.forward import PolicyTokenLogprobs
 
     tmp = Path(tempfile.mkdtemp(prefix="mugrpo-mismatch-"))

@@ -148,8 +148,8 @@ def arm_config(arm: str, seed: int, root: Path, quick: bool):
 
 def prompt_order(cfg) -> list[str]:
     """The run's training prompt ids in the order its stages' prompt plans sampled them (stage 0 first)."""
-    from mugrpo.prompt_plan import read_plan
-    from mugrpo.runs import open_store
+    from mugrpo.orchestration.runs import open_store
+    from mugrpo.provenance.prompt_plan import read_plan
 
     store, ids = open_store(cfg), []
     for k in range(cfg.run.num_stages):
@@ -162,7 +162,7 @@ def prompt_order(cfg) -> list[str]:
 
 def read_run(root: Path, run_id: str, wall: float) -> dict:
     """The figures of one committed run (module docstring)."""
-    from mugrpo.runs import load_run_config
+    from mugrpo.orchestration.runs import load_run_config
 
     cfg = load_run_config(str(root), run_id)
     stages, t = phase_seconds(cfg)

@@ -12,7 +12,7 @@ magnitudes); the cases are our own, written for a boxed-answer reward (a respons
 
 Two arms, scored on the same cases in one invocation:
 
-* ``mugrpo``: the product path: gold through :func:`mugrpo.answers.extract_gold`, each response through
+* ``mugrpo``: the product path: gold through :func:`mugrpo.data.answers.extract_gold`, each response through
   :class:`mugrpo.rewards.RewardScorer` (answer extraction, ``math_correctness`` in the killable worker pool);
 * ``math-verify alone``: a last-box-only grader (gold = the last box, answer = the last box, then
   ``verify(parse(gold), parse(answer))``), for reference.
@@ -29,7 +29,7 @@ from collections import defaultdict
 
 from math_verify import parse, verify
 
-from mugrpo.answers import extract_boxed, extract_gold
+from mugrpo.data.answers import extract_boxed, extract_gold
 from mugrpo.rewards import RewardConfig, RewardInput, RewardScorer
 
 B = r"The answer is $\boxed{%s}$."

@@ -181,7 +181,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="mugrpo-speedup-"))
     model = "smollm2"
     if args.quick:
-        from mugrpo.models import make_tiny_random_model
+        from mugrpo.policy.models import make_tiny_random_model
 
         model = str(make_tiny_random_model(tmp / "tiny", seed=0))
     b = budget(args, model)

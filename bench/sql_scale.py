@@ -4,9 +4,10 @@
     python bench/sql_scale.py --rows 2000 --out /tmp/b
 
 Shards are generated one at a time with numpy (memory stays at one shard) and written through
-:func:`mugrpo.tables.write_table`, exactly as generation jobs write them. Queries run through :func:`mugrpo.sql.connect`
-(the read-only ``mugrpo://`` filesystem), and the stage aggregation also through DuckDB's native reader for reference.
-Target: aggregation by stage over 1M rows in under 1 s; the ratio target/actual is printed (> 1 is met).
+:func:`mugrpo.commits.tables.write_table`, exactly as generation jobs write them. Queries run through
+:func:`mugrpo.sql.connect` (the read-only ``mugrpo://`` filesystem), and the stage aggregation also through DuckDB's
+native reader for reference. Target: aggregation by stage over 1M rows in under 1 s; the ratio target/actual is printed
+(> 1 is met).
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from mugrpo.layout import RunLayout
-from mugrpo.manifest import new_manifest, write_manifest
+from mugrpo.commits.manifest import new_manifest, write_manifest
+from mugrpo.commits.tables import write_table
 from mugrpo.sql import connect
-from mugrpo.storage import Store
-from mugrpo.tables import write_table
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 from schemas import ROLLOUT_SCHEMA
 
 VOCAB = 49_152  # SmolLM2's vocabulary

@@ -172,10 +172,10 @@ def run_config(grid: Grid, regime: str, mu: int, lr: float, seed: int, root: Pat
 def _child(config_json: Path) -> None:
     """One run in this process: its warm segment (all stages), then the evaluation of its final policy."""
     from mugrpo.config import config_from_dict
+    from mugrpo.execution.warm import SegmentSpec
     from mugrpo.jobs import eval as eval_job
     from mugrpo.jobs import segment as segment_job
-    from mugrpo.runs import init_run, write_final_eval_spec
-    from mugrpo.warm import SegmentSpec
+    from mugrpo.orchestration.runs import init_run, write_final_eval_spec
 
     cfg = config_from_dict(json.loads(config_json.read_text()), source=str(config_json))
     init_run(cfg)

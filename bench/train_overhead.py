@@ -48,9 +48,9 @@ def _bare(spec_path: str, out_path: str) -> None:
     """The bare baseline (runs in its own process); bf16 autocast when the spec says so."""
     import torch
 
-    from mugrpo.models import load_policy
-    from mugrpo.policies import local_policy_dir
-    from mugrpo.seeds import derive_seed
+    from mugrpo.commits.policies import local_policy_dir
+    from mugrpo.common.seeds import derive_seed
+    from mugrpo.policy.models import load_policy
     from mugrpo.trainer.batch import collate
     from mugrpo.trainer.data import load_rollouts, make_minibatch_order, split_minibatch
     from mugrpo.trainer.precision import autocast_context
@@ -140,11 +140,11 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     from bench.support.synthetic import commit_synthetic_stage
-    from mugrpo.layout import RunLayout
-    from mugrpo.manifest import read_job_manifest
-    from mugrpo.models import make_tiny_random_model
-    from mugrpo.storage import Store
-    from mugrpo.tables import read_table
+    from mugrpo.commits.manifest import read_job_manifest
+    from mugrpo.commits.tables import read_table
+    from mugrpo.policy.models import make_tiny_random_model
+    from mugrpo.storage.layout import RunLayout
+    from mugrpo.storage.store import Store
     from mugrpo.trainer.spec import TrainSpec
 
     hf_logging.disable_progress_bar()

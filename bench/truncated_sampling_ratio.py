@@ -21,14 +21,14 @@ from pathlib import Path
 
 import torch
 
+from mugrpo.data.prompts import PromptConfig, encode_prompt, render_prompt
 from mugrpo.engines.base import SamplingParams
 from mugrpo.engines.transformers_engine import TransformersEngine
-from mugrpo.models import bench_model_dir, load_policy
-from mugrpo.prompts import PromptConfig, encode_prompt, render_prompt
+from mugrpo.policy.models import bench_model_dir, load_policy
+from mugrpo.policy.truncation import Truncation
 from mugrpo.trainer.batch import collate
 from mugrpo.trainer.data import Rollout
 from mugrpo.trainer.forward import PolicyTokenLogprobs
-from mugrpo.truncation import Truncation
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "train.jsonl"
 SETTINGS = [

@@ -47,10 +47,10 @@ def trl_python() -> Path:
 
 def trl_prompts(cfg) -> list[tuple[str, str]]:
     """(rendered prompt, ground truth) of every stage of a mugrpo arm, in the order mugrpo samples them."""
-    from mugrpo.data import load_problems
+    from mugrpo.data.datasets import load_problems
+    from mugrpo.data.prompts import render_prompt
     from mugrpo.generation import GenerateSpec, select_problems
-    from mugrpo.models import load_tokenizer
-    from mugrpo.prompts import render_prompt
+    from mugrpo.policy.models import load_tokenizer
 
     out = []
     for k in range(cfg.run.num_stages):
@@ -144,11 +144,11 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="mugrpo-vs-trl-"))
     model = "smollm2"
     if args.quick:
-        from mugrpo.models import make_tiny_random_model
+        from mugrpo.policy.models import make_tiny_random_model
 
         model = str(make_tiny_random_model(tmp / "tiny", seed=0))
     b = budget(args, model)
-    from mugrpo.runs import init_run
+    from mugrpo.orchestration.runs import init_run
 
     ref = arm_config("grpo-warm", tmp / "ref", "ref", b)  # its policies/stage=0 is the HF dir TRL loads
     init_run(ref)

@@ -5,8 +5,8 @@
 
 Both arms run the same config in fresh run folders, as `mugrpo run` would launch them but without Prefect (whose
 per-task overhead would only add to the cold arm): cold = three job processes per stage (generate, train, eval
-when scheduled) then the stage commit, run by the stage flow's own schedule (mugrpo.pipeline.run_stage, with the
-next stage's generation started beside the checkpoint: orchestration.overlap_checkpoint); warm = one segment job
+when scheduled) then the stage commit, run by the stage flow's own schedule (mugrpo.execution.pipeline.run_stage, with
+the next stage's generation started beside the checkpoint: orchestration.overlap_checkpoint); warm = one segment job
 (mugrpo.jobs.segment) for all stages. T_switch per stage is computed as the stage flow computes it (each job's
 wall seconds minus the work it reports) for cold, and is what the segment records for warm (t_total minus work).
 Arms alternate (cold, warm, then warm, cold with --repeats 2, ...). It prints per-stage seconds of both arms and
@@ -98,8 +98,8 @@ def job(module: str, spec: str, log: Path, python: str | None = None) -> float:
 
 
 class _Process:
-    """A job running in the background (:class:`mugrpo.pipeline.RunningJob`) on a thread that follows its process;
-    a finished stand-in in process."""
+    """A job running in the background (:class:`mugrpo.execution.pipeline.RunningJob`) on a thread that follows its
+    process; a finished stand-in in process."""
 
     def __init__(self, module: str, future=None) -> None:
         self.module, self.future = module, future
@@ -113,8 +113,8 @@ class _Process:
 
 
 class ProcessLauncher:
-    """The stage schedule's launcher (:class:`mugrpo.pipeline.Launcher`) without Prefect: each job one process of
-    its interpreter (``flows.stage.job_python``) on the flows' own subprocess launcher
+    """The stage schedule's launcher (:class:`mugrpo.execution.pipeline.Launcher`) without Prefect: each job one process
+    of its interpreter (``flows.stage.job_python``) on the flows' own subprocess launcher
     (:class:`tasks.launchers.subprocess_launcher.SubprocessLauncher`, pre-started jobs included), output appended
     to ``log``. In process (:data:`JOBS_ENV`) a submitted job runs to its end first, so nothing overlaps, and nothing
     is pre-started."""
@@ -127,7 +127,7 @@ class ProcessLauncher:
 
     def _request(self, job_name: str, stage: int, spec_url: str):
         from flows.stage import job_python
-        from mugrpo.runs import job_env
+        from mugrpo.orchestration.runs import job_env
         from tasks.jobs import job_request
 
         env = {**job_env(self.cfg), "PYTHONPATH": str(REPO)}
@@ -168,10 +168,10 @@ class ProcessLauncher:
 
 
 def run_cold(cfg, log: Path) -> list[dict]:
-    """Every stage of ``cfg`` cold, as the stage flow runs them (:func:`mugrpo.pipeline.run_stage`); returns each
-    stage's timings."""
-    from mugrpo.pipeline import run_stage
-    from mugrpo.runs import init_run
+    """Every stage of ``cfg`` cold, as the stage flow runs them (:func:`mugrpo.execution.pipeline.run_stage`); returns
+    each stage's timings."""
+    from mugrpo.execution.pipeline import run_stage
+    from mugrpo.orchestration.runs import init_run
 
     init_run(cfg)
     launcher = ProcessLauncher(cfg, log)
@@ -180,9 +180,9 @@ def run_cold(cfg, log: Path) -> list[dict]:
 
 def run_warm(cfg, log: Path, tmp: Path) -> list[dict]:
     from flows.stage import job_python
-    from mugrpo.manifest import read_manifest
-    from mugrpo.runs import init_run
-    from mugrpo.warm import SegmentSpec
+    from mugrpo.commits.manifest import read_manifest
+    from mugrpo.execution.warm import SegmentSpec
+    from mugrpo.orchestration.runs import init_run
 
     store = init_run(cfg)
     spec = tmp / f"{cfg.run.id}.segment.json"
@@ -201,7 +201,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="mugrpo-warm-vs-cold-"))
     model = "smollm2"
     if args.quick:
-        from mugrpo.models import make_tiny_random_model
+        from mugrpo.policy.models import make_tiny_random_model
 
         model = str(make_tiny_random_model(tmp / "tiny", seed=0))
     results: dict[str, list[list[dict]]] = {"cold": [], "warm": []}

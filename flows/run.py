@@ -12,12 +12,12 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
 from flows.exclusive import one_flow_run_per_run_id
 from flows.stage import launch_workers, segment_flow, stage_flow
+from mugrpo.commits.manifest import read_job_manifest
 from mugrpo.config import Config, config_from_dict
-from mugrpo.lease import RunLease, held_lease
-from mugrpo.manifest import read_job_manifest
-from mugrpo.runs import init_run, open_store, write_final_eval_spec
+from mugrpo.coordination.lease import RunLease, held_lease
+from mugrpo.inspection.verify import refuse_corrupted
+from mugrpo.orchestration.runs import init_run, open_store, write_final_eval_spec
 from mugrpo.tracking.session import TrackingSession
-from mugrpo.verify import refuse_corrupted
 
 
 def artifact_key(run_id: str, suffix: str) -> str:
@@ -27,7 +27,7 @@ def artifact_key(run_id: str, suffix: str) -> str:
 
 def publish_report(cfg, run_uri: str) -> str:
     """Write the HTML report next to the run and publish it as Prefect artifacts (a table and a link)."""
-    from mugrpo.report import collect, table1_markdown, write_report_data
+    from mugrpo.inspection.report import collect, table1_markdown, write_report_data
 
     data = collect(run_uri, cfg.run.storage_options)
     where = write_report_data(data, run_uri, cfg.run.storage_options)
@@ -55,13 +55,14 @@ def run_flow(config: dict[str, Any]) -> dict[str, Any]:
     ``mugrpo-run:{run id}`` of one slot, a lease that frees itself minutes after its holder died).
 
     Raises:
-        mugrpo.runs.ConfigMismatchError: the run id exists with a config that differs in a semantic key.
-        mugrpo.runs.InputChangedError: an input (training set, eval set, initial weights, tokenizer) changed or is
-            missing since the run started.
+        mugrpo.orchestration.runs.ConfigMismatchError: the run id exists with a config that differs in a semantic key.
+        mugrpo.orchestration.runs.InputChangedError: an input (training set, eval set, initial weights, tokenizer)
+            changed or is missing since the run started.
         TimeoutError: another flow run of the run id held its slot for 15 minutes.
-        mugrpo.lease.RunLeaseHeld: another live writer holds the run lease in object storage (names it).
-        mugrpo.lease.LeaseFenced: this writer's lease was taken over while it ran.
-        mugrpo.verify.CorruptedRunError: a committed file is corrupted or missing (names it and the recovery).
+        mugrpo.coordination.lease.RunLeaseHeld: another live writer holds the run lease in object storage (names it).
+        mugrpo.coordination.lease.LeaseFenced: this writer's lease was taken over while it ran.
+        mugrpo.inspection.verify.CorruptedRunError: a committed file is corrupted or missing (names it and the
+            recovery).
     """
     cfg = config_from_dict(config, source="run_flow(config)")
     with one_flow_run_per_run_id(cfg.run.id):  # flows/exclusive.py: two flow runs of one run id never overlap
@@ -69,8 +70,8 @@ def run_flow(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run(cfg: Config) -> dict[str, Any]:
-    """Hold the run lease in object storage (mugrpo.lease: one writer per run, jobs fenced by its token) for the
-    whole run."""
+    """Hold the run lease in object storage (mugrpo.coordination.lease: one writer per run, jobs fenced by its token)
+    for the whole run."""
     orch = cfg.orchestration
     held = held_lease(open_store(cfg), cfg.run.id)
     if held is not None:  # taken by `mugrpo run` before Prefect started (mugrpo.cli): a loser never got here
@@ -82,7 +83,7 @@ def _run(cfg: Config) -> dict[str, Any]:
 def _run_leased(cfg: Config, lease: RunLease) -> dict[str, Any]:
     logger = get_run_logger()
     t0 = time.monotonic()
-    if cfg.orchestration.verify_on_resume:  # never build on a corrupted committed stage (mugrpo.verify), and
+    if cfg.orchestration.verify_on_resume:  # never build on a corrupted committed stage (mugrpo.inspection.verify), and
         store = open_store(cfg)  # refuse before init_run records the resume in run.json's history
         checked = refuse_corrupted(store, cfg.run.id, cfg.run.num_stages)
         logger.info("verified %d committed files (%.1f MiB)", checked.total_files, checked.total_bytes / 2**20)

@@ -1,6 +1,6 @@
 """The stage flow: generate -> train -> eval -> stage manifest (the commit point), with the next stage's generation
-started beside the train job's checkpoint write (:mod:`mugrpo.pipeline`, the schedule); and the segment flow: one
-warm job that runs several stages (``orchestration.execution: warm``, :mod:`mugrpo.warm`).
+started beside the train job's checkpoint write (:mod:`mugrpo.execution.pipeline`, the schedule); and the segment flow:
+one warm job that runs several stages (``orchestration.execution: warm``, :mod:`mugrpo.execution.warm`).
 
 A stage whose manifest exists is skipped; inside a stage each job resumes from what it committed, so re-running
 a stage (or a segment) after preemption loses and duplicates nothing. Each job is a Prefect task run
@@ -17,11 +17,11 @@ from prefect import flow, get_run_logger, tags
 from prefect.artifacts import create_markdown_artifact
 from prefect.futures import wait
 
+from mugrpo.commits.manifest import read_manifest
 from mugrpo.config import Config, config_from_dict
-from mugrpo.fanout import FANOUT_JOBS
-from mugrpo.manifest import read_manifest
-from mugrpo.pipeline import RunningJob, run_stage
-from mugrpo.runs import job_env, open_store
+from mugrpo.coordination.fanout import FANOUT_JOBS
+from mugrpo.execution.pipeline import RunningJob, run_stage
+from mugrpo.orchestration.runs import job_env, open_store
 from schemas import StageManifest
 from tasks.jobs import discard_prestarted, prestart_job, run_job
 
@@ -80,7 +80,7 @@ def launch(cfg: Config, job: str, spec_url: str, stage: int, *, stages: int = 1)
 
 
 class _SubmittedTask:
-    """A job's task run submitted to the flow's task runner (:class:`mugrpo.pipeline.RunningJob`)."""
+    """A job's task run submitted to the flow's task runner (:class:`mugrpo.execution.pipeline.RunningJob`)."""
 
     def __init__(self, future) -> None:
         self.future = future
@@ -93,8 +93,8 @@ class _SubmittedTask:
 
 
 class PrefectLauncher:
-    """The stage schedule's launcher (:class:`mugrpo.pipeline.Launcher`) in a flow: every job a launcher task run,
-    fan-out jobs (generate, eval) as their N workers (:func:`launch_workers`)."""
+    """The stage schedule's launcher (:class:`mugrpo.execution.pipeline.Launcher`) in a flow: every job a launcher task
+    run, fan-out jobs (generate, eval) as their N workers (:func:`launch_workers`)."""
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -125,12 +125,12 @@ class PrefectLauncher:
 
 
 def _worker_spec_urls(cfg: Config, job: str, stage: int) -> list[str]:
-    """The spec URLs of fan-out job ``job``'s workers (:func:`mugrpo.fanout.worker_spec_paths`, written from the
-    job spec when there is more than one worker)."""
-    from mugrpo.evaluation import EvalSpec
-    from mugrpo.fanout import worker_spec_paths
+    """The spec URLs of fan-out job ``job``'s workers (:func:`mugrpo.coordination.fanout.worker_spec_paths`, written
+    from the job spec when there is more than one worker)."""
+    from mugrpo.coordination.fanout import worker_spec_paths
+    from mugrpo.evaluation.worker import EvalSpec
     from mugrpo.generation import GenerateSpec
-    from mugrpo.layout import RunLayout
+    from mugrpo.storage.layout import RunLayout
 
     store = open_store(cfg)
     spec_cls = {"generate": GenerateSpec, "eval": EvalSpec}[job]
@@ -140,7 +140,7 @@ def _worker_spec_urls(cfg: Config, job: str, stage: int) -> list[str]:
 
 def launch_workers(cfg: Config, job: str, stage: int) -> float:
     """Run the fan-out job ``job`` (generate or eval) of stage ``stage``: its N workers (``generation.workers``,
-    ``eval.workers``; :mod:`mugrpo.fanout`) at once, each its own launcher task run (a process, or a
+    ``eval.workers``; :mod:`mugrpo.coordination.fanout`) at once, each its own launcher task run (a process, or a
     Kubernetes Job with its own GPU request) with the config's retries and timeout; workers whose worker manifest
     exists are not relaunched. Once all returned, the job manifest is written from their manifests if the last
     worker did not write it. N = 1 runs the same way. Returns the wall seconds of the fan-out.
@@ -150,10 +150,10 @@ def launch_workers(cfg: Config, job: str, stage: int) -> float:
             other workers run to their end first, so what they sampled is committed for the resume).
         RuntimeError: every worker returned but one has no worker manifest.
     """
-    from mugrpo.evaluation import EvalSpec, commit_eval
-    from mugrpo.fanout import missing_workers
+    from mugrpo.coordination.fanout import missing_workers
+    from mugrpo.evaluation.worker import EvalSpec, commit_eval
     from mugrpo.generation import GenerateSpec, commit_generation
-    from mugrpo.layout import RunLayout
+    from mugrpo.storage.layout import RunLayout
 
     logger = get_run_logger()
     store = open_store(cfg)
@@ -242,8 +242,8 @@ def segment_flow(config: dict[str, Any], first: int, count: int) -> list[dict[st
     """Run (or resume) stages ``first .. first + count - 1`` warm, as one segment job launched through the same
     launcher task as the cold jobs; its progress lines update a Prefect progress artifact while it runs, and each
     stage it commits gets the stage flow's summary artifact. Returns the stage manifests."""
-    from mugrpo.layout import RunLayout
-    from mugrpo.warm import SegmentSpec
+    from mugrpo.execution.warm import SegmentSpec
+    from mugrpo.storage.layout import RunLayout
 
     cfg = config_from_dict(config, source="segment_flow(config)")
     logger = get_run_logger()

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from mugrpo.cli_support import storage_guard
+from mugrpo.storage.cli_support import storage_guard
 
 app = typer.Typer(
     help=(
@@ -78,7 +78,7 @@ def data_check(
     overrides: list[str] | None = OverridesArg,
 ):
     """Load the train set and every eval benchmark; print rows, problems, duplicates and skips."""
-    from mugrpo.data import DatasetError, load_problems
+    from mugrpo.data.datasets import DatasetError, load_problems
 
     cfg = _load(config, overrides)
     sets = [cfg.data.train] + [b.dataset for b in cfg.eval.benchmarks]
@@ -113,9 +113,9 @@ def split_run(run: str, root: str | None) -> tuple[str, str]:
 def _stored_config(run: str, root: str | None, storage_options: dict | None = None):
     """The config in a run's run.json; exits with a clear message when the run or its storage cannot be read."""
     from mugrpo.config import ConfigError
-    from mugrpo.runs import load_run_config
-    from mugrpo.storage import Store
-    from mugrpo.storage_errors import check_store
+    from mugrpo.orchestration.runs import load_run_config
+    from mugrpo.storage.errors import check_store
+    from mugrpo.storage.store import Store
 
     root, run_id = split_run(run, root)
     try:
@@ -138,15 +138,17 @@ def _stored_config(run: str, root: str | None, storage_options: dict | None = No
 
 
 def _refuse(e: Exception) -> None:
-    """Print a refusal (:class:`mugrpo.resume.RunRefused`, a config error) once, as one block, and exit 2."""
+    """Print a refusal (:class:`mugrpo.orchestration.resume.RunRefused`, a config error) once, as one block, and exit
+    2."""
     err.print(f"Error: {e}", style="red", markup=False, highlight=False)
     raise typer.Exit(2) from None
 
 
 def _check_resume(store, cfg) -> None:
-    """Refuse (exit 2) a run that cannot start or continue with ``cfg`` (:func:`mugrpo.resume.check_resume`)."""
+    """Refuse (exit 2) a run that cannot start or continue with ``cfg``
+    (:func:`mugrpo.orchestration.resume.check_resume`)."""
     from mugrpo.config import ConfigError
-    from mugrpo.resume import RunRefused, check_resume
+    from mugrpo.orchestration.resume import RunRefused, check_resume
 
     try:
         check_resume(store, cfg)
@@ -160,11 +162,11 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def _execute(cfg) -> None:
     _prefect_env()
-    from mugrpo.data import check_heldout_disjoint
-    from mugrpo.lease import RunLease, RunLeaseHeld, live_holder
-    from mugrpo.runs import open_store
-    from mugrpo.storage_errors import check_store, check_writable
-    from mugrpo.verify import CorruptedRunError, refuse_corrupted
+    from mugrpo.coordination.lease import RunLease, RunLeaseHeld, live_holder
+    from mugrpo.data.datasets import check_heldout_disjoint
+    from mugrpo.inspection.verify import CorruptedRunError, refuse_corrupted
+    from mugrpo.orchestration.runs import open_store
+    from mugrpo.storage.errors import check_store, check_writable
 
     try:  # reasoning-gym benchmarks of the training task: no question text shared with training
         check_heldout_disjoint(cfg.data.train, [b.dataset for b in cfg.eval.benchmarks])
@@ -214,10 +216,10 @@ def _refuse_state(message: str) -> None:
 
 def _check_epoch(cfg) -> None:
     """Refuse (exit 2) a stage that asks for more prompts than the training set holds: it would sample some prompt
-    twice in one stage (:func:`mugrpo.prompt_plan.check_stage_prompts`)."""
-    from mugrpo.data import DatasetError, load_problems
-    from mugrpo.prompt_plan import PlanError, check_stage_prompts
-    from mugrpo.schedules import stage_plan
+    twice in one stage (:func:`mugrpo.provenance.prompt_plan.check_stage_prompts`)."""
+    from mugrpo.data.datasets import DatasetError, load_problems
+    from mugrpo.provenance.prompt_plan import PlanError, check_stage_prompts
+    from mugrpo.schedules.stages import stage_plan
 
     try:
         problems, _ = load_problems(cfg.data.train)
@@ -229,16 +231,16 @@ def _check_epoch(cfg) -> None:
 
 def _run_flow(cfg, uri: str) -> None:
     from flows.run import run_flow
-    from mugrpo.lease import LeaseFenced, RunLeaseHeld
-    from mugrpo.resume import RunRefused
-    from mugrpo.verify import CorruptedRunError
+    from mugrpo.coordination.lease import LeaseFenced, RunLeaseHeld
+    from mugrpo.inspection.verify import CorruptedRunError
+    from mugrpo.orchestration.resume import RunRefused
     from tasks.launchers.errors import JobError
 
     console.print(f"[bold]run {cfg.run.id}[/bold] lives at {uri}")
     console.print(f"  watch it:  mugrpo status {uri}")
     console.print("  (for the Prefect UI, start `prefect server start` and set PREFECT_API_URL before `mugrpo run`)")
     console.print(f'  query it:  mugrpo sql {uri} "SELECT stage, avg(reward) FROM rollouts GROUP BY ALL"')
-    from mugrpo.progress import quiet_library_bars
+    from mugrpo.common.progress import quiet_library_bars
 
     quiet_library_bars()  # the flow process converts the initial policy (GGUF -> HF): no bar frames in a log
     signal.signal(signal.SIGTERM, _interrupt)  # preemption: stop like Ctrl-C, so Prefect's temporary server stops too
@@ -293,8 +295,8 @@ def resume_cmd(
     an override of one is refused (exit 2). `mugrpo config reference` shows each key's class.
     """
     from mugrpo.config import ConfigError
-    from mugrpo.resume import RunRefused, resume_config
-    from mugrpo.runs import open_store
+    from mugrpo.orchestration.resume import RunRefused, resume_config
+    from mugrpo.orchestration.runs import open_store
 
     stored = _stored_config(run, root, _storage_options(storage_option))
     try:
@@ -313,7 +315,7 @@ def status_cmd(
     """Show what a run has committed, what is left, and the timings of each stage."""
     from rich.table import Table
 
-    from mugrpo.runs import health_line, open_store, run_status
+    from mugrpo.orchestration.runs import health_line, open_store, run_status
 
     cfg = _stored_config(run, root, _storage_options(storage_option))
     with storage_guard(open_store(cfg).uri(cfg.run.id), cfg.run.storage_options):
@@ -382,8 +384,8 @@ def verify_cmd(
     """
     from rich.table import Table
 
-    from mugrpo.runs import open_store
-    from mugrpo.verify import verify_run
+    from mugrpo.inspection.verify import verify_run
+    from mugrpo.orchestration.runs import open_store
 
     cfg = _stored_config(run, root, _storage_options(storage_option))
     store = open_store(cfg)
@@ -417,11 +419,11 @@ def report_cmd(
     storage_option: list[str] | None = StorageOptionsOpt,
 ):
     """Write the run's self-contained HTML report: Table-1-style stage summary, plots, lengths, file paths."""
-    from mugrpo.report import write_report
-    from mugrpo.runs import load_run_config
+    from mugrpo.inspection.report import write_report
+    from mugrpo.orchestration.runs import load_run_config
     from mugrpo.sql import TargetError
-    from mugrpo.storage import Store
-    from mugrpo.storage_errors import check_store
+    from mugrpo.storage.errors import check_store
+    from mugrpo.storage.store import Store
 
     root, run_id = split_run(run, root)
     given = _storage_options(storage_option)

@@ -1,8 +1,8 @@
 """Arrow schemas of every table mugrpo writes, and their versions.
 
 Each Parquet file carries two metadata keys, ``mugrpo.table`` (which schema) and ``mugrpo.schema_version``.
-A reader refuses a file whose table name or version it does not know (see :mod:`mugrpo.tables`), except the older
-versions listed in ``OLDER_SCHEMAS``, whose missing columns it reads as NULL or as the value ``OLDER_DEFAULTS``
+A reader refuses a file whose table name or version it does not know (see :mod:`mugrpo.commits.tables`), except the
+older versions listed in ``OLDER_SCHEMAS``, whose missing columns it reads as NULL or as the value ``OLDER_DEFAULTS``
 states.
 Bump a table's version whenever its schema changes.
 """

@@ -39,8 +39,9 @@ class StageTimings(BaseModel):
     t_next_gen: float = Field(
         0.0,
         description="Cold execution with orchestration.overlap_checkpoint: seconds of the next stage's generation "
-        "that this stage started once its policy was published (mugrpo.pipeline). They are in this stage's t_total "
-        "(every wall second is in one stage's t_total), while the next stage's t_gen is that job's own wall time.",
+        "that this stage started once its policy was published (mugrpo.execution.pipeline). They are in this stage's "
+        "t_total (every wall second is in one stage's t_total), while the next stage's t_gen is that job's own wall "
+        "time.",
     )
     t_overlap: float = Field(
         0.0,
@@ -62,7 +63,8 @@ class JobManifest(BaseModel):
     metrics: dict[str, float] = Field(default_factory=dict)
     timings: dict[str, float] = Field(default_factory=dict, description="Seconds: switch (start + load), work, total.")
     code_version: str | None = Field(
-        None, description="Version of the code that wrote it (mugrpo.version); None in manifests of older versions."
+        None,
+        description="Version of the code that wrote it (mugrpo.common.version); None in manifests of older versions.",
     )
 
 
@@ -80,7 +82,7 @@ class StageManifest(BaseModel):
     timings: StageTimings = Field(default_factory=StageTimings)
     code_version: str | None = Field(
         None,
-        description="Version of the code that committed the stage (mugrpo.version); None in older manifests.",
+        description="Version of the code that committed the stage (mugrpo.common.version); None in older manifests.",
     )
     job_code_versions: dict[str, str] = Field(
         default_factory=dict,

@@ -49,7 +49,7 @@ ROLLOUT_SCHEMA = pa.schema(
         pa.field("probe_skew", pa.float64()),  # the prompt's probe skew k3 (clamped to +-10)
         pa.field("agpo_u", pa.float64()),  # U = w_r sigma + w_e E + w_k |k3|
         pa.field("agpo_c", pa.float64()),  # c = (U - EMA) / (EMA + 1e-8); the row's temperature is tau(c)
-        # v4 (reasoning-gym, mugrpo.gym); NULL in v1-v3 files and for problems read from a file.
+        # v4 (reasoning-gym, mugrpo.data.gym); NULL in v1-v3 files and for problems read from a file.
         pa.field("task", pa.string()),  # the reasoning-gym task that generated the prompt
         pa.field("task_metadata", pa.string()),  # the task entry's metadata as JSON (difficulty, expression...)
     ]
@@ -193,7 +193,7 @@ TABLES: dict[str, pa.Schema] = {
 }
 
 #: Current version of each table's schema. Readers accept exactly these versions.
-#: rollouts v2: + top_k, min_p (the trainer replays the engine's truncation, mugrpo.truncation); v3: + the AGPO
+#: rollouts v2: + top_k, min_p (the trainer replays the engine's truncation, mugrpo.policy.truncation); v3: + the AGPO
 #: probe columns (is_probe, probe statistics, U, c); v4: + task, task_metadata (reasoning-gym problems).
 #: train_steps v2: + loss_metrics (a loss's own metrics, e.g. ConSPO's); v3: + the replay-buffer columns; v4: + the
 #: health panel (ess, kl_sampler, sampler ratio percentiles, sampler_clip_frac, logit_var, s_eta, t_eta, batch_id).
@@ -211,13 +211,13 @@ ROLLOUT_SCHEMA_V1 = pa.schema([f for f in ROLLOUT_SCHEMA_V2 if f.name not in ("t
 
 #: The value of a column that files of older versions lack, where NULL would be wrong: v1 rollouts were never
 #: top-k or min-p truncated, so their ``top_k`` / ``min_p`` are 0 (off). mugrpo's own reader
-#: (:func:`mugrpo.tables.read_table`) and the ``mugrpo sql`` views both fill these; every other added column reads
-#: as NULL. A plain Parquet reader (DuckDB, pandas, polars) sees NULL for all of them (docs/sql.md).
+#: (:func:`mugrpo.commits.tables.read_table`) and the ``mugrpo sql`` views both fill these; every other added column
+#: reads as NULL. A plain Parquet reader (DuckDB, pandas, polars) sees NULL for all of them (docs/sql.md).
 OLDER_DEFAULTS: dict[tuple[str, str], object] = {("rollouts", "top_k"): 0, ("rollouts", "min_p"): 0.0}
 
 #: Older versions a reader still accepts: (table, version) -> the schema of that version. Columns added since are
-#: filled by :func:`mugrpo.tables.read_table` (a stated default, else NULL); the SQL views read files by column name.
-#: evals version 1 = version 2 without the task columns (read as NULL).
+#: filled by :func:`mugrpo.commits.tables.read_table` (a stated default, else NULL); the SQL views read files by column
+#: name. evals version 1 = version 2 without the task columns (read as NULL).
 EVAL_SCHEMA_V1 = pa.schema([f for f in EVAL_SCHEMA if f.name not in _TASK_COLUMNS])
 
 OLDER_SCHEMAS: dict[tuple[str, int], pa.Schema] = {

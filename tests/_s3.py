@@ -26,7 +26,7 @@ def moto_server():
 
 @pytest.fixture
 def s3_root(moto_server):
-    """A fresh bucket; yields (root URL, storage_options) for mugrpo.storage.Store."""
+    """A fresh bucket; yields (root URL, storage_options) for mugrpo.storage.store.Store."""
     import s3fs
 
     opts = {"endpoint_url": moto_server}

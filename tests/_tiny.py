@@ -156,10 +156,10 @@ def generate_spec(root: Path | str, run_id: str, **fields: Any):
     """The :class:`~mugrpo.generation.GenerateSpec` of stage 0 of run ``run_id`` under ``root``: 6 prompts of
     GSM8K's train split (the first 50 rows, seed 3) in shards of 2, 3 responses of at most 6 tokens at temperature 1,
     sampled from ``policies/stage=0``; ``fields`` override any field (a dict value replaces, it does not merge)."""
-    from mugrpo.data import DatasetConfig
+    from mugrpo.data.datasets import DatasetConfig
     from mugrpo.generation import GenerateSpec
-    from mugrpo.layout import RunLayout
     from mugrpo.rewards import RewardConfig
+    from mugrpo.storage.layout import RunLayout
 
     spec = dict(
         root=str(root),
@@ -178,9 +178,9 @@ def generate_spec(root: Path | str, run_id: str, **fields: Any):
 
 def with_policy(root: Path | str, model_dir: Path, run_id: str):
     """A local store at ``root`` holding ``model_dir`` as run ``run_id``'s initial policy (``policies/stage=0``),
-    as ``init_run`` leaves it; returns the :class:`~mugrpo.storage.Store`."""
-    from mugrpo.layout import RunLayout
-    from mugrpo.storage import Store
+    as ``init_run`` leaves it; returns the :class:`~mugrpo.storage.store.Store`."""
+    from mugrpo.storage.layout import RunLayout
+    from mugrpo.storage.store import Store
 
     store = Store(str(root))
     store.upload_dir(model_dir, RunLayout(run_id).policy_dir(0))

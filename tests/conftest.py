@@ -126,7 +126,7 @@ def shared_data_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """HF dir of a tiny random Llama policy with the SmolLM2 tokenizer (vocab 49,152, EOS = pad = 2)."""
-    from mugrpo.models import make_tiny_random_model
+    from mugrpo.policy.models import make_tiny_random_model
 
     try:
         return make_tiny_random_model(tmp_path_factory.mktemp("tiny-policy") / "model", seed=0)
@@ -139,7 +139,7 @@ def smollm2_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     """HF dir of SmolLM2-135M-Instruct (dequantized from the Q4_1 GGUF to fp32), cached across sessions."""
     import transformers
 
-    from mugrpo.models import convert_to_hf_dir, smollm2_gguf_path
+    from mugrpo.policy.models import convert_to_hf_dir, smollm2_gguf_path
 
     try:
         gguf = smollm2_gguf_path()

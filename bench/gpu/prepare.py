@@ -26,7 +26,7 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                         "--python-version", py, "--platform", "manylinux2014_x86_64", "--platform",
                         "manylinux_2_17_x86_64", "-d", str(wheels), *PACKAGES], check=True)  # fmt: skip
-    from mugrpo.models import load_tokenizer, smollm2_gguf_path
+    from mugrpo.policy.models import load_tokenizer, smollm2_gguf_path
 
     load_tokenizer(smollm2_gguf_path()).save_pretrained(HERE / "carry" / "tokenizer")
     size = sum(f.stat().st_size for f in (HERE / "carry").rglob("*") if f.is_file())

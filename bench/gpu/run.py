@@ -74,7 +74,7 @@ def build_model(dest: Path, tiny: bool) -> tuple[Path, int]:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from mugrpo.models import load_tokenizer, save_policy, smollm2_gguf_path
+    from mugrpo.policy.models import load_tokenizer, save_policy, smollm2_gguf_path
 
     if tokenizer_source():  # the carried tokenizer files alone (load_tokenizer wants a whole model dir)
         from transformers import AutoTokenizer

@@ -13,7 +13,7 @@ with this checkout first on PYTHONPATH. ARGS.json holds ``engine``, ``model_dir`
   over them);
 - ``calls``: per timed call, ``rollouts``, response ``tokens`` and ``seconds`` (after one untimed warm-up call);
 - ``sync_s``: seconds of each in-place weight load of the policy's fp32 state dict into the running engine, the
-  warm segment's sync (:class:`mugrpo.warm.WarmEngine.sync`): ``VLLMEngine.update_weights`` for vLLM,
+  warm segment's sync (:class:`mugrpo.execution.warm.WarmEngine.sync`): ``VLLMEngine.update_weights`` for vLLM,
   ``load_state_dict`` into the engine's module for transformers (what the warm segment does when the engine's dtype
   differs from the trainer's; in fp32 it shares the trainer's module and the sync is free).
 
@@ -37,7 +37,7 @@ def main() -> None:
 
     from mugrpo.engines import make_engine
     from mugrpo.engines.base import SamplingParams
-    from mugrpo.models import load_tokenizer
+    from mugrpo.policy.models import load_tokenizer
 
     if a["engine"] == "vllm":
         import vllm  # noqa: F401  (its import is part of what a vLLM job pays)

@@ -15,10 +15,10 @@ comparable with the parent's spawn stamp):
   calls once the weights are loaded, or of ``VLLMEngine.__init__``);
 - ``first_update``: the first optimizer update of the train job (first return of ``mugrpo.trainer.updates.run_update``);
 - ``policy_load_s`` / ``policy_loads``: seconds and count of ``AutoModelForCausalLM.from_pretrained`` calls
-  made by ``mugrpo.models`` (the disk-bound weight loads), and ``moment_load_s`` / ``moment_loads``: of
+  made by ``mugrpo.policy.models`` (the disk-bound weight loads), and ``moment_load_s`` / ``moment_loads``: of
   ``mugrpo.trainer.loop.read_optimizer_state`` and ``read_checkpoint`` (the disk-bound AdamW moment loads), each
   with the stamp of its first start and last end; ``tokenizer_load_s`` / ``tokenizer_loads``: the same for the
-  tokenizer reads of ``mugrpo.models`` (``AutoTokenizer.from_pretrained``).
+  tokenizer reads of ``mugrpo.policy.models`` (``AutoTokenizer.from_pretrained``).
 
 The probe lives beside the bench, not in the product: the job under test may be an older checkout on PYTHONPATH.
 """
@@ -67,7 +67,7 @@ def _first(name: str, fn):
 
 
 class _TimedFromPretrained:
-    """Stands in for an auto class in ``mugrpo.models``: its ``from_pretrained`` timed as ``name``."""
+    """Stands in for an auto class in ``mugrpo.policy.models``: its ``from_pretrained`` timed as ``name``."""
 
     def __init__(self, auto, name: str) -> None:
         self._auto = auto
@@ -109,7 +109,7 @@ def _patch_loop(module) -> None:
 
 
 PATCHES = {
-    "mugrpo.models": _patch_models,
+    "mugrpo.policy.models": _patch_models,
     "mugrpo.engines.transformers_engine": _patch_transformers_engine,
     "mugrpo.engines.vllm_engine": _patch_vllm_engine,
     "mugrpo.trainer.updates": _patch_updates,

@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mugrpo.layout import RunLayout
-from mugrpo.manifest import write_job_manifest
-from mugrpo.models import load_policy, response_logprobs
-from mugrpo.storage import Store
-from mugrpo.tables import table_from_rows, write_table
+from mugrpo.commits.manifest import write_job_manifest
+from mugrpo.commits.tables import table_from_rows, write_table
+from mugrpo.policy.models import load_policy, response_logprobs
+from mugrpo.policy.truncation import Truncation
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 from mugrpo.trainer.data import Rollout
-from mugrpo.truncation import Truncation
 from schemas import JobManifest
 
 

@@ -56,13 +56,13 @@ from typing import Any, ClassVar, Literal, Protocol
 import pyarrow as pa
 from pydantic import BaseModel, Field
 
-from mugrpo.data import Problem
+from mugrpo.common.registry import Registry
+from mugrpo.data.datasets import Problem
 from mugrpo.engines.base import Sample, SamplingParams
-from mugrpo.layout import RunLayout
 from mugrpo.losses.config import PolicyLossConfig
-from mugrpo.registry import Registry
 from mugrpo.rewards import RewardInput, RewardResult
-from mugrpo.storage import Store
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 from schemas import FileRecord
 
 
@@ -92,8 +92,8 @@ class RolloutColumn:
     """A rollout column an algorithm declares (:attr:`Algorithm.columns`).
 
     The generation worker writes it on every row (``default`` unless a hook sets it), the rollout table stores it
-    (a column of the versioned schema, or an extension column after it: :func:`mugrpo.tables.table_from_rows`), and
-    the trainer reads it back into ``RolloutRef.columns``.
+    (a column of the versioned schema, or an extension column after it: :func:`mugrpo.commits.tables.table_from_rows`),
+    and the trainer reads it back into ``RolloutRef.columns``.
 
     Attributes:
         field: its Arrow name and type.
@@ -334,7 +334,7 @@ class ShardToSample:
     Attributes:
         stage, shard: where it is.
         seed: the run seed.
-        problems: the shard's prompts, in order (each a :class:`mugrpo.data.Problem`: its id, gold answer and,
+        problems: the shard's prompts, in order (each a :class:`mugrpo.data.datasets.Problem`: its id, gold answer and,
             for reasoning-gym data, the task entry that scores it; ``RewardInput.for_problem`` builds a reward
             input from one).
         sampling: the stage's sampling params.

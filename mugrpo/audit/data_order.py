@@ -30,7 +30,7 @@ def fingerprint(run: AuditRun) -> tuple[str, list[str]]:
     Raises:
         mugrpo.sql.SqlError: a view cannot be read.
     """
-    from mugrpo.prompt_plan import read_plan
+    from mugrpo.provenance.prompt_plan import read_plan
 
     digest = hashlib.sha256()
     sources = set()

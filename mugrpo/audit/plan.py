@@ -36,12 +36,12 @@ def stage_plan(run: AuditRun, stage: int) -> StagePlan:
     """The rebuilt minibatch plan of committed stage ``stage`` of ``run``.
 
     Raises:
-        mugrpo.tables.RolloutDataError: the stage's rollouts are not committed or invalid.
-        mugrpo.storage.ChecksumError: a rollout file changed after its manifest was written.
+        mugrpo.commits.tables.RolloutDataError: the stage's rollouts are not committed or invalid.
+        mugrpo.storage.store.ChecksumError: a rollout file changed after its manifest was written.
     """
+    from mugrpo.common.seeds import derive_seed
     from mugrpo.losses import row_inputs
-    from mugrpo.runs import policy_version
-    from mugrpo.seeds import derive_seed
+    from mugrpo.orchestration.runs import policy_version
     from mugrpo.trainer.data import load_rollouts, make_minibatch_order
     from mugrpo.trainer.spec import TrainSpec
 

@@ -78,7 +78,7 @@ def open_run(root: str, run_id: str, storage_options: dict | None = None) -> Aud
         mugrpo.config.ConfigError: the stored config no longer loads.
         mugrpo.sql.TargetError: the run's tables or manifests cannot be read.
     """
-    from mugrpo.runs import load_run_config, open_store
+    from mugrpo.orchestration.runs import load_run_config, open_store
     from mugrpo.sql import connect
 
     cfg = load_run_config(root, run_id, storage_options)

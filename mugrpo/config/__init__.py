@@ -1,8 +1,8 @@
 """The configuration tree: one pydantic model, loaded from YAML, with dotted command-line overrides.
 
 Every knob names the paper it comes from. Sections owned by a subsystem are defined next to it (the policy loss in
-:mod:`mugrpo.losses.config`, rewards in :mod:`mugrpo.rewards`, advantages in :mod:`mugrpo.advantages`, sampling in
-:mod:`mugrpo.engines.base`) and composed in :mod:`mugrpo.config.tree`.
+:mod:`mugrpo.losses.config`, rewards in :mod:`mugrpo.rewards`, advantages in :mod:`mugrpo.scoring.advantages`, sampling
+in :mod:`mugrpo.engines.base`) and composed in :mod:`mugrpo.config.tree`.
 
     cfg = load_config("configs/gsm8k-smollm2.yaml", ["train.lr=1e-6", "run.num_stages=2"])
 

@@ -7,12 +7,12 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from mugrpo.adapters import LoraSection
 from mugrpo.config.base import _Section
 from mugrpo.config_keys import OPERATIONAL
-from mugrpo.data import DatasetConfig
+from mugrpo.data.datasets import DatasetConfig
 from mugrpo.engines.base import SamplingParams
-from mugrpo.lr_schedule import LR_SCHEDULES
+from mugrpo.policy.adapters import LoraSection
+from mugrpo.schedules.lr import LR_SCHEDULES
 
 
 class GenerationSection(_Section):
@@ -29,9 +29,9 @@ class GenerationSection(_Section):
         json_schema_extra=OPERATIONAL,
         description="Generation workers per stage: the stage flow launches this many generate jobs at once (N "
         "processes locally, N Kubernetes Jobs, each with its own GPU request); worker w samples shards w, w + N, ... "
-        "(mugrpo.fanout). Per-shard seeds make the rollouts independent of N with the transformers engine. "
-        "Generation is embarrassingly parallel (one frozen behavior policy per stage, Mu-GRPO arXiv 2605.17570), "
-        "so N is bounded by the shards of a stage and the GPUs of the pool; AGPO's probes need N = 1.",
+        "(mugrpo.coordination.fanout). Per-shard seeds make the rollouts independent of N with the transformers "
+        "engine. Generation is embarrassingly parallel (one frozen behavior policy per stage, Mu-GRPO arXiv "
+        "2605.17570), so N is bounded by the shards of a stage and the GPUs of the pool; AGPO's probes need N = 1.",
     )
     python: str | None = Field(
         None,
@@ -64,7 +64,7 @@ class TrainSection(_Section):
     lr_schedule: str = Field(
         "constant",
         description="After warmup: 'constant', 'cosine' (SGDR, arXiv 1608.03983, to 0 at the last update of the run) "
-        "or 'linear' (to 0), or any multiplier registered in mugrpo.lr_schedule.LR_SCHEDULES.",
+        "or 'linear' (to 0), or any multiplier registered in mugrpo.schedules.lr.LR_SCHEDULES.",
     )
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient-norm clipping threshold.")
     checkpoint_every: int = Field(4, ge=1, description="Updates between checkpoints (and one at the end).")
@@ -92,8 +92,8 @@ class TrainSection(_Section):
     lora: LoraSection | None = Field(
         None,
         description="LoRA adapters (arXiv 2106.09685) on the frozen initial policy, one adapter trained across all "
-        "stages (mugrpo.adapters): each stage publishes and checkpoints only the adapter and its AdamW moments (a "
-        "few MB at rank 16 for SmolLM2-135M instead of 1.62 GB); sampling jobs merge it into the base once per "
+        "stages (mugrpo.policy.adapters): each stage publishes and checkpoints only the adapter and its AdamW moments "
+        "(a few MB at rank 16 for SmolLM2-135M instead of 1.62 GB); sampling jobs merge it into the base once per "
         "stage. Rank 1-16 matches full fine-tuning in RL at ~10x its learning rate (Schulman et al. 2025, 'LoRA "
         "Without Regret'). Cold execution only; needs peft (the lora extra). None: full fine-tuning.",
     )
@@ -160,7 +160,7 @@ class EvalSection(_Section):
         ge=1,
         json_schema_extra=OPERATIONAL,
         description="Evaluation workers: the benchmarks are split round-robin over this many eval jobs run at once "
-        "(at most one worker per benchmark; mugrpo.fanout).",
+        "(at most one worker per benchmark; mugrpo.coordination.fanout).",
     )
     python: str | None = Field(
         None,

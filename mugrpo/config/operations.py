@@ -20,9 +20,10 @@ class OrchestrationSection(_Section):
     lease_ttl_s: float = Field(
         60.0,
         ge=1,
-        description="Run lease (one writer per run, mugrpo.lease): seconds a lease lives without a heartbeat (the "
-        "holder renews it every ttl/3). A writer that died on another host blocks the run this long; one that died "
-        "on this host is taken over at once. Same order as Kubernetes' node lease (40 s) and Prefect's slot lease.",
+        description="Run lease (one writer per run, mugrpo.coordination.lease): seconds a lease lives without a "
+        "heartbeat (the holder renews it every ttl/3). A writer that died on another host blocks the run this long; "
+        "one that died on this host is taken over at once. Same order as Kubernetes' node lease (40 s) and Prefect's "
+        "slot lease.",
     )
     lease_wait_s: float = Field(
         0.0,
@@ -45,7 +46,7 @@ class OrchestrationSection(_Section):
         "per segment of `segment_stages` consecutive stages keeps the policy, the optimizer, the rollout engine and "
         "the verifier pool loaded and syncs weights in memory, as TRL's and verl's GRPO do: the fair way to run "
         "standard GRPO's many short stages (mu = 4). Both commit the same files; on CPU they give the same rollouts "
-        "and weights (mugrpo.warm).",
+        "and weights (mugrpo.execution.warm).",
     )
     segment_stages: int = Field(
         16,
@@ -58,8 +59,9 @@ class OrchestrationSection(_Section):
         True,
         description="Cold execution: start stage k+1's generation as soon as stage k's train job has committed the "
         "policy of stage k+1, while it still writes its final checkpoint (the AdamW moments); stage k+1's training "
-        "starts after that checkpoint's commit (mugrpo.pipeline). Same jobs, same files; a stage that does not "
-        "publish its policy (publish_policy_every) is not overlapped. False: the jobs run strictly one after another.",
+        "starts after that checkpoint's commit (mugrpo.execution.pipeline). Same jobs, same files; a stage that does "
+        "not publish its policy (publish_policy_every) is not overlapped. False: the jobs run strictly one after "
+        "another.",
     )
     fork_jobs: bool = Field(
         True,
@@ -73,10 +75,10 @@ class OrchestrationSection(_Section):
         True,
         description="Cold execution: launch each job while the job before it still runs (stage k+1's generate and "
         "stage k's eval while stage k trains, stage k+1's train while stage k+1 generates); it imports, starts its "
-        "verifier pool and loads its datasets, then waits for its inputs' commit markers (mugrpo.start_gate). On "
-        "Kubernetes its pod is created ahead. The same jobs commit the same files; what it saves is each job's start "
-        "on the critical path, which needs a free core (or node) beside the running job. Jobs of a stage that does "
-        "not publish its policy (publish_policy_every) start as before.",
+        "verifier pool and loads its datasets, then waits for its inputs' commit markers "
+        "(mugrpo.coordination.start_gate). On Kubernetes its pod is created ahead. The same jobs commit the same "
+        "files; what it saves is each job's start on the critical path, which needs a free core (or node) beside the "
+        "running job. Jobs of a stage that does not publish its policy (publish_policy_every) start as before.",
     )
     publish_policy_every: int = Field(
         1,
@@ -84,8 +86,8 @@ class OrchestrationSection(_Section):
         json_schema_extra=SEMANTIC,
         description="Publish policies/stage=k (a full HF copy of the weights) only when k is a multiple of this, and "
         "always the final policy. An unpublished stage's behavior policy is the previous stage's final checkpoint "
-        "(mugrpo.runs.behavior_policy_dir); with a value > 1, final checkpoints of older stages are deleted once a "
-        "later stage commits, so 1,000 short stages do not keep 1,000 copies of the weights.",
+        "(mugrpo.orchestration.runs.behavior_policy_dir); with a value > 1, final checkpoints of older stages are "
+        "deleted once a later stage commits, so 1,000 short stages do not keep 1,000 copies of the weights.",
     )
 
 

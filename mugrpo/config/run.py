@@ -9,11 +9,11 @@ from pydantic import Field, field_validator
 
 from mugrpo.config.base import _Section
 from mugrpo.config_keys import OPERATIONAL
-from mugrpo.data import DatasetConfig
-from mugrpo.layout import validate_run_id
-from mugrpo.prompts import PromptConfig
-from mugrpo.schedules import StageScheduleConfig
-from mugrpo.storage import RetryBudget
+from mugrpo.data.datasets import DatasetConfig
+from mugrpo.data.prompts import PromptConfig
+from mugrpo.schedules.stages import StageScheduleConfig
+from mugrpo.storage.layout import validate_run_id
+from mugrpo.storage.store import RetryBudget
 
 
 class RunSection(_Section):

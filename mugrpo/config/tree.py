@@ -8,18 +8,18 @@ from typing import Any
 
 from pydantic import Field, create_model, field_validator, model_validator
 
-from mugrpo.adapters import require_peft
-from mugrpo.advantages import AdvantageConfig
 from mugrpo.algorithms import Settings, check_sections, section_fields, sections_of, stage_prompts
 from mugrpo.config.base import _Section
 from mugrpo.config.jobs import EvalSection, GenerationSection, TrainSection
 from mugrpo.config.operations import OrchestrationSection, TrackingSection
 from mugrpo.config.run import DataSection, ModelSection, RunSection
 from mugrpo.config_keys import OPERATIONAL
-from mugrpo.gym import check_reward_source
+from mugrpo.data.gym import check_reward_source
 from mugrpo.losses.config import PolicyLossConfig
+from mugrpo.policy.adapters import require_peft
 from mugrpo.rewards import RewardConfig
-from mugrpo.schedules import ScheduleInputs, stage_sizes
+from mugrpo.schedules.stages import ScheduleInputs, stage_sizes
+from mugrpo.scoring.advantages import AdvantageConfig
 
 
 class _CoreSections(_Section):
@@ -76,13 +76,13 @@ class _CoreSections(_Section):
             if self.orchestration.execution == "warm":
                 raise ValueError(
                     "train.lora needs orchestration.execution = cold: a warm segment samples from the trainer's live "
-                    "module, and a LoRA policy is sampled from its merged weights (mugrpo.adapters)"
+                    "module, and a LoRA policy is sampled from its merged weights (mugrpo.policy.adapters)"
                 )
             require_peft()
         return self
 
     def schedule_inputs(self) -> ScheduleInputs:
-        """What the stage schedule reads of this config (:func:`mugrpo.schedules.stage_plan`)."""
+        """What the stage schedule reads of this config (:func:`mugrpo.schedules.stages.stage_plan`)."""
         return ScheduleInputs(
             schedule=self.run.stage_schedule,
             num_stages=self.run.num_stages,

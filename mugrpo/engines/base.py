@@ -7,7 +7,7 @@ for every response token, the behavior log-prob that the trainer's importance ra
 Behavior log-prob convention (every engine follows it; the engines' tests check it):
     the log-prob of the sampled token under the distribution it was ACTUALLY sampled from, i.e.
     softmax(logits / T) restricted to the min-p / top-k / top-p kept set and renormalized over it
-    (:mod:`mugrpo.truncation`). This is what vLLM returns with ``logprobs_mode="processed_logprobs"``. Without
+    (:mod:`mugrpo.policy.truncation`). This is what vLLM returns with ``logprobs_mode="processed_logprobs"``. Without
     truncation it is ``log_softmax(logits / T)[token]``. The trainer recomputes pi_theta under the same truncation
     (rows carry temperature, top_p, top_k, min_p), so the importance ratio is 1 at staleness 0 in every setting.
     Greedy decoding (T = 0) reports ``log_softmax(logits)[token]`` (the policy at T = 1), as vLLM does.
@@ -25,8 +25,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from mugrpo.registry import Registry
-from mugrpo.truncation import Truncation
+from mugrpo.common.registry import Registry
+from mugrpo.policy.truncation import Truncation
 
 FinishReason = Literal["stop", "length"]
 
@@ -47,7 +47,7 @@ class SamplingParams(BaseModel):
         gt=0.0,
         le=1.0,
         description="Nucleus sampling mass (Holtzman et al. 2020, arXiv 1904.09751); 1.0 = off. Behavior log-probs "
-        "are taken after truncation and the trainer replays the same truncation (mugrpo.truncation), so the "
+        "are taken after truncation and the trainer replays the same truncation (mugrpo.policy.truncation), so the "
         "importance ratio stays unbiased. ConSPO evaluates with top-p 0.95 (arXiv 2605.12969).",
     )
     top_k: int = Field(
@@ -100,7 +100,7 @@ class SamplingParams(BaseModel):
 
     @property
     def truncation(self) -> Truncation:
-        """The min-p / top-k / top-p setting as one :class:`~mugrpo.truncation.Truncation`."""
+        """The min-p / top-k / top-p setting as one :class:`~mugrpo.policy.truncation.Truncation`."""
         return Truncation(top_p=self.top_p, top_k=self.top_k, min_p=self.min_p)
 
     def temperatures_for(self, num_prompts: int) -> list[float]:

@@ -31,8 +31,8 @@ from mugrpo.engines.base import (
     check_prompts,
     finish_reason_of,
 )
-from mugrpo.models import eos_token_ids, load_policy
-from mugrpo.truncation import Truncation, apply_truncation
+from mugrpo.policy.models import eos_token_ids, load_policy
+from mugrpo.policy.truncation import Truncation, apply_truncation
 
 
 def _as_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -60,7 +60,7 @@ def row_generator(seed: int, prompt_index: int, sample_index: int) -> torch.Gene
 
 
 def top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Set logits outside the top-p nucleus to -inf (vLLM's rule; see :mod:`mugrpo.truncation`).
+    """Set logits outside the top-p nucleus to -inf (vLLM's rule; see :mod:`mugrpo.policy.truncation`).
 
     Args:
         logits: [R, V] float logits (already divided by the temperature).
@@ -82,7 +82,7 @@ def sample_next_tokens(
 
     Exponential race (equivalent to sampling from p): token = argmax_v p_v / E_v with E_v = -log(U_v) ~ Exp(1),
     U drawn from the row's generator; p = softmax(truncate(logits / T)) (min-p, top-k, top-p:
-    :mod:`mugrpo.truncation`, the rule the trainer replays). Unlike inverse-CDF sampling, whose
+    :mod:`mugrpo.policy.truncation`, the rule the trainer replays). Unlike inverse-CDF sampling, whose
     cumulative sum over ~50k tokens moves every boundary when any logit changes by round-off, the race only flips
     when two keys tie to float precision, so samples survive re-batching. The log-prob is
     ``z_token - max(z) - log(sum(exp(z - max(z))))`` with z the masked scaled logits, i.e. log p(token).

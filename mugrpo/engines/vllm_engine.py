@@ -34,7 +34,7 @@ from transformers import GenerationConfig
 
 from mugrpo.engines.base import ROLLOUT_ENGINES, ClosingEngine, FinishReason, Sample, SamplingParams, check_prompts
 from mugrpo.engines.vllm_worker import WORKER_EXTENSION, pack_weights
-from mugrpo.models import eos_token_ids, load_tokenizer
+from mugrpo.policy.models import eos_token_ids, load_tokenizer
 
 CPU_DEFAULT_KV_CACHE_BYTES = 2 * 1024**3
 """KV cache reserved on a CPU when no size is given: 2 GiB is ~45k tokens of SmolLM2-135M in fp32."""

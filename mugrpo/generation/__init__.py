@@ -12,7 +12,7 @@ module          what
 ==============  ======================================================================================
 """
 
-from mugrpo.data import select_problems
+from mugrpo.data.datasets import select_problems
 from mugrpo.generation.commit import commit_generation
 from mugrpo.generation.prompts import PreparedPrompt, prepare_prompts
 from mugrpo.generation.shards import sample_shard, shard_params, shard_rows

@@ -1,5 +1,5 @@
 """The commits of a stage's generation: each worker's manifest (its shards with their sha256), then the stage's
-generate manifest once every worker has committed (:mod:`mugrpo.fanout`)."""
+generate manifest once every worker has committed (:mod:`mugrpo.coordination.fanout`)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from mugrpo.algorithms import declared_columns, excluded, excluding_columns
-from mugrpo.fanout import commit_when_all_committed, slowest_timings, worker_job
+from mugrpo.commits.manifest import write_job_manifest
+from mugrpo.commits.tables import read_table
+from mugrpo.common.progress import console
+from mugrpo.coordination.fanout import commit_when_all_committed, slowest_timings, worker_job
 from mugrpo.generation.spec import GenerateSpec, GenerationError
-from mugrpo.layout import RunLayout
-from mugrpo.manifest import write_job_manifest
-from mugrpo.progress import console
-from mugrpo.prompt_plan import check_rollouts_follow_plan
-from mugrpo.storage import Store, sha256_bytes
-from mugrpo.tables import read_table
+from mugrpo.provenance.prompt_plan import check_rollouts_follow_plan
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store, sha256_bytes
 from schemas import FileRecord, JobManifest
 
 #: Rollout columns the generate manifest summarizes.
@@ -45,7 +45,7 @@ def commit_worker(
 ) -> JobManifest:
     """Write worker ``spec.worker``'s manifest: the shards it owns with their sha256, its new tokens, the
     algorithms' state (``metrics``) and its timings (``switch``, ``gen``; the total counts from ``origin``). It is
-    the worker's commit point (:mod:`mugrpo.fanout`).
+    the worker's commit point (:mod:`mugrpo.coordination.fanout`).
 
     Raises:
         GenerationError: a shard is not a readable Parquet file (names it; delete it and re-run the worker).
@@ -90,7 +90,7 @@ def commit_generation(spec: GenerateSpec) -> JobManifest | None:
     the workers over that time.
 
     Raises:
-        mugrpo.storage.ChecksumError: a shard changed after its worker committed it.
+        mugrpo.storage.store.ChecksumError: a shard changed after its worker committed it.
         GenerationError: the worker manifests do not list every shard of the stage.
     """
     store = spec.store()

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from mugrpo.data import Problem
+from mugrpo.data.datasets import Problem
+from mugrpo.data.prompts import encode_prompt, render_prompt
 from mugrpo.generation.spec import GenerateSpec, GenerationError
-from mugrpo.prompts import encode_prompt, render_prompt
 
 
 @dataclass

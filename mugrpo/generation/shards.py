@@ -15,13 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from mugrpo.advantages import compute_advantages
 from mugrpo.algorithms import GenerationHooks, ScoredShard, ShardPlan, declared_columns
+from mugrpo.common.seeds import derive_seed
 from mugrpo.engines.base import Sample, SamplingParams
 from mugrpo.generation.prompts import PreparedPrompt
 from mugrpo.generation.spec import GenerateSpec, GenerationError
 from mugrpo.rewards import RewardInput, RewardScorer
-from mugrpo.seeds import derive_seed
+from mugrpo.scoring.advantages import compute_advantages
 
 
 def shard_params(

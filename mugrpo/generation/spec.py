@@ -6,15 +6,15 @@ from typing import Literal
 
 from pydantic import Field, create_model, model_validator
 
-from mugrpo.advantages import AdvantageConfig
 from mugrpo.algorithms import Settings, check_sections, section_fields, sections_of
-from mugrpo.data import DatasetConfig
+from mugrpo.coordination.jobspec import JobSpec
+from mugrpo.data.datasets import DatasetConfig
+from mugrpo.data.prompts import PromptConfig
 from mugrpo.engines.base import SamplingParams
-from mugrpo.jobspec import JobSpec
-from mugrpo.layout import RunLayout
-from mugrpo.prompts import PromptConfig
 from mugrpo.rewards import RewardConfig
-from mugrpo.schedules import stage_plan
+from mugrpo.schedules.stages import stage_plan
+from mugrpo.scoring.advantages import AdvantageConfig
+from mugrpo.storage.layout import RunLayout
 
 
 class GenerationError(RuntimeError):

@@ -4,8 +4,8 @@ advantages, and write sharded Parquet rollouts (docs/design.md, first half of a 
 Resumable: prompts are processed in shards of ``shard_size`` prompts; each shard's file is written atomically once
 its groups are complete, and shards already written are skipped on a re-run. A group never spans two shards.
 
-Fan-out (``generation.workers``, :mod:`mugrpo.fanout`): the worker is ``spec.worker`` of ``spec.workers`` and
-samples the shards it owns (w, w + N, ...), then writes its worker manifest. The job manifest
+Fan-out (``generation.workers``, :mod:`mugrpo.coordination.fanout`): the worker is ``spec.worker`` of ``spec.workers``
+and samples the shards it owns (w, w + N, ...), then writes its worker manifest. The job manifest
 (``jobs/stage=k/generate.manifest.json``), written once every worker has committed, lists every shard with its
 sha256; the training job reads the rollouts through it (:mod:`mugrpo.generation.commit`). One worker (N = 1) runs
 the same functions.
@@ -27,7 +27,6 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from mugrpo.adapters import merged_policy_dir
 from mugrpo.algorithms import (
     GenerationHooks,
     GenerationStart,
@@ -37,22 +36,23 @@ from mugrpo.algorithms import (
     make_generation_hooks,
     sections_of,
 )
-from mugrpo.data import load_problems
-from mugrpo.fanout import owned, worker_job
+from mugrpo.commits.manifest import read_job_manifest
+from mugrpo.commits.policies import local_policy_dir
+from mugrpo.commits.tables import table_from_rows, write_table
+from mugrpo.common.progress import console, job_progress
+from mugrpo.coordination.fanout import owned, worker_job
+from mugrpo.coordination.start_gate import StartGate
+from mugrpo.data.datasets import load_problems
 from mugrpo.generation.commit import commit_generation, commit_worker
 from mugrpo.generation.prompts import PreparedPrompt, prepare_prompts
 from mugrpo.generation.shards import generate_groups, sample_shard, shard_rows
 from mugrpo.generation.spec import GenerateSpec, GenerationError
-from mugrpo.layout import RunLayout
-from mugrpo.manifest import read_job_manifest
-from mugrpo.policies import local_policy_dir
-from mugrpo.progress import console, job_progress
-from mugrpo.prompt_plan import stage_prompts
+from mugrpo.policy.adapters import merged_policy_dir
+from mugrpo.provenance.prompt_plan import stage_prompts
 from mugrpo.rewards import RewardScorer
-from mugrpo.start_gate import StartGate
-from mugrpo.storage import Store
-from mugrpo.tables import table_from_rows, write_table
-from mugrpo.verifiers import VerifierPoolOwner
+from mugrpo.scoring.verifiers import VerifierPoolOwner
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 from schemas import JobManifest
 
 
@@ -60,9 +60,9 @@ class GenerationWorker(VerifierPoolOwner):
     """The generation side of a run: a rollout engine and a verifier pool that live across stages.
 
     A cold generate job builds one, runs its worker's share of one stage and exits (:func:`run_generate`): the
-    engine is started on the stage's behavior policy dir. A warm segment job (:mod:`mugrpo.warm`) passes an
+    engine is started on the stage's behavior policy dir. A warm segment job (:mod:`mugrpo.execution.warm`) passes an
     ``engine`` bound to the trainer's live policy and runs stage after stage; the verifier pool is started (and
-    waited ready) once either way (:class:`~mugrpo.verifiers.VerifierPoolOwner`).
+    waited ready) once either way (:class:`~mugrpo.scoring.verifiers.VerifierPoolOwner`).
 
     Args:
         engine: a ready rollout engine (owned by the caller, not closed here), or None to start one per stage
@@ -75,13 +75,13 @@ class GenerationWorker(VerifierPoolOwner):
         self._datasets: dict[str, tuple] = {}  # training sets loaded by this worker, by their config (JSON)
 
     def prepare(self, spec: GenerateSpec) -> None:
-        """What a pre-started generate job does before its inputs are committed (:mod:`mugrpo.start_gate`): start
-        the verifier pool and wait it ready, import the engine, load the training set. Reads nothing of the run,
+        """What a pre-started generate job does before its inputs are committed (:mod:`mugrpo.coordination.start_gate`):
+        start the verifier pool and wait it ready, import the engine, load the training set. Reads nothing of the run,
         writes nothing.
 
         Raises:
             RuntimeError: the verifier pool did not start.
-            mugrpo.data.DatasetError: the training set cannot be read.
+            mugrpo.data.datasets.DatasetError: the training set cannot be read.
         """
         from mugrpo.engines import load_builtin_engines
 
@@ -99,7 +99,7 @@ class GenerationWorker(VerifierPoolOwner):
 
     def run_stage(self, spec: GenerateSpec, *, origin: float | None = None) -> JobManifest:
         """Run (or resume, or skip when committed) worker ``spec.worker``'s share of the generation of
-        ``spec.stage``: the shards it owns (:func:`mugrpo.fanout.owned`) that are not written yet, then its
+        ``spec.stage``: the shards it owns (:func:`mugrpo.coordination.fanout.owned`) that are not written yet, then its
         worker manifest, then the stage's generate manifest if every worker has committed
         (:func:`~mugrpo.generation.commit.commit_generation`).
 
@@ -141,7 +141,7 @@ class GenerationWorker(VerifierPoolOwner):
         tokenizer = AutoTokenizer.from_pretrained(policy)
         max_context = spec.max_context or int(AutoConfig.from_pretrained(policy).max_position_embeddings)
         problems, report = self._problems(spec)
-        selected = stage_prompts(store, spec, problems)  # the stage's prompt plan (mugrpo.prompt_plan)
+        selected = stage_prompts(store, spec, problems)  # the stage's prompt plan (mugrpo.provenance.prompt_plan)
         prepared, skipped = prepare_prompts(spec, tokenizer, selected, max_context)
         shards = [prepared[i : i + spec.shard_size] for i in range(0, len(prepared), spec.shard_size)]
         mine = owned(len(shards), spec.worker, spec.workers)
@@ -292,8 +292,8 @@ def run_generate(spec: GenerateSpec, *, origin: float | None = None, gate: Start
     the gate opened.
 
     Raises:
-        See :meth:`GenerationWorker.run_stage`; mugrpo.start_gate.StartTimeout and mugrpo.lease.LeaseFenced from
-        the gate.
+        See :meth:`GenerationWorker.run_stage`; mugrpo.coordination.start_gate.StartTimeout and
+        mugrpo.coordination.lease.LeaseFenced from the gate.
     """
     with GenerationWorker() as worker:
         if gate is not None and gate.pending:

@@ -1,7 +1,7 @@
 """What every job entry point shares: its command line, reading its spec, exit codes, and the process start time.
 
-The libraries the jobs call (:mod:`mugrpo.trainer`, :mod:`mugrpo.generation`, :mod:`mugrpo.evaluation`,
-:mod:`mugrpo.warm`) never import this module: a job module parses its spec, calls the library and turns the
+The libraries the jobs call (:mod:`mugrpo.trainer`, :mod:`mugrpo.generation`, :mod:`mugrpo.evaluation.worker`,
+:mod:`mugrpo.execution.warm`) never import this module: a job module parses its spec, calls the library and turns the
 library's errors into exit codes.
 """
 
@@ -19,8 +19,8 @@ from typing import TypeVar
 import fsspec
 from pydantic import ValidationError
 
-from mugrpo.jobspec import JobSpec
-from mugrpo.progress import console
+from mugrpo.common.progress import console
+from mugrpo.coordination.jobspec import JobSpec
 
 #: Process start as seen by the job (set at import of this module, i.e. right after the interpreter started).
 PROCESS_START = time.monotonic()
@@ -70,13 +70,13 @@ def load_spec(url: str, cls: type[S]) -> S:
 
 @contextmanager
 def refuse_untrusted(job: str, stage: int) -> Iterator[None]:
-    """Turn a tampered input (:class:`~mugrpo.storage.ChecksumError`, naming the file) or a lost run lease
-    (:class:`~mugrpo.lease.LeaseFenced`) into one error line and exit code 2: running the job again cannot fix
-    either, so the launcher does not retry it. A pre-started job whose inputs were not committed in time
-    (:class:`~mugrpo.start_gate.StartTimeout`) exits 1: a relaunch once they are may succeed."""
-    from mugrpo.lease import LeaseFenced
-    from mugrpo.start_gate import StartTimeout
-    from mugrpo.storage import ChecksumError
+    """Turn a tampered input (:class:`~mugrpo.storage.store.ChecksumError`, naming the file) or a lost run lease
+    (:class:`~mugrpo.coordination.lease.LeaseFenced`) into one error line and exit code 2: running the job again cannot
+    fix either, so the launcher does not retry it. A pre-started job whose inputs were not committed in time
+    (:class:`~mugrpo.coordination.start_gate.StartTimeout`) exits 1: a relaunch once they are may succeed."""
+    from mugrpo.coordination.lease import LeaseFenced
+    from mugrpo.coordination.start_gate import StartTimeout
+    from mugrpo.storage.store import ChecksumError
 
     try:
         yield

@@ -1,15 +1,15 @@
 """The evaluation job: avg@k and pass@k of one policy on each configured benchmark (the library is
-:mod:`mugrpo.evaluation`).
+:mod:`mugrpo.evaluation.worker`).
 
     python -m mugrpo.jobs.eval SPEC          # SPEC: path or URL of an EvalSpec JSON
 
 Writes one Parquet file per benchmark, ``evals/stage={k}/{benchmark}.parquet`` (one row per sample), skipping
 benchmarks already written (resume), then its worker manifest, then (once every worker has committed, with
-``eval.workers`` > 1 splitting the benchmarks; :mod:`mugrpo.fanout`) the job manifest with avg@k / pass@k per
-benchmark. ``stage`` names the policy evaluated: policies/stage={k} (stage K is the final policy).
+``eval.workers`` > 1 splitting the benchmarks; :mod:`mugrpo.coordination.fanout`) the job manifest with avg@k / pass@k
+per benchmark. ``stage`` names the policy evaluated: policies/stage={k} (stage K is the final policy).
 
-Pre-started (``start_after``, :mod:`mugrpo.start_gate`): the verifier pool and the benchmarks are ready before the
-policy's commit marker appears.
+Pre-started (``start_after``, :mod:`mugrpo.coordination.start_gate`): the verifier pool and the benchmarks are ready
+before the policy's commit marker appears.
 
 Exit codes: 0 done, 1 inputs not committed within ``start_timeout_s``, 2 bad spec, a tampered input or a lost run
 lease.
@@ -17,10 +17,10 @@ lease.
 
 from __future__ import annotations
 
-from mugrpo.evaluation import EvalSpec, run_eval
+from mugrpo.common.progress import quiet_library_bars
+from mugrpo.coordination.start_gate import StartGate
+from mugrpo.evaluation.worker import EvalSpec, run_eval
 from mugrpo.jobs.common import PROCESS_START, load_spec, refuse_untrusted, spec_argument
-from mugrpo.progress import quiet_library_bars
-from mugrpo.start_gate import StartGate
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -42,7 +42,7 @@ PRELOAD = (
     "accelerate",
     "mugrpo.trainer.loop",
     "mugrpo.generation",
-    "mugrpo.evaluation",
+    "mugrpo.evaluation.worker",
     "mugrpo.engines.transformers_engine",
 )
 PRELOAD_ENV = "MUGRPO_FORKSERVER_PRELOAD"

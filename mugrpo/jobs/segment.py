@@ -1,5 +1,5 @@
 """The warm segment job: one process runs stages k .. k+n-1 with the policy, the optimizer, the rollout engine and the
-verifier pools loaded once (``orchestration.execution: warm``; the library is :mod:`mugrpo.warm`).
+verifier pools loaded once (``orchestration.execution: warm``; the library is :mod:`mugrpo.execution.warm`).
 
     python -m mugrpo.jobs.segment SPEC       # SPEC: path or URL of a SegmentSpec JSON (jobs/stage=k/segment.spec.json)
 
@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from transformers.utils import logging as hf_logging
 
+from mugrpo.commits.tables import SchemaError
+from mugrpo.common.progress import quiet_library_bars
+from mugrpo.execution.warm import SegmentSpec, run_segment
 from mugrpo.generation import GenerationError
 from mugrpo.jobs.common import PROCESS_START, fail, load_spec, refuse_untrusted, spec_argument
-from mugrpo.progress import quiet_library_bars
-from mugrpo.tables import SchemaError
 from mugrpo.trainer.data import RolloutDataError
 from mugrpo.trainer.step import NonFiniteError
-from mugrpo.warm import SegmentSpec, run_segment
 
 
 def main(argv: list[str] | None = None) -> None:

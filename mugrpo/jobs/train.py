@@ -29,8 +29,9 @@ the job reads nothing else from it):
 (``LlamaDecoderLayer`` for Llama/SmolLM2; ``Qwen2DecoderLayer`` for Qwen2.5, etc. An ``s3://`` SPEC needs the
 store's credentials in the environment; ``MUGRPO_STORAGE_OPTIONS`` may carry JSON fsspec options for reading it.)
 
-Pre-started (``start_after``, :mod:`mugrpo.start_gate`): the job imports torch, transformers and accelerate, then
-waits for the generate manifest of its stage (and the previous stage's commit) before it reads anything.
+Pre-started (``start_after``, :mod:`mugrpo.coordination.start_gate`): the job imports torch, transformers and
+accelerate, then waits for the generate manifest of its stage (and the previous stage's commit) before it reads
+anything.
 
 Exit codes: 0 done (or already committed), 1 inputs not committed within ``start_timeout_s``, 2 bad spec, bad
 rollouts, a tampered input (checksum mismatch, the file named) or a lost run lease, 3 NaN/inf loss or gradient (the
@@ -42,10 +43,10 @@ from __future__ import annotations
 import torch
 from transformers.utils import logging as hf_logging
 
+from mugrpo.commits.tables import SchemaError
+from mugrpo.common.progress import quiet_library_bars
+from mugrpo.coordination.start_gate import StartGate
 from mugrpo.jobs.common import PROCESS_START, fail, load_spec, refuse_untrusted, spec_argument
-from mugrpo.progress import quiet_library_bars
-from mugrpo.start_gate import StartGate
-from mugrpo.tables import SchemaError
 from mugrpo.trainer.data import RolloutDataError
 from mugrpo.trainer.loop import run_training
 from mugrpo.trainer.spec import TrainSpec

@@ -88,12 +88,12 @@ def sft_target(problem, answer_format: str) -> str:
 
 
 def _problems(recipe: LabRecipe):
-    from mugrpo.data import DatasetConfig, load_problems
+    from mugrpo.data.datasets import DatasetConfig, load_problems
 
     train, _ = load_problems(DatasetConfig(**recipe.dataset("train")))
     heldout, _ = load_problems(DatasetConfig(**recipe.dataset("heldout")))
     shared = {p.question for p in train} & {p.question for p in heldout}
-    if shared:  # by construction (mugrpo.gym.split_of) this cannot happen; asserted on the texts all the same
+    if shared:  # by construction (mugrpo.data.gym.split_of) this cannot happen; asserted on the texts all the same
         raise AssertionError(f"lab: {len(shared)} held-out questions are in the training set, e.g. {min(shared)!r}")
     return train, heldout
 
@@ -127,7 +127,7 @@ def _model(recipe: LabRecipe, tokenizer):
 
 def _encode(recipe: LabRecipe, tokenizer, problems) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, response ids + EOS) of each problem, the prompt rendered as the generation job renders it."""
-    from mugrpo.prompts import encode_prompt, render_prompt
+    from mugrpo.data.prompts import encode_prompt, render_prompt
 
     prompt_cfg = recipe.prompt()
     out = []
@@ -164,10 +164,10 @@ def heldout_accuracy(model, tokenizer, problems, *, prompt, temperature: float, 
     Returns:
         ``{"accuracy": correct share, "boxed": share with a complete box, "n": problems}``.
     """
-    from mugrpo.answers import extract_boxed
+    from mugrpo.data.answers import extract_boxed
+    from mugrpo.data.prompts import encode_prompt, render_prompt
     from mugrpo.engines.base import SamplingParams
     from mugrpo.engines.transformers_engine import TransformersEngine
-    from mugrpo.prompts import encode_prompt, render_prompt
     from mugrpo.rewards import RewardInput
     from mugrpo.rewards.reasoning_gym import reasoning_gym_score
 
@@ -186,10 +186,10 @@ def build_lab_policy(recipe: LabRecipe, dest: Path, console: Console | None = No
     """Build ``recipe``'s policy into the HF dir ``dest`` (written atomically) and return its ``lab.json`` record.
 
     Raises:
-        mugrpo.gym.GymNotInstalled: reasoning-gym is missing (the message holds the pip command).
+        mugrpo.data.gym.GymNotInstalled: reasoning-gym is missing (the message holds the pip command).
         ValueError: a model shape the recipe cannot build, or problems longer than the context.
     """
-    from mugrpo.progress import job_progress
+    from mugrpo.common.progress import job_progress
 
     console = console or Console(stderr=True)
     t0 = time.monotonic()

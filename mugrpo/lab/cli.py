@@ -26,7 +26,7 @@ def init_cmd(
     """Build the lab policy for a recipe, once: a small Llama with a character-level tokenizer, SFT'd on the task's
     gold answers until its sampled held-out accuracy reaches the target. Prints the policy folder (use it as
     `model.source`, or `model.source: lab` for the default recipe)."""
-    from mugrpo.gym import GymNotInstalled
+    from mugrpo.data.gym import GymNotInstalled
     from mugrpo.lab import LAB_INFO, LabRecipe, ensure_lab_policy
 
     fields: dict = {"seed": seed}

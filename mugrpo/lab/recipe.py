@@ -42,7 +42,7 @@ class LabRecipe(BaseModel):
     params: dict[str, Any] = Field(default_factory=lambda: dict(DEFAULT_PARAMS), description="The task's params.")
     seed: int = Field(0, ge=0, description="Seeds the task's problems, the model's init and the SFT order.")
     train_size: int = Field(4000, ge=1, description="Distinct training problems the SFT draws from.")
-    heldout_fraction: float = Field(0.1, gt=0, lt=1, description="Question-hash share held out (mugrpo.gym).")
+    heldout_fraction: float = Field(0.1, gt=0, lt=1, description="Question-hash share held out (mugrpo.data.gym).")
     heldout_size: int = Field(200, ge=1, description="Held-out problems of the stop check and the reported figures.")
     system: str | None = Field(
         "Answer in \\boxed{}.",
@@ -77,7 +77,7 @@ class LabRecipe(BaseModel):
 
     @model_validator(mode="after")
     def _known_task(self) -> LabRecipe:
-        from mugrpo.gym import check_task
+        from mugrpo.data.gym import check_task
 
         check_task(self.task, self.params)  # unknown task or params: ValueError naming them (before any build)
         return self
@@ -88,8 +88,8 @@ class LabRecipe(BaseModel):
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def prompt(self):
-        """The :class:`mugrpo.prompts.PromptConfig` the SFT renders with (and the lab configs' ``data.prompt``)."""
-        from mugrpo.prompts import PromptConfig
+        """The :class:`mugrpo.data.prompts.PromptConfig` the SFT renders with (and the lab configs' ``data.prompt``)."""
+        from mugrpo.data.prompts import PromptConfig
 
         return PromptConfig(system=self.system, instruction=self.instruction)
 

@@ -22,8 +22,8 @@ from typing import Any, Protocol
 
 import torch
 
+from mugrpo.common.registry import Registry
 from mugrpo.losses.config import PolicyLossConfig
-from mugrpo.registry import Registry
 
 
 class RowFn(Protocol):

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
+from mugrpo.common.registry import Registry
 from mugrpo.losses.config import PolicyLossConfig
 from mugrpo.losses.inputs import ROLLOUT_INPUTS, RowFn
 from mugrpo.losses.interface import LossContext, LossOutput, PolicyLossFn
-from mugrpo.registry import Registry
 
 #: Policy losses by ``PolicyLossConfig.name``; add one with ``@POLICY_LOSSES.register("name")``.
 POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")

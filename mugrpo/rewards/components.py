@@ -8,7 +8,7 @@ works on a main thread. The per-item time limit is enforced from outside instead
 
 from __future__ import annotations
 
-from mugrpo.answers import extract_boxed
+from mugrpo.data.answers import extract_boxed
 from mugrpo.rewards.equivalence import answers_equivalent
 from mugrpo.rewards.registry import REWARD_FUNCTIONS, RewardInput
 

@@ -1,7 +1,7 @@
 """Is a predicted answer equivalent to the gold answer? math-verify plus the fixes it needs on our inputs.
 
-Both sides are answer strings as :mod:`mugrpo.answers` produces them (box contents; several answers encoded by
-:func:`mugrpo.answers.join_answers`). Steps, each fixing a kind of fault rather than an input:
+Both sides are answer strings as :mod:`mugrpo.data.answers` produces them (box contents; several answers encoded by
+:func:`mugrpo.data.answers.join_answers`). Steps, each fixing a kind of fault rather than an input:
 
 1. **Sets.** Several answers on a side are graded as one set ``a, b, c`` that must EQUAL the other side's set
    (math-verify compares finite sets element-wise): ``\\boxed{1} and \\boxed{-2}`` equals ``\\boxed{1, -2}`` and
@@ -41,7 +41,7 @@ from functools import lru_cache
 import sympy
 from math_verify import parse, verify
 
-from mugrpo.answers import split_answers
+from mugrpo.data.answers import split_answers
 
 __all__ = ["answers_equivalent", "normalize_answer"]
 
@@ -186,8 +186,8 @@ def answers_equivalent(gold: str, answer: str) -> bool:
     """Whether ``answer`` (a response's extracted answer) is mathematically equivalent to ``gold``.
 
     Args:
-        gold: gold answer string (:func:`mugrpo.answers.extract_gold`); several boxes form a set.
-        answer: predicted answer string (:func:`mugrpo.answers.extract_answer`); several boxes form a set.
+        gold: gold answer string (:func:`mugrpo.data.answers.extract_gold`); several boxes form a set.
+        answer: predicted answer string (:func:`mugrpo.data.answers.extract_answer`); several boxes form a set.
 
     Returns:
         True when equivalent under math-verify's ``verify(gold, pred)`` (gold first: the relation is asymmetric,

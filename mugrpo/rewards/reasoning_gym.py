@@ -4,7 +4,7 @@ reasoning-gym (https://github.com/open-thought/reasoning-gym) ships a verifier p
 entry) -> float`` in [0, 1] (exact match 1.0; the base class gives partial credit ``len(gold) / len(answer)`` to an
 answer that contains the gold; tasks with many correct solutions check them algorithmically). This component
 feeds it the content of the response's last complete ``\\boxed{}`` (the strict format policy: no box, no answer,
-0.0; a ``#### N`` line is not read) and the entry the problem was generated from (:func:`mugrpo.gym.task_entry`,
+0.0; a ``#### N`` line is not read) and the entry the problem was generated from (:func:`mugrpo.data.gym.task_entry`,
 rebuilt and cached in the verifier worker). It runs in the scorer's worker pool like ``math_correctness``, under
 ``reward.verify_timeout_s``.
 """
@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import math
 
-from mugrpo.answers import extract_boxed
+from mugrpo.data.answers import extract_boxed
 from mugrpo.rewards.registry import REWARD_FUNCTIONS, RewardInput
 
 __all__ = ["reasoning_gym_score"]
 
 
 def _check_installed() -> None:
-    from mugrpo.gym import require_reasoning_gym
+    from mugrpo.data.gym import require_reasoning_gym
 
     require_reasoning_gym("reward component 'reasoning_gym'")
 
@@ -37,7 +37,7 @@ def reasoning_gym_score(item: RewardInput, answer: str | None) -> float:
             changed since the problems were generated, e.g. another reasoning-gym version); the scorer records
             it as the item's ``error`` status.
     """
-    from mugrpo.gym import task_entry
+    from mugrpo.data.gym import task_entry
 
     if item.task_ref is None:
         return 0.0
@@ -50,7 +50,7 @@ def reasoning_gym_score(item: RewardInput, answer: str | None) -> float:
             f"reasoning-gym entry {item.task_ref} has answer {entry['answer']!r}, the row's ground truth is "
             f"{item.ground_truth!r}: the task generator changed since the problems were generated"
         )
-    from mugrpo.gym import score_fn
+    from mugrpo.data.gym import score_fn
 
     score = float(score_fn(item.task_ref)(boxed, entry))
     return min(max(score, 0.0), 1.0) if math.isfinite(score) else score

@@ -4,10 +4,10 @@ A reward component scores one response against its gold answer::
 
     fn(item: RewardInput, answer: str | None) -> float
 
-``answer`` is the response's predicted answer as extracted by :func:`mugrpo.answers.extract_answer`
+``answer`` is the response's predicted answer as extracted by :func:`mugrpo.data.answers.extract_answer`
 (computed once per response and shared by all components). Both ``answer`` and ``item.ground_truth`` may hold several
-answers, encoded as ``\\boxed{a}, \\boxed{b}`` (:func:`mugrpo.answers.join_answers`; read them back with
-:func:`mugrpo.answers.split_answers`). Components run inside the scorer's worker
+answers, encoded as ``\\boxed{a}, \\boxed{b}`` (:func:`mugrpo.data.answers.join_answers`; read them back with
+:func:`mugrpo.data.answers.split_answers`). Components run inside the scorer's worker
 processes, so they must be module-level functions (picklable by reference) and their module must be
 importable in a fresh interpreter.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mugrpo.registry import Registry
+from mugrpo.common.registry import Registry
 
 __all__ = ["REWARD_FUNCTIONS", "RewardFn", "RewardInput"]
 
@@ -29,13 +29,13 @@ class RewardInput:
     response_text: str
     """The sampled response, decoded (prompt excluded)."""
     ground_truth: str
-    """Gold answer string, as produced by :func:`mugrpo.answers.extract_gold`."""
+    """Gold answer string, as produced by :func:`mugrpo.data.answers.extract_gold`."""
     task_ref: str | None = None
-    """reasoning-gym problems: the task entry that scores them (:attr:`mugrpo.data.Problem.task_ref`)."""
+    """reasoning-gym problems: the task entry that scores them (:attr:`mugrpo.data.datasets.Problem.task_ref`)."""
 
     @classmethod
     def for_problem(cls, problem, response_text: str) -> RewardInput:
-        """The input scoring ``response_text`` against a :class:`mugrpo.data.Problem`."""
+        """The input scoring ``response_text`` against a :class:`mugrpo.data.datasets.Problem`."""
         return cls(response_text, problem.ground_truth, problem.task_ref)
 
 

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from functools import partial
 
-from mugrpo.answers import extract_answer
+from mugrpo.data.answers import extract_answer
 from mugrpo.rewards.config import RewardConfig
 from mugrpo.rewards.pool import TimeoutPool
 from mugrpo.rewards.registry import REWARD_FUNCTIONS, RewardFn, RewardInput
@@ -24,7 +24,7 @@ class RewardResult:
     components: dict[str, float] = field(default_factory=dict)
     """Unweighted value of every configured component (all 0.0 unless ``status == "ok"``)."""
     extracted_answer: str | None = None
-    """The predicted answer graded (:func:`mugrpo.answers.extract_answer`); None if the response has none."""
+    """The predicted answer graded (:func:`mugrpo.data.answers.extract_answer`); None if the response has none."""
     status: str = "ok"
     """``"ok"``, ``"timeout"`` (over ``verify_timeout_s``) or ``"error: <ExcType>: <message>"``."""
 

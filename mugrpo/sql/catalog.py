@@ -162,7 +162,7 @@ _DUCKDB_TYPES = {pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.float32(): "FLO
 def _with_older_defaults(source: str, table: str) -> str:
     """``source`` with the columns older files lack filled as mugrpo's own reader fills them
     (``schemas.OLDER_DEFAULTS``: v1 rollouts' ``top_k`` / ``min_p`` are 0, off), so ``mugrpo sql`` and
-    :func:`mugrpo.tables.read_table` agree. Current files hold no NULL there (the columns are not nullable)."""
+    :func:`mugrpo.commits.tables.read_table` agree. Current files hold no NULL there (the columns are not nullable)."""
     fills = [
         f"coalesce({col}, CAST({value!r} AS {_DUCKDB_TYPES[TABLES[table].field(col).type]})) AS {col}"
         for (name, col), value in OLDER_DEFAULTS.items()

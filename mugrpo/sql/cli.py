@@ -69,7 +69,7 @@ class _Session:
         """
         from mugrpo.sql.output import export_parquet, render
         from mugrpo.sql.readonly import SqlError
-        from mugrpo.storage import StorageError
+        from mugrpo.storage.store import StorageError
 
         try:
             if parquet:
@@ -169,9 +169,9 @@ def sql_command(
     if fmt not in FORMATS:
         raise typer.BadParameter(f"{fmt!r} is not one of {', '.join(sorted(FORMATS))}", param_hint="--format")
     options = {**(_config_options(config) if config else {}), **parse_storage_options(storage_option)}
-    from mugrpo.cli_support import storage_guard
-    from mugrpo.storage import Store
-    from mugrpo.storage_errors import check_store
+    from mugrpo.storage.cli_support import storage_guard
+    from mugrpo.storage.errors import check_store
+    from mugrpo.storage.store import Store
 
     try:
         with storage_guard(target, options):

@@ -2,8 +2,9 @@
 
 A folder is a run when ``rollouts/``, ``train_steps/``, ``stages/`` or ``run.json`` sits directly below it; any other
 folder is a root whose sub-folders are runs. One recursive listing (a single paginated LIST on S3) finds every file;
-a file counts only if :class:`mugrpo.layout.RunLayout` rebuilds exactly its path, so temporary files of atomic writes
-(``.NAME.tmp-<uuid>``), stray files and the non-table folders (``policies/``, ``checkpoints/``, ``jobs/``) are skipped.
+a file counts only if :class:`mugrpo.storage.layout.RunLayout` rebuilds exactly its path, so temporary files of atomic
+writes (``.NAME.tmp-<uuid>``), stray files and the non-table folders (``policies/``, ``checkpoints/``, ``jobs/``) are
+skipped.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from typing import Any
 
 import fsspec
 
-from mugrpo.layout import RunLayout, parse_shard, validate_run_id
-from mugrpo.storage import Store
+from mugrpo.storage.layout import RunLayout, parse_shard, validate_run_id
+from mugrpo.storage.store import Store
 from schemas import TABLES
 
 #: Entries whose presence directly under a folder makes it a run.

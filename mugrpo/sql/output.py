@@ -20,7 +20,7 @@ from typing import Any, TextIO
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mugrpo.storage import Store
+from mugrpo.storage.store import Store
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from mugrpo.registry import Registry
+from mugrpo.common.registry import Registry
 
 #: The key whose last value marks the last update a sink holds, and the one that marks the last stage.
 TRAIN_CURSOR_KEY = "train/update"

@@ -15,10 +15,10 @@ from collections.abc import Iterator
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mugrpo.layout import RunLayout
-from mugrpo.manifest import latest_checkpoint, read_job_manifest, read_manifest
-from mugrpo.storage import Store
-from mugrpo.tables import part_numbers, read_table
+from mugrpo.commits.manifest import latest_checkpoint, read_job_manifest, read_manifest
+from mugrpo.commits.tables import part_numbers, read_table
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 from mugrpo.tracking.base import STAGE_CURSOR_KEY, TRAIN_CURSOR_KEY, Cursor, Event
 
 #: train_steps columns that are bookkeeping, not metrics.

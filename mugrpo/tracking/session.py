@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from mugrpo.storage import Store
+from mugrpo.storage.store import Store
 from mugrpo.tracking.base import TRACKING_SINKS, SinkContext, TrackerSink
 from mugrpo.tracking.events import pending_events
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from mugrpo.losses.inputs import input_tensor
+from mugrpo.policy.truncation import Truncation
 from mugrpo.trainer.data import Rollout
-from mugrpo.truncation import Truncation
 
 
 @dataclass

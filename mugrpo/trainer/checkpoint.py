@@ -13,7 +13,7 @@ A checkpoint of stage k after stage update n lives at ``checkpoints/stage=k/step
 The files are first written to a local temporary folder, then uploaded file by file (each atomic) with the marker
 last, so a SIGKILL at any moment leaves either a complete checkpoint or one that resume ignores.
 
-Weights written once (:mod:`mugrpo.policies`): the stage's final checkpoint is written after the policy is
+Weights written once (:mod:`mugrpo.commits.policies`): the stage's final checkpoint is written after the policy is
 published and references it, so each stage writes its fp32 weights once. The checkpoint references the policy (not
 the reverse) because the policy is what every other job reads and must stay a plain HF dir, and it is committed
 first. Under FSDP the weights are still gathered into one full state dict (``full_state_options``), so a
@@ -35,10 +35,10 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from mugrpo.layout import POLICY_REF_FILE, RunLayout
-from mugrpo.manifest import checkpoint_steps
-from mugrpo.policies import PolicyRef, parse_policy_ref
-from mugrpo.storage import COMPLETE_MARKER, Store
+from mugrpo.commits.manifest import checkpoint_steps
+from mugrpo.commits.policies import PolicyRef, parse_policy_ref
+from mugrpo.storage.layout import POLICY_REF_FILE, RunLayout
+from mugrpo.storage.store import COMPLETE_MARKER, Store
 
 MODEL_DIR = "model"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -78,7 +78,7 @@ class LoadedCheckpoint:
 
     Attributes:
         step: the stage update it was taken after.
-        model_dir: local HF dir of the policy weights (load it with :func:`mugrpo.models.load_policy`): the
+        model_dir: local HF dir of the policy weights (load it with :func:`mugrpo.policy.models.load_policy`): the
             checkpoint's ``model/``, or the referenced policy's folder (verified against the reference's sha256).
         optimizer_state: the optimizer state dict (tensors and plain Python values only).
         trainer_state: the JSON state (counters, data cursor, LR schedule).
@@ -115,7 +115,7 @@ def write_checkpoint(
     Args:
         save_model: ``fn(local_dir)`` writing the policy as an HF dir (safetensors) into ``local_dir``.
         policy_ref: instead of ``save_model``: the committed published policy holding these very weights; the
-            checkpoint then stores only this reference (:data:`~mugrpo.layout.POLICY_REF_FILE`).
+            checkpoint then stores only this reference (:data:`~mugrpo.storage.layout.POLICY_REF_FILE`).
         optimizer_state: state dict of tensors and plain values (saved with torch.save, read with weights_only).
         trainer_state: JSON-able dict.
         rng_states: per-rank :func:`capture_rng_state` dicts (rank order).
@@ -127,7 +127,7 @@ def write_checkpoint(
         {file name: sha256} of the uploaded files.
 
     Raises:
-        mugrpo.lease.LeaseFenced: this writer does not hold the run lease.
+        mugrpo.coordination.lease.LeaseFenced: this writer does not hold the run lease.
         ValueError: not exactly one of ``save_model`` and ``policy_ref``.
     """
     if (save_model is None) == (policy_ref is None):
@@ -162,12 +162,12 @@ def read_checkpoint(store: Store, rel: str, local_dir: Path) -> LoadedCheckpoint
     """Download a committed checkpoint into ``local_dir`` (verifying every sha256) and read it.
 
     Nothing is unpickled: tensors come from safetensors or ``torch.load(weights_only=True)``, the rest from JSON.
-    A checkpoint that references its published policy (:data:`~mugrpo.layout.POLICY_REF_FILE`) gets the policy's
+    A checkpoint that references its published policy (:data:`~mugrpo.storage.layout.POLICY_REF_FILE`) gets the policy's
     files verified against the reference's sha256: in place on a local store (no copy), else downloaded.
 
     Raises:
         FileNotFoundError: ``rel`` is not a committed checkpoint, or a referenced policy file is missing.
-        mugrpo.storage.ChecksumError: a file (of the checkpoint or of the referenced policy) differs from its
+        mugrpo.storage.store.ChecksumError: a file (of the checkpoint or of the referenced policy) differs from its
             recorded checksum (names it).
         ValueError: an unknown checkpoint format.
     """
@@ -208,7 +208,7 @@ def _referenced_policy(store: Store, rel: str, ref: PolicyRef, download_to: Path
 
     Raises:
         FileNotFoundError: the policy is not committed (names it and the checkpoint).
-        mugrpo.storage.ChecksumError: a file differs from the reference's sha256.
+        mugrpo.storage.store.ChecksumError: a file differs from the reference's sha256.
     """
     if not store.is_complete_dir(ref.policy_dir):
         raise FileNotFoundError(
@@ -244,7 +244,7 @@ def read_optimizer_state(store: Store, rel: str) -> dict[str, Any]:
 
     Raises:
         FileNotFoundError: ``rel`` is not a committed checkpoint.
-        mugrpo.storage.ChecksumError: ``optimizer.pt`` differs from the marker's checksum.
+        mugrpo.storage.store.ChecksumError: ``optimizer.pt`` differs from the marker's checksum.
     """
     if not store.is_complete_dir(rel):
         raise FileNotFoundError(f"{store.uri(rel)} is not a committed checkpoint")

@@ -6,7 +6,7 @@
     at the end:        jobs/stage=k/train.manifest.json (the job's commit)
 
 The stage's weights are written once: the final checkpoint of a stage that publishes references the published
-policy's files (path and sha256, :class:`mugrpo.policies.PolicyRef`) instead of holding a second copy. A kill
+policy's files (path and sha256, :class:`mugrpo.commits.policies.PolicyRef`) instead of holding a second copy. A kill
 between the policy's marker and the checkpoint's resumes from the checkpoint before, re-trains the last updates
 (bitwise the same weights on CPU) and references the committed policy.
 
@@ -28,13 +28,13 @@ import torch
 from accelerate.utils import gather_object
 from rich.table import Table
 
-from mugrpo.adapters import base_ref, is_lora_model, save_adapter
 from mugrpo.algorithms import CheckpointAt, CommitRecord, StageCommit, TrainHooks
-from mugrpo.layout import RunLayout
-from mugrpo.manifest import latest_checkpoint, write_job_manifest
-from mugrpo.policies import committed_policy_ref
-from mugrpo.progress import console
-from mugrpo.storage import COMPLETE_MARKER, Store
+from mugrpo.commits.manifest import latest_checkpoint, write_job_manifest
+from mugrpo.commits.policies import committed_policy_ref
+from mugrpo.common.progress import console
+from mugrpo.policy.adapters import base_ref, is_lora_model, save_adapter
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import COMPLETE_MARKER, Store
 from mugrpo.trainer.checkpoint import capture_rng_state, prune_checkpoints, write_checkpoint
 from mugrpo.trainer.data import RolloutSet
 from mugrpo.trainer.records import read_steps, write_steps_part
@@ -104,7 +104,7 @@ def save_hf_dir(policy, state: dict[str, torch.Tensor], dest: Path, tokenizer=No
 
 def save_policy(live: LivePolicy, spec: TrainSpec, state: dict[str, torch.Tensor], dest: Path) -> None:
     """Write the live policy with tensors ``state`` as a policy folder at ``dest``: an HF model dir, or for a LoRA
-    policy its adapter with a reference to its base, ``policies/stage=0`` (:mod:`mugrpo.adapters`)."""
+    policy its adapter with a reference to its base, ``policies/stage=0`` (:mod:`mugrpo.policy.adapters`)."""
     if is_lora_model(live.policy):
         ref = base_ref(spec.store(), RunLayout(spec.run_id).policy_dir(0))
         save_adapter(live.policy, state, dest, ref, live.tokenizer)
@@ -243,7 +243,7 @@ def publish_policy(live: LivePolicy, spec: TrainSpec) -> None:
     """Publish: the trained policy at ``spec.output_policy_dir`` (marker last), when the spec asks for it and the
     stage's final checkpoint has not already (:func:`write_stage_checkpoint` publishes before it; this covers a
     resume from a final checkpoint of format 1). Otherwise the stage's final checkpoint is the next stage's
-    behavior policy (:func:`mugrpo.runs.behavior_policy_dir`)."""
+    behavior policy (:func:`mugrpo.orchestration.runs.behavior_policy_dir`)."""
     if not spec.publish_policy or spec.store().is_complete_dir(spec.output_policy_dir):
         return  # every rank decides alike: the checkpoint's barrier came after the policy's marker
     _publish(live, spec, policy_state_dict(live.model))  # collective under FSDP

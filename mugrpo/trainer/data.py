@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 
 from mugrpo.algorithms import declared_columns, excluded, excluding_columns
-from mugrpo.layout import RunLayout
+from mugrpo.commits.manifest import read_job_manifest
+from mugrpo.commits.tables import RolloutDataError, read_table
 from mugrpo.losses import ROLLOUT_INPUTS, RowFn
-from mugrpo.manifest import read_job_manifest
-from mugrpo.storage import Store
-from mugrpo.tables import RolloutDataError, read_table
-from mugrpo.truncation import Truncation
+from mugrpo.policy.truncation import Truncation
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 
 #: Rollout columns the trainer reads, besides the algorithms' declared columns and what the loss's rollout inputs read.
 ROLLOUT_COLUMNS = [
@@ -55,7 +55,7 @@ class Rollout:
     ``temperature`` is the temperature of the distribution the behavior log-probs are log-probs of: the
     sampling temperature, or 1.0 for greedy rollouts (T = 0), whose engines report the T = 1 policy
     (:mod:`mugrpo.engines.base`). ``truncation`` is the min-p / top-k / top-p the engine sampled with (none for
-    greedy rows); the trainer computes its log-probs under the same truncation (:mod:`mugrpo.truncation`).
+    greedy rows); the trainer computes its log-probs under the same truncation (:mod:`mugrpo.policy.truncation`).
     ``sampler_logprobs`` keeps the engine's log-probs when a stage-start recompute replaced ``behavior_logprobs``
     (the health panel measures the importance weights against the sampler). ``columns`` holds the row's values of
     the algorithms' declared columns (:attr:`mugrpo.algorithms.Algorithm.columns`, NULL as None), ``inputs`` the
@@ -186,13 +186,13 @@ def load_rollouts(
     shard) are never trained on: they are left out here (counted as ``excluded_rows``).
 
     Every file is checked against the sha256 the manifest recorded and against the rollout schema and version
-    (:func:`mugrpo.tables.read_table`).
+    (:func:`mugrpo.commits.tables.read_table`).
 
     Raises:
         RolloutDataError: a stage's generation job has not committed, a row is invalid (named by file, prompt_id
             and sample_idx), or no rollout is left to train on.
-        mugrpo.tables.SchemaError: a file is not a rollout table of the supported schema version.
-        mugrpo.storage.ChecksumError: a file changed after the manifest was written.
+        mugrpo.commits.tables.SchemaError: a file is not a rollout table of the supported schema version.
+        mugrpo.storage.store.ChecksumError: a file changed after the manifest was written.
     """
     layout = RunLayout(run_id)
     rows: list[tuple[dict, str]] = []

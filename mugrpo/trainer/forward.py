@@ -3,7 +3,7 @@
 :class:`PolicyTokenLogprobs` wraps an HF causal LM so that one ``forward`` goes through the wrapper that
 accelerate prepares (DDP hooks, FSDP unsharding). It runs the decoder to the final hidden states, keeps only the
 states that predict response tokens, and projects them through the LM head chunk by chunk
-(:func:`mugrpo.logprobs.token_logprobs_from_hidden`), so no [B, L, V] fp32 logits exist.
+(:func:`mugrpo.policy.logprobs.token_logprobs_from_hidden`), so no [B, L, V] fp32 logits exist.
 
 No attention mask is passed: sequences are right-padded and attention is causal, so a real token never attends
 to padding (padding comes after it) and the padded positions' outputs are never read. This keeps attention on
@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from mugrpo.logprobs import token_logprobs_from_hidden
+from mugrpo.policy.logprobs import token_logprobs_from_hidden
 from mugrpo.trainer.batch import TokenBatch, collate
 from mugrpo.trainer.data import RolloutSet
 from mugrpo.trainer.precision import batch_invariant_attention
@@ -52,11 +52,11 @@ class PolicyTokenLogprobs(nn.Module):
         ``train.learner_temperature`` is set).
 
         Restricted to row i's min-p / top-k / top-p kept set and renormalized when the row was sampled truncated
-        (:mod:`mugrpo.truncation`).
+        (:mod:`mugrpo.policy.truncation`).
 
         Args:
             logit_var_out: optional [B, R] fp32 tensor filled with each token's raw-logit variance over the
-                vocabulary (:func:`mugrpo.logprobs.token_logprobs_from_hidden`).
+                vocabulary (:func:`mugrpo.policy.logprobs.token_logprobs_from_hidden`).
 
         Returns:
             logprobs [B, R] fp32 (differentiable), entropy [B, R] fp32 detached in nats, or None. Values at

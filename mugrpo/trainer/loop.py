@@ -1,7 +1,7 @@
 """The training of a stage, end to end: data, policy, resume, updates, checkpoints, publication, manifest.
 
 :class:`Trainer` holds what lives across stages (accelerator, policy, AdamW, the algorithms' hooks); a cold train
-job runs one stage with a fresh one (:func:`run_training`), a warm segment job (:mod:`mugrpo.warm`) runs stage
+job runs one stage with a fresh one (:func:`run_training`), a warm segment job (:mod:`mugrpo.execution.warm`) runs stage
 after stage with the same one. Both call the same steps, so warm and cold execution are one algorithm. The update
 loop is :mod:`mugrpo.trainer.updates`; checkpoints, publication and the commit are :mod:`mugrpo.trainer.commit`.
 
@@ -23,20 +23,20 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 
-from mugrpo.adapters import attach_lora, is_adapter_dir, load_trainable
-from mugrpo.adapters import load_tokenizer as adapter_tokenizer
 from mugrpo.algorithms import ResumePoint, StageStart, TrainHooks, make_train_hooks, sections_of
+from mugrpo.commits.manifest import latest_checkpoint, read_job_manifest
+from mugrpo.commits.policies import local_policy_dir
+from mugrpo.commits.tables import RolloutDataError
+from mugrpo.common.progress import console
+from mugrpo.common.seeds import derive_seed
 from mugrpo.config import TrainSection
-from mugrpo.layout import RunLayout
+from mugrpo.coordination.start_gate import StartGate
 from mugrpo.losses import row_inputs
-from mugrpo.manifest import latest_checkpoint, read_job_manifest
-from mugrpo.models import load_model, load_policy
-from mugrpo.policies import local_policy_dir
-from mugrpo.progress import console
-from mugrpo.seeds import derive_seed
-from mugrpo.start_gate import StartGate
-from mugrpo.storage import Store
-from mugrpo.tables import RolloutDataError
+from mugrpo.policy.adapters import attach_lora, is_adapter_dir, load_trainable
+from mugrpo.policy.adapters import load_tokenizer as adapter_tokenizer
+from mugrpo.policy.models import load_model, load_policy
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 from mugrpo.trainer.checkpoint import LoadedCheckpoint, read_checkpoint, read_optimizer_state, restore_rng_state
 from mugrpo.trainer.commit import (
     commit_training,
@@ -71,7 +71,7 @@ class Trainer:
     """The training side of a run: one accelerator, policy, optimizer and tokenizer that live across stages.
 
     A cold train job builds one, trains one stage and exits (:func:`run_training`); a warm segment job
-    (:mod:`mugrpo.warm`) keeps one for many consecutive stages. Both run the same steps, in this order:
+    (:mod:`mugrpo.execution.warm`) keeps one for many consecutive stages. Both run the same steps, in this order:
 
     - setup (:meth:`ensure_weights`): load the policy, wrap it, build AdamW (once per process), or reload the
       weights of another stage;
@@ -124,10 +124,10 @@ class Trainer:
     def _load_behavior(self, spec: TrainSpec, store: Store, behavior_dir: Path) -> tuple:
         """The behavior policy to train and its tokenizer: the full policy of ``behavior_dir``, with fresh LoRA
         adapters when ``train.lora`` asks for them (stage 0), or the adapter policy of ``behavior_dir`` on its
-        base (:mod:`mugrpo.adapters`)."""
+        base (:mod:`mugrpo.policy.adapters`)."""
         if is_adapter_dir(behavior_dir):
             return load_trainable(store, behavior_dir), adapter_tokenizer(behavior_dir)
-        policy, tokenizer = load_policy(behavior_dir)  # the tokenizer read once (mugrpo.models)
+        policy, tokenizer = load_policy(behavior_dir)  # the tokenizer read once (mugrpo.policy.models)
         if spec.train.lora is not None:
             policy = attach_lora(policy, spec.train.lora, derive_seed(spec.seed, "lora-init") % 2**32)
         return policy, tokenizer
@@ -173,7 +173,7 @@ class Trainer:
         Raises:
             NonFiniteError: NaN/inf loss or gradient; the prompt ids are also written to
                 :func:`mugrpo.trainer.commit.nonfinite_report_path` and no checkpoint is written for the update.
-            RolloutDataError, mugrpo.tables.SchemaError, mugrpo.storage.ChecksumError: bad rollouts, or a
+            RolloutDataError, mugrpo.commits.tables.SchemaError, mugrpo.storage.store.ChecksumError: bad rollouts, or a
                 checkpoint made for other rollouts (data fingerprint differs).
             ValueError: a checkpoint made for another LR schedule.
         """
@@ -387,7 +387,7 @@ class Trainer:
             and spec.stage > 0
             and read_job_manifest(store, spec.run_id, spec.stage - 1, "train") is None
         ):
-            # its final checkpoint (the moments carried over) may still be being written (mugrpo.pipeline)
+            # its final checkpoint (the moments carried over) may still be being written (mugrpo.execution.pipeline)
             raise RuntimeError(
                 f"train stage {spec.stage}: the train job of stage {spec.stage - 1} has not committed "
                 f"({store.uri(layout.job_manifest(spec.stage - 1, 'train'))} is missing): its final checkpoint holds "
@@ -421,7 +421,8 @@ def run_training(spec: TrainSpec, *, origin: float | None = None, gate: StartGat
     its opening.
 
     Raises:
-        See :meth:`Trainer.run_stage`; mugrpo.start_gate.StartTimeout and mugrpo.lease.LeaseFenced from the gate.
+        See :meth:`Trainer.run_stage`; mugrpo.coordination.start_gate.StartTimeout and
+        mugrpo.coordination.lease.LeaseFenced from the gate.
     """
     trainer = Trainer(spec.train.mixed_precision)
     if gate is not None and gate.pending:

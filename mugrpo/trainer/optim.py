@@ -1,4 +1,4 @@
-"""AdamW and the learning-rate schedule of a training job (:class:`mugrpo.lr_schedule.LRSchedule`)."""
+"""AdamW and the learning-rate schedule of a training job (:class:`mugrpo.schedules.lr.LRSchedule`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterable
 import torch
 
 from mugrpo.config import TrainSection
-from mugrpo.lr_schedule import LRSchedule
+from mugrpo.schedules.lr import LRSchedule
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], train: TrainSection) -> torch.optim.AdamW:

@@ -4,7 +4,7 @@ Mixed precision as in Micikevicius et al. 2018 ("Mixed Precision Training", arXi
 fp16 (no loss scaling: bf16 has fp32's exponent range). The policy's parameters, their gradients and AdamW's
 moments stay fp32 ("master weights"); ``torch.autocast`` runs the decoder's matmuls (linear, attention) in bf16
 and keeps fp32 what it lists as fp32 ops. The LM-head projection, log-softmax and log-prob gather
-(:func:`mugrpo.logprobs.token_logprobs_from_hidden`), the loss and every reduction run outside autocast in fp32.
+(:func:`mugrpo.policy.logprobs.token_logprobs_from_hidden`), the loss and every reduction run outside autocast in fp32.
 
 On CPU, accelerate's ``Accelerator(mixed_precision="bf16")`` is exactly ``torch.autocast("cpu", dtype=bfloat16)``
 (accelerate 1.x sets ``native_amp`` for CPU and wraps the prepared model's forward in that context);

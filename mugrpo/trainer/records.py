@@ -1,9 +1,9 @@
 """The ``train_steps`` table: one row per optimizer update, written in parts aligned with checkpoints.
 
 The rows of updates (n_prev, n] go to ``train_steps/stage=k/part-{n}.parquet`` just before the checkpoint of
-update n is committed (:func:`mugrpo.tables.write_part`). A resume restarts after the latest committed checkpoint,
-so it rewrites at most the one part whose checkpoint never got its marker (same updates, same metrics; only timings
-differ) and no row is ever duplicated.
+update n is committed (:func:`mugrpo.commits.tables.write_part`). A resume restarts after the latest committed
+checkpoint, so it rewrites at most the one part whose checkpoint never got its marker (same updates, same metrics; only
+timings differ) and no row is ever duplicated.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from mugrpo.layout import RunLayout
-from mugrpo.storage import Store
-from mugrpo.tables import delete_parts_after as delete_table_parts_after
-from mugrpo.tables import read_parts, write_part
+from mugrpo.commits.tables import delete_parts_after as delete_table_parts_after
+from mugrpo.commits.tables import read_parts, write_part
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 from schemas import TRAIN_STEP_SCHEMA, FileRecord
 from schemas.tables import TRAIN_STEP_V3_COLUMNS, TRAIN_STEP_V4_COLUMNS
 

@@ -6,11 +6,11 @@ from pydantic import Field, create_model, model_validator
 
 from mugrpo.algorithms import Settings, check_sections, section_fields, sections_of
 from mugrpo.config import Config, TrainSection
-from mugrpo.jobspec import JobSpec
-from mugrpo.layout import RunLayout
+from mugrpo.coordination.jobspec import JobSpec
 from mugrpo.losses.config import PolicyLossConfig
 from mugrpo.losses.registry import check_trainer_settings
-from mugrpo.schedules import stage_plan, total_updates
+from mugrpo.schedules.stages import stage_plan, total_updates
+from mugrpo.storage.layout import RunLayout
 
 
 class _TrainSpecCore(JobSpec):
@@ -33,7 +33,8 @@ class _TrainSpecCore(JobSpec):
     publish_policy: bool = Field(
         True,
         description="Publish the trained policy at output_policy_dir. False (orchestration.publish_policy_every > 1) "
-        "leaves the stage's final checkpoint as the next stage's behavior policy (mugrpo.runs.behavior_policy_dir).",
+        "leaves the stage's final checkpoint as the next stage's behavior policy "
+        "(mugrpo.orchestration.runs.behavior_policy_dir).",
     )
     rollout_stages: list[int] = Field(
         default_factory=list,

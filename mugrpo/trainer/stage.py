@@ -10,8 +10,8 @@ import torch
 from accelerate import Accelerator
 
 from mugrpo.algorithms import TrainHooks
-from mugrpo.layout import RunLayout
-from mugrpo.storage import Store
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 from mugrpo.trainer.data import MinibatchOrder, RolloutSet
 from mugrpo.trainer.optim import LRSchedule
 from mugrpo.trainer.spec import TrainSpec

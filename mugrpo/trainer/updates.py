@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import torch
 
 from mugrpo.algorithms import TrainHooks, UpdateRows
+from mugrpo.common.progress import console, job_progress
 from mugrpo.losses import training_progress
 from mugrpo.losses.inputs import input_tensor
-from mugrpo.progress import console, job_progress
 from mugrpo.trainer.batch import TokenBatch, collate
 from mugrpo.trainer.commit import write_nonfinite_report
 from mugrpo.trainer.data import Rollout, split_minibatch, update_statistics

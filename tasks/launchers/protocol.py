@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import ClassVar
 
-from mugrpo.registry import Registry
+from mugrpo.common.registry import Registry
 from tasks.launchers.errors import JobFailedError, JobTimeoutError
 from tasks.launchers.request import JobRequest, JobResult, LaunchOutcome
 
@@ -41,7 +41,7 @@ class Launcher(ABC):
 
     def prestart(self, request: JobRequest) -> bool:
         """Start the job now, ahead of the :meth:`run` that will follow it: the job gets ready and waits at its
-        start gate (``start_after`` in its spec, :mod:`mugrpo.start_gate`). A later :meth:`run` of an equal
+        start gate (``start_after`` in its spec, :mod:`mugrpo.coordination.start_gate`). A later :meth:`run` of an equal
         request (same kind, module, spec, interpreter, environment and attempt) follows this job instead of
         starting another. Returns whether a job was started (the default: no, the job starts at :meth:`run`).
 

@@ -10,10 +10,10 @@ import pytest
 from _tiny import AGPO_LOSS, generate_spec, train_spec, with_policy
 
 from mugrpo.algorithms.agpo import AGPOConfig
+from mugrpo.commits.tables import read_table
 from mugrpo.generation import run_generate
-from mugrpo.layout import RunLayout
-from mugrpo.storage import Store
-from mugrpo.tables import read_table
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 from mugrpo.tracking.events import rollout_sample
 from mugrpo.trainer.loop import run_training
 from mugrpo.trainer.records import read_steps

@@ -51,8 +51,8 @@ def make_run(root: Path, model_dir: Path, run_id: str, **sections) -> Path:
     """A real run of STAGES synthetic stages trained by the real trainer in-process, each stage committed."""
     from bench.support.synthetic import commit_synthetic_stage
     from mugrpo.config import config_from_dict
-    from mugrpo.layout import RunLayout
-    from mugrpo.runs import commit_stage, init_run, policy_version
+    from mugrpo.orchestration.runs import commit_stage, init_run, policy_version
+    from mugrpo.storage.layout import RunLayout
     from mugrpo.trainer.loop import Trainer
     from mugrpo.trainer.spec import TrainSpec
     from schemas import StageTimings
@@ -291,7 +291,7 @@ def test_exit_code_1_when_a_check_fails(runs, tmp_path):
 
 
 def test_the_report_shows_the_audit(runs, tmp_path):
-    from mugrpo.report import write_report
+    from mugrpo.inspection.report import write_report
 
     page = Path(write_report(str(runs["plain"]), out=str(tmp_path / "report.html"))).read_text()
     assert "Harness audit" in page and "<td>idle-clip</td><td>pass</td>" in page

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench._arms import ARMS, GRPO_MU, Budget, amdahl_bound, arm_config
-from mugrpo.schedules import stage_plan, total_updates
+from mugrpo.schedules.stages import stage_plan, total_updates
 
 REPO = Path(__file__).resolve().parents[2]
 

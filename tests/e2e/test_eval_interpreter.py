@@ -29,9 +29,9 @@ from typer.testing import CliRunner
 
 from flows.stage import job_python
 from mugrpo.cli import app
+from mugrpo.commits.manifest import read_job_manifest, read_manifest
 from mugrpo.config import ConfigError, load_config
-from mugrpo.manifest import read_job_manifest, read_manifest
-from mugrpo.storage import Store
+from mugrpo.storage.store import Store
 from tasks.kubernetes.settings import KubernetesJobSettings
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"

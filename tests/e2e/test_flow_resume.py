@@ -81,7 +81,8 @@ def _cmdline(pid: int) -> str:
 
 
 def waiting(spec_path: str) -> bool:
-    """Whether the job of this spec waits at its start gate (mugrpo.start_gate): a start marker is missing."""
+    """Whether the job of this spec waits at its start gate (mugrpo.coordination.start_gate): a start marker is
+    missing."""
     try:
         spec = json.loads(Path(spec_path).read_text())
     except (OSError, ValueError):
@@ -237,8 +238,8 @@ def test_sigkill_inside_the_checkpoint_overlap_then_resume_matches_the_sequentia
     tmp_path, tiny_model_dir, prefect_api
 ):
     """Issue 29, part 2: stage 1's generation starts once stage 0's train job has committed the policy of stage 1,
-    beside that job's final checkpoint write (mugrpo.pipeline). The overlapped run commits the same rollouts and
-    final weights as the jobs run one after another, its stage timings say what was overlapped, and a SIGKILL at
+    beside that job's final checkpoint write (mugrpo.execution.pipeline). The overlapped run commits the same rollouts
+    and final weights as the jobs run one after another, its stage timings say what was overlapped, and a SIGKILL at
     each moment of the overlap resumes to the same files. The checkpoint write is held open
     (``MUGRPO_FAULT_PAUSE`` on stage 0's final checkpoint) so that each moment is reached for sure."""
     env = run_env(prefect_api, MUGRPO_RUN_SLOT="off")

@@ -1,4 +1,4 @@
-"""LoRA runs (train.lora, mugrpo/adapters.py) through the cold stage schedule: every stage publishes only its
+"""LoRA runs (train.lora, mugrpo/policy/adapters.py) through the cold stage schedule: every stage publishes only its
 adapter, with a reference to its base; the sampling jobs merge it into the base once per stage, and what they
 sample from is what the trainer trains (here: its first importance ratio is 1; tests/integration/test_lora.py
 checks the merged sampler against a trained adapter token by token).
@@ -18,11 +18,11 @@ from _tiny import tiny_config
 from safetensors.torch import load_file
 
 from bench.warm_vs_cold import run_cold
-from mugrpo.adapters import ADAPTER_CONFIG, BASE_REF_FILE
+from mugrpo.commits.manifest import read_job_manifest
 from mugrpo.config import ConfigError, config_from_dict
-from mugrpo.layout import RunLayout
-from mugrpo.manifest import read_job_manifest
-from mugrpo.runs import open_store
+from mugrpo.orchestration.runs import open_store
+from mugrpo.policy.adapters import ADAPTER_CONFIG, BASE_REF_FILE
+from mugrpo.storage.layout import RunLayout
 
 pytestmark = pytest.mark.slow
 RUN = "lora"

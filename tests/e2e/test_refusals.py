@@ -14,7 +14,7 @@ import pytest
 from _prefect import prefect_api, prefect_server  # noqa: F401  (fixtures)
 from _tiny import REPO_ROOT, RUN, gsm8k_train, run_cli, run_env, tiny_config, write_config
 
-from mugrpo.layout import RunLayout
+from mugrpo.storage.layout import RunLayout
 
 pytestmark = pytest.mark.slow
 

@@ -12,12 +12,12 @@ import pytest
 from _prefect import prefect_api, prefect_server  # noqa: F401  (fixtures)
 from _tiny import DEFAULT, tiny_config
 
+from mugrpo.commits.manifest import read_job_manifest, read_manifest
 from mugrpo.config import config_from_dict
-from mugrpo.fanout import worker_job
-from mugrpo.layout import RunLayout
-from mugrpo.manifest import read_job_manifest, read_manifest
-from mugrpo.runs import init_run
-from mugrpo.storage import Store
+from mugrpo.coordination.fanout import worker_job
+from mugrpo.orchestration.runs import init_run
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 
 RUN = "fanflow"
 

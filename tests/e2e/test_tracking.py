@@ -58,7 +58,7 @@ def _tensorboard(tracking: Path) -> dict:
 
 
 def _wandb_rows(tracking: Path, cfg_path: Path) -> list[dict]:
-    from mugrpo.runs import open_store
+    from mugrpo.orchestration.runs import open_store
     from mugrpo.tracking.wandb_sink import read_offline_history, wandb_run_id
 
     cfg = load_config(cfg_path, [])
@@ -124,7 +124,7 @@ _SYNC = textwrap.dedent(
     """
     import sys, time
     from mugrpo.config import load_config
-    from mugrpo.runs import open_store
+    from mugrpo.orchestration.runs import open_store
     from mugrpo.tracking.session import TrackingSession
     cfg = load_config(sys.argv[1], [])
     session = TrackingSession(cfg, open_store(cfg))

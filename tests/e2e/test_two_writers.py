@@ -1,5 +1,5 @@
 """A writer frozen past its lease never changes what another writer committed (issue 42): every write and delete of a
-run goes through the run lease's fence (mugrpo.lease.LeaseFence, the store's commit guard).
+run goes through the run lease's fence (mugrpo.coordination.lease.LeaseFence, the store's commit guard).
 
 Writer A (`mugrpo run`) is frozen with SIGSTOP, its whole process tree (flow, job fork server, jobs, verifier
 workers), right after its first training checkpoint; its lease expires; writer B (`mugrpo run` of the same config)
@@ -24,8 +24,8 @@ from _prefect import prefect_api, prefect_server  # noqa: F401  (fixtures)
 from _s3 import moto_server  # noqa: F401  (fixture)
 from _tiny import REPO_ROOT, RUN, descendants, run_cli, run_env, tiny_config, write_config
 
-from mugrpo.layout import RunLayout
-from mugrpo.storage import COMPLETE_MARKER, TMP_TAG, Store
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import COMPLETE_MARKER, TMP_TAG, Store
 
 pytestmark = pytest.mark.slow
 TTL_S = 2.0

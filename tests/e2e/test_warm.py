@@ -28,12 +28,12 @@ import torch
 from _tiny import start_job, tiny_config
 from safetensors.torch import load_file
 
+from mugrpo.commits.manifest import checkpoint_steps, read_manifest
 from mugrpo.config import config_from_dict
-from mugrpo.layout import RunLayout
-from mugrpo.manifest import checkpoint_steps, read_manifest
-from mugrpo.runs import commit_stage, init_run, open_store, write_job_specs
-from mugrpo.storage import Store
-from mugrpo.warm import PROGRESS_TAG, SegmentSpec
+from mugrpo.execution.warm import PROGRESS_TAG, SegmentSpec
+from mugrpo.orchestration.runs import commit_stage, init_run, open_store, write_job_specs
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 from schemas import StageTimings
 
 RUN = "warm"
@@ -82,7 +82,7 @@ def segment_spec(root: Path, model_dir: Path, tmp: Path) -> tuple:
 
 
 def run_scheduled(root: Path, model_dir: Path, log: Path):
-    """Cold execution as the stage flow schedules it (mugrpo.pipeline.run_stage): every job after the first
+    """Cold execution as the stage flow schedules it (mugrpo.execution.pipeline.run_stage): every job after the first
     pre-started while the job before it runs and forked from the job fork server (orchestration.prestart_jobs,
     orchestration.fork_jobs: the defaults), the next generation beside each checkpoint."""
     from bench.warm_vs_cold import run_cold as run_stages

@@ -34,12 +34,12 @@ import torch
 from _tiny import REPO_ROOT, job_env, start_job, tiny_config
 from safetensors.torch import load_file
 
+from mugrpo.commits.manifest import read_manifest
 from mugrpo.config import config_from_dict
-from mugrpo.layout import RunLayout
-from mugrpo.manifest import read_manifest
-from mugrpo.models import load_policy, response_logprobs
-from mugrpo.runs import commit_stage, init_run, open_store, write_job_specs
-from mugrpo.warm import SegmentSpec
+from mugrpo.execution.warm import SegmentSpec
+from mugrpo.orchestration.runs import commit_stage, init_run, open_store, write_job_specs
+from mugrpo.policy.models import load_policy, response_logprobs
+from mugrpo.storage.layout import RunLayout
 from schemas import StageTimings
 
 RUN = "warmvllm"

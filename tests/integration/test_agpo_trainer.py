@@ -12,9 +12,9 @@ from safetensors.torch import load_file
 
 from bench.support.synthetic import commit_rollouts, synthetic_rollout_rows
 from mugrpo.algorithms.agpo import AGPOConfig, adaptive_eps
-from mugrpo.layout import RunLayout
-from mugrpo.manifest import read_job_manifest
-from mugrpo.storage import Store
+from mugrpo.commits.manifest import read_job_manifest
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 from mugrpo.trainer.loop import run_training
 from mugrpo.trainer.spec import TrainSpec
 

@@ -29,13 +29,13 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from bench.support.synthetic import commit_synthetic_stage
+from mugrpo.commits.manifest import latest_checkpoint, read_job_manifest
 from mugrpo.config import ConfigError, load_config
-from mugrpo.data import DatasetConfig, DatasetError, Problem, load_problems
+from mugrpo.data.datasets import DatasetConfig, DatasetError, Problem, load_problems
 from mugrpo.generation import GenerateSpec, GenerationError, prepare_prompts
-from mugrpo.layout import RunLayout
-from mugrpo.manifest import latest_checkpoint, read_job_manifest
 from mugrpo.rewards import REWARD_FUNCTIONS, RewardConfig, RewardInput, RewardScorer
-from mugrpo.storage import Store
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 from mugrpo.trainer.commit import nonfinite_report_path
 from mugrpo.trainer.loop import run_training
 from mugrpo.trainer.spec import TrainSpec
@@ -213,7 +213,7 @@ def _file_size_limit(limit_bytes: int):
 
 def test_a_full_disk_during_a_shard_write_leaves_no_partial_file(tmp_path):
     script = (
-        "import sys; from mugrpo.storage import Store, StorageError\n"
+        "import sys; from mugrpo.storage.store import Store, StorageError\n"
         "try:\n    Store(sys.argv[1]).write_bytes('run/rollouts/stage=0/shard=00000.parquet', b'x' * 1_000_000)\n"
         "except StorageError as e:\n    print(e); sys.exit(1)\n"
     )

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from mugrpo.cli import app
 from mugrpo.config import ConfigError, load_config
-from mugrpo.runs import ConfigMismatchError, init_run
+from mugrpo.orchestration.runs import ConfigMismatchError, init_run
 
 runner = CliRunner()
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"

@@ -10,8 +10,8 @@ from pydantic import ValidationError
 
 from mugrpo.engines import ROLLOUT_ENGINES, Sample, SamplingParams, make_engine
 from mugrpo.engines.transformers_engine import TransformersEngine, sample_next_tokens, top_p_mask
-from mugrpo.models import load_policy, response_logprobs
-from mugrpo.truncation import Truncation
+from mugrpo.policy.models import load_policy, response_logprobs
+from mugrpo.policy.truncation import Truncation
 
 QUESTIONS = ["hi", "What is 2 + 2? Explain every step in detail, please.", "x", "Name three prime numbers."]
 # A wide stop set makes the tiny random policy end responses at varied lengths (exercises batch compaction).

@@ -16,16 +16,16 @@ import _tiny
 import pyarrow as pa
 import pytest
 
-from mugrpo.data import DatasetConfig
-from mugrpo.evaluation import EvalSpec
-from mugrpo.fanout import missing_workers, owned, worker_job, worker_spec_paths
+from mugrpo.commits.manifest import read_job_manifest, verify_manifest
+from mugrpo.commits.tables import read_table
+from mugrpo.coordination.fanout import missing_workers, owned, worker_job, worker_spec_paths
+from mugrpo.data.datasets import DatasetConfig
+from mugrpo.evaluation.worker import EvalSpec
 from mugrpo.generation import GenerateSpec
-from mugrpo.layout import RunLayout
-from mugrpo.manifest import read_job_manifest, verify_manifest
 from mugrpo.rewards import RewardConfig
-from mugrpo.storage import Store
-from mugrpo.tables import read_table
-from mugrpo.verifiers import VerifierPoolOwner
+from mugrpo.scoring.verifiers import VerifierPoolOwner
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 
 RUN = "fan"
 #: Rollout columns compared between N = 1 and N = 2: every column but ``created_at`` (a wall-clock stamp).
@@ -86,7 +86,7 @@ def test_agpo_probes_refuse_several_workers():
 def test_verifier_pool_is_waited_ready_shared_and_restarted_on_a_new_config(monkeypatch):
     """The base both workers use (generate waited for its pool, eval did not): one pool per config, started and
     waited ready on first use, restarted on a new config, stopped on close."""
-    from mugrpo.evaluation import EvalWorker
+    from mugrpo.evaluation.worker import EvalWorker
     from mugrpo.generation import GenerationWorker
     from mugrpo.rewards import RewardScorer
 

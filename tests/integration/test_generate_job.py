@@ -18,14 +18,14 @@ import pyarrow as pa
 import pytest
 from transformers import AutoTokenizer
 
-from mugrpo.data import load_problems
+from mugrpo.commits.manifest import read_job_manifest, verify_manifest
+from mugrpo.commits.tables import read_table
+from mugrpo.data.datasets import load_problems
+from mugrpo.data.prompts import encode_prompt, render_prompt
 from mugrpo.engines.base import ROLLOUT_ENGINES
 from mugrpo.generation import GenerateSpec, GenerationError, run_generate, select_problems
-from mugrpo.layout import RunLayout
-from mugrpo.manifest import read_job_manifest, verify_manifest
-from mugrpo.prompts import encode_prompt, render_prompt
-from mugrpo.storage import Store
-from mugrpo.tables import read_table
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 
 RUN = "gen"
 

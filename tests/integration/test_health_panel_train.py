@@ -20,10 +20,10 @@ import torch
 from _tiny import policy_weights, train_spec
 
 from bench.support.synthetic import commit_rollouts, synthetic_rollout_rows
-from mugrpo.layout import RunLayout
-from mugrpo.models import load_policy, load_tokenizer
-from mugrpo.seeds import derive_seed
-from mugrpo.storage import Store
+from mugrpo.common.seeds import derive_seed
+from mugrpo.policy.models import load_policy, load_tokenizer
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 from mugrpo.tracking.events import committed_train_events
 from mugrpo.trainer.data import load_rollouts, make_minibatch_order
 from mugrpo.trainer.loop import Trainer, run_training

@@ -21,7 +21,7 @@ LIMIT_MIB = 100
 
 CLIENT = r"""
 import hashlib, json, os, sys
-from mugrpo.storage import Store
+from mugrpo.storage.store import Store
 
 def hwm_kib():
     for line in open("/proc/self/status"):

@@ -18,10 +18,18 @@ import pytest
 from _s3 import moto_server, s3_root  # noqa: F401  (fixtures)
 from _tiny import REPO_ROOT, job_env, tiny_config
 
-from mugrpo.layout import RunLayout
-from mugrpo.lease import TOKEN_ENV, LeaseFence, LeaseFenced, LeaseRecord, RunLease, RunLeaseHeld, check_fence
-from mugrpo.manifest import read_job_manifest, write_job_manifest
-from mugrpo.storage import Store
+from mugrpo.commits.manifest import read_job_manifest, write_job_manifest
+from mugrpo.coordination.lease import (
+    TOKEN_ENV,
+    LeaseFence,
+    LeaseFenced,
+    LeaseRecord,
+    RunLease,
+    RunLeaseHeld,
+    check_fence,
+)
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 from schemas import JobManifest
 
 RUN = "lease-run"
@@ -134,7 +142,7 @@ def test_heartbeat_renews_and_a_superseded_writer_is_fenced(store, monkeypatch):
             with pytest.raises(LeaseFenced, match="taken over"):
                 old.ensure_held()
             # A late job of the old writer (its token in the environment) cannot commit through a run writer's store
-            # (mugrpo.runs.open_store, JobSpec.store: the lease's commit guard).
+            # (mugrpo.orchestration.runs.open_store, JobSpec.store: the lease's commit guard).
             store = Store(store.url, store.storage_options, guard=LeaseFence())
             monkeypatch.setenv(TOKEN_ENV, old.token)
             with pytest.raises(
@@ -160,7 +168,7 @@ def test_heartbeat_renews_and_a_superseded_writer_is_fenced(store, monkeypatch):
 def test_a_real_job_of_a_superseded_writer_exits_2_without_committing(tmp_path, tiny_model_dir):
     """A generate job launched with the token of a writer that lost the lease: exit 2, no shard, no manifest."""
     from mugrpo.config import config_from_dict
-    from mugrpo.runs import init_run, write_job_specs
+    from mugrpo.orchestration.runs import init_run, write_job_specs
 
     # A tiny run config; only its stage 0 generate job runs here.
     cfg = config_from_dict(tiny_config(tmp_path, tiny_model_dir, run_id=RUN, run={"num_stages": 1}), source="test")

@@ -1,4 +1,4 @@
-"""LoRA policies (train.lora, mugrpo/adapters.py) between the train and generate jobs: the train job trains
+"""LoRA policies (train.lora, mugrpo/policy/adapters.py) between the train and generate jobs: the train job trains
 adapters on synthetic rollouts with real advantages and publishes only them; the generate job of the next stage
 merges them into the base and samples; the behavior log-probs it records are the trainer's adapter policy's, token
 by token. Real job processes, the tiny policy, peft's LoRA layers.
@@ -11,11 +11,11 @@ from _tiny import generate_spec, start_job, train_spec, write_spec
 from safetensors.torch import load_file
 
 from bench.support.synthetic import commit_synthetic_stage
-from mugrpo.adapters import is_adapter_dir, load_trainable, merged_policy_dir
-from mugrpo.layout import RunLayout
-from mugrpo.models import load_policy, response_logprobs
-from mugrpo.storage import Store
-from mugrpo.tables import read_table
+from mugrpo.commits.tables import read_table
+from mugrpo.policy.adapters import is_adapter_dir, load_trainable, merged_policy_dir
+from mugrpo.policy.models import load_policy, response_logprobs
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 
 RUN = "lora-jobs"
 

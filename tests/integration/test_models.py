@@ -9,7 +9,7 @@ import torch
 from conftest import import_or_fail, skip_or_fail
 from safetensors import safe_open
 
-from mugrpo.models import (
+from mugrpo.policy.models import (
     convert_to_hf_dir,
     load_policy,
     make_tiny_random_model,

@@ -17,8 +17,8 @@ from _prefect import free_port
 from _tiny import REPO_ROOT, job_env, policy_weights, train_spec, write_spec
 
 from bench.support.synthetic import commit_synthetic_stage
-from mugrpo.layout import RunLayout
-from mugrpo.storage import Store
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 from tasks.kubernetes.commands import multinode_command
 
 RUN = "trainer-test"

@@ -20,10 +20,10 @@ from safetensors.torch import load_file
 
 from bench.support.synthetic import commit_synthetic_stage
 from mugrpo.algorithms.replay.state import read_stage_buffer
-from mugrpo.layout import RunLayout
-from mugrpo.manifest import latest_checkpoint, read_job_manifest
+from mugrpo.commits.manifest import latest_checkpoint, read_job_manifest
 from mugrpo.sql import connect
-from mugrpo.storage import Store
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 from mugrpo.trainer.loop import Trainer
 from mugrpo.trainer.spec import TrainSpec
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from test_sql import write_run
 
-from mugrpo.report import collect, write_report
-from mugrpo.storage import Store
+from mugrpo.inspection.report import collect, write_report
+from mugrpo.storage.store import Store
 
 PLOTS = 8  # reward x2, accuracy x2, E[ratio | A<0], veto fraction, response lengths, the health panel
 

@@ -23,13 +23,13 @@ import typer
 from _s3 import moto_server, s3_root  # noqa: F401  (fixtures)
 from typer.testing import CliRunner
 
-from mugrpo.layout import RunLayout
-from mugrpo.manifest import new_manifest, write_manifest
+from mugrpo.commits.manifest import new_manifest, write_manifest
+from mugrpo.commits.tables import table_from_rows, write_table
 from mugrpo.sql import ReadOnlyQueryError, SqlError, TargetError, connect
 from mugrpo.sql.cli import register_cli
 from mugrpo.sql.readonly import PositionalReader, ReadOnlyFileSystem
-from mugrpo.storage import Store
-from mugrpo.tables import table_from_rows, write_table
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 from schemas import StageTimings
 
 REPO = Path(__file__).resolve().parents[2]

@@ -18,8 +18,8 @@ from _s3 import moto_server, s3_root  # noqa: F401  (fixtures)
 from typer.testing import CliRunner
 
 from mugrpo.cli import app
-from mugrpo.storage import Store
-from mugrpo.storage_errors import StorageUnavailable, check_store, explain_storage_error
+from mugrpo.storage.errors import StorageUnavailable, check_store, explain_storage_error
+from mugrpo.storage.store import Store
 
 runner = CliRunner()
 

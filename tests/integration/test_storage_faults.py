@@ -12,7 +12,7 @@ import pytest
 from _faults import Fault, FaultProxy
 from _s3 import moto_server  # noqa: F401  (fixture)
 
-from mugrpo.storage import PART_BYTES, RetryBudget, StorageError, Store
+from mugrpo.storage.store import PART_BYTES, RetryBudget, StorageError, Store
 
 
 @pytest.fixture

@@ -22,10 +22,10 @@ from _tiny import start_job, train_spec, write_spec
 from safetensors.torch import load_file
 
 from bench.support.synthetic import commit_synthetic_stage
-from mugrpo.layout import POLICY_REF_FILE, RunLayout
-from mugrpo.manifest import checkpoint_steps, latest_checkpoint, read_job_manifest
-from mugrpo.policies import read_policy_ref
-from mugrpo.storage import Store
+from mugrpo.commits.manifest import checkpoint_steps, latest_checkpoint, read_job_manifest
+from mugrpo.commits.policies import read_policy_ref
+from mugrpo.storage.layout import POLICY_REF_FILE, RunLayout
+from mugrpo.storage.store import Store
 from mugrpo.trainer.checkpoint import read_optimizer_state
 
 RUN = "resume-test"

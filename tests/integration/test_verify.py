@@ -17,10 +17,10 @@ from _tiny import DEFAULT, REPO_ROOT, job_env, train_spec, write_spec
 
 from bench.support.synthetic import commit_synthetic_stage
 from mugrpo.config import config_from_dict
-from mugrpo.layout import RunLayout
-from mugrpo.runs import init_run
-from mugrpo.storage import Store
-from mugrpo.verify import CorruptedRunError, refuse_corrupted, verify_run
+from mugrpo.inspection.verify import CorruptedRunError, refuse_corrupted, verify_run
+from mugrpo.orchestration.runs import init_run
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 
 RUN = "verify-test"
 
@@ -118,7 +118,7 @@ def test_the_checkpoint_alone_detects_a_corrupted_shared_weight_file(run_copy):
     """Killed after the final checkpoint, before the train manifest: only the checkpoint's reference covers the
     policy's weights within stage 0. verify names the file and the referencing checkpoint; reading the checkpoint
     (what a resume does) raises a ChecksumError naming the file."""
-    from mugrpo.storage import ChecksumError
+    from mugrpo.storage.store import ChecksumError
     from mugrpo.trainer.checkpoint import read_checkpoint
 
     store, run = run_copy
@@ -215,7 +215,7 @@ def test_carried_optimizer_state_is_checked_where_it_lies(run_copy):
     the loaded state is the file's, and a flipped byte is a ChecksumError naming the file, not a bad load."""
     import torch
 
-    from mugrpo.storage import ChecksumError
+    from mugrpo.storage.store import ChecksumError
     from mugrpo.trainer.checkpoint import read_optimizer_state
 
     store, run = run_copy

@@ -25,11 +25,11 @@ import torch
 
 from bench.support.synthetic import sampled_rollout
 from mugrpo.engines.transformers_engine import top_p_mask
-from mugrpo.logprobs import token_logprobs_from_logits
-from mugrpo.models import load_policy, response_logprobs
+from mugrpo.policy.logprobs import token_logprobs_from_logits
+from mugrpo.policy.models import load_policy, response_logprobs
+from mugrpo.policy.truncation import Truncation
 from mugrpo.trainer.batch import collate
 from mugrpo.trainer.forward import PolicyTokenLogprobs
-from mugrpo.truncation import Truncation
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = os.environ.get("MUGRPO_VLLM_PYTHON")
@@ -191,7 +191,7 @@ def test_top_p_logprobs_are_those_of_the_truncated_distribution(vllm_run, policy
 
 
 def test_trainer_replay_of_min_p_top_k_top_p_equals_vllm_processed_logprobs(vllm_run, policy):
-    """The trainer's log-probs under the rows' truncation (mugrpo.truncation) are vLLM's: update-1 ratio 1."""
+    """The trainer's log-probs under the rows' truncation (mugrpo.policy.truncation) are vLLM's: update-1 ratio 1."""
     model, _ = policy
     _, _, flat_prompts, samples = samples_of(vllm_run, "truncated")
     truncation = Truncation(top_p=0.9, top_k=20, min_p=0.05)
@@ -230,7 +230,7 @@ def test_32_prompts_x_4_with_chunked_prefill_complete(vllm_run, policy):
 @pytest.mark.parametrize("name", sorted(TRUNCATIONS_T1))
 def test_update_1_ratio_of_the_trainers_replay_is_1_under_vllm_truncated_sampling(vllm_run, policy, name):
     """top-p 0.9, top-k 20, min-p 0.05 at T = 1: the trainer's own forward (PolicyTokenLogprobs on a collated
-    batch, truncation replayed per row by mugrpo.truncation) gives pi_theta / pi_behav = 1 +- 1e-4 on every token
+    batch, truncation replayed per row by mugrpo.policy.truncation) gives pi_theta / pi_behav = 1 +- 1e-4 on every token
     of vLLM's rollouts, the policy unchanged (update 1 of a stage)."""
     model, _ = policy
     _, _, flat_prompts, samples = samples_of(vllm_run, f"{name}_t1")
@@ -286,7 +286,7 @@ def position_logits(model, prompt: list[int], response: list[int], t: int) -> to
 def boundary_error(logits: torch.Tensor, truncation: Truncation) -> float | None:
     """|log ratio| that moving the vocabulary token nearest the replay's threshold (within BOUNDARY_LOGIT_BAND) to the
     other side of it would cause: log(1 + p_b / kept mass) (the normalizer gains or loses p_b); None without one."""
-    from mugrpo.truncation import truncation_threshold
+    from mugrpo.policy.truncation import truncation_threshold
 
     threshold = truncation_threshold(logits[None], truncation)[0]
     distance = (logits - threshold).abs()

@@ -35,9 +35,9 @@ from mugrpo.algorithms import (
     UpdateInputs,
     UpdateRows,
 )
+from mugrpo.commits.tables import read_table
 from mugrpo.losses import POLICY_LOSSES, LossContext, LossOutput, MetricStat, PolicyLossConfig, requires
 from mugrpo.rewards import REWARD_FUNCTIONS, RewardInput
-from mugrpo.tables import read_table
 
 FILTERED = "toy_filtered"
 WEIGHT = "toy_weight"

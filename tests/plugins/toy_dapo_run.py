@@ -10,13 +10,13 @@ from pathlib import Path
 from _tiny import generate_spec, tiny_config, train_spec, with_policy
 from toy_dapo import FIELDS, FILTERED, WEIGHT, ToyDAPOConfig
 
+from mugrpo.commits.tables import read_table
 from mugrpo.config import ConfigError, config_from_dict
 from mugrpo.generation import run_generate
-from mugrpo.layout import RunLayout
 from mugrpo.rewards import RewardConfig
-from mugrpo.schedules import stage_plan
-from mugrpo.storage import Store
-from mugrpo.tables import read_table
+from mugrpo.schedules.stages import stage_plan
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 from mugrpo.trainer.loop import run_training
 from mugrpo.trainer.records import read_steps
 

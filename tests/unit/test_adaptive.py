@@ -7,7 +7,6 @@ import math
 import numpy as np
 import pytest
 
-from mugrpo.advantages import AdvantageConfig, compute_advantages
 from mugrpo.algorithms.agpo import (
     AGPOConfig,
     ClipRangeController,
@@ -20,6 +19,7 @@ from mugrpo.algorithms.agpo import (
 )
 from mugrpo.algorithms.agpo.controllers import kl_step
 from mugrpo.algorithms.agpo.stats import robust_dispersion
+from mugrpo.scoring.advantages import AdvantageConfig, compute_advantages
 
 
 def test_dispersion_scales_by_hand():

@@ -9,7 +9,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from mugrpo.advantages import (
+from mugrpo.scoring.advantages import (
     ADVANTAGE_ESTIMATORS,
     AdvantageConfig,
     compute_advantages,

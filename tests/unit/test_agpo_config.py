@@ -8,7 +8,7 @@ from pathlib import Path
 from test_budgets import _budget, _diff
 
 from mugrpo.config import load_config
-from mugrpo.schedules import stage_plan
+from mugrpo.schedules.stages import stage_plan
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

@@ -10,11 +10,11 @@ import pytest
 from _tiny import generate_spec, with_policy
 
 from mugrpo.algorithms.agpo import AGPOConfig, TemperatureController, dispersion, skewness, vote_entropy
+from mugrpo.commits.manifest import read_job_manifest
+from mugrpo.commits.tables import read_table
 from mugrpo.generation import run_generate
-from mugrpo.layout import RunLayout
-from mugrpo.manifest import read_job_manifest
-from mugrpo.storage import Store
-from mugrpo.tables import read_table
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 from mugrpo.trainer.data import load_rollouts
 
 AGPO = AGPOConfig(tau_lambda=0.5)  # a larger gain than the code's 0.15

@@ -13,7 +13,7 @@ import math
 import pytest
 
 from mugrpo.algorithms.agpo.stats import vote_entropy
-from mugrpo.answers import extract_answer, extract_answer_loose
+from mugrpo.data.answers import extract_answer, extract_answer_loose
 
 
 @pytest.mark.parametrize(

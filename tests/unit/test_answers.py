@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mugrpo.answers import (
+from mugrpo.data.answers import (
     extract_answer,
     extract_answer_loose,
     extract_boxed,

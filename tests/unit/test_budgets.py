@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from mugrpo.config import load_config
-from mugrpo.runs import evaluates_stage, policy_version
-from mugrpo.schedules import stage_plan, total_updates
+from mugrpo.orchestration.runs import evaluates_stage, policy_version
+from mugrpo.schedules.stages import stage_plan, total_updates
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 #: Keys a baseline may change: the algorithm (the loss), the schedule and how the run is executed.

@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 
 from bench.support.chaos import check_run
 from bench.support.chaos.invariants import plan_problems
-from mugrpo.prompt_plan import PromptPlan
+from mugrpo.provenance.prompt_plan import PromptPlan
 
 
 def plan(stage: int, ids: list[str], start: int, size: int = 4) -> str:

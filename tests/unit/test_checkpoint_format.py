@@ -13,9 +13,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from mugrpo.layout import POLICY_REF_FILE, RunLayout
-from mugrpo.policies import PolicyRef, committed_policy_ref, local_policy_dir
-from mugrpo.storage import ChecksumError, Store
+from mugrpo.commits.policies import PolicyRef, committed_policy_ref, local_policy_dir
+from mugrpo.storage.layout import POLICY_REF_FILE, RunLayout
+from mugrpo.storage.store import ChecksumError, Store
 from mugrpo.trainer.checkpoint import capture_rng_state, read_checkpoint, write_checkpoint
 
 RUN = "ckpt-format"

@@ -10,11 +10,11 @@ import pytest
 from typer.testing import CliRunner
 
 from mugrpo.cli import app
+from mugrpo.commits.manifest import new_manifest, read_manifest, write_job_manifest, write_manifest
+from mugrpo.common.version import code_version
 from mugrpo.config import load_config
-from mugrpo.layout import RunLayout
-from mugrpo.manifest import new_manifest, read_manifest, write_job_manifest, write_manifest
-from mugrpo.runs import init_run, open_store
-from mugrpo.version import code_version
+from mugrpo.orchestration.runs import init_run, open_store
+from mugrpo.storage.layout import RunLayout
 from schemas import JobManifest
 
 runner = CliRunner()

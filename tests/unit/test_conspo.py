@@ -13,8 +13,9 @@ from _tiny import train_spec
 from safetensors.torch import load_file
 
 from bench.support.synthetic import commit_rollouts, commit_synthetic_stage, synthetic_rollout_rows
+from mugrpo.commits.manifest import read_job_manifest
+from mugrpo.commits.tables import read_table
 from mugrpo.config import ConfigError, load_config
-from mugrpo.layout import RunLayout
 from mugrpo.losses import (
     LossContext,
     PolicyLossConfig,
@@ -26,9 +27,8 @@ from mugrpo.losses import (
     row_inputs,
     training_progress,
 )
-from mugrpo.manifest import read_job_manifest
-from mugrpo.storage import Store
-from mugrpo.tables import read_table
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 from mugrpo.trainer.batch import collate
 from mugrpo.trainer.data import RolloutDataError, load_rollouts, make_minibatch_order, update_statistics
 from mugrpo.trainer.loop import run_training

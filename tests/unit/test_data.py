@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mugrpo.data import DatasetConfig, DatasetError, load_problems, prompt_id_for
+from mugrpo.data.datasets import DatasetConfig, DatasetError, load_problems, prompt_id_for
 
 #: prompt_id_for("What is 2+2?", "4"), pinned when the id was defined (issue 2): it must never change.
 PINNED_PROMPT_ID = "0aac1a47b77bf866"

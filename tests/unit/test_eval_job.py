@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from mugrpo.commits.manifest import read_job_manifest
+from mugrpo.commits.tables import read_table, write_table
 from mugrpo.config import BenchmarkConfig
-from mugrpo.data import DatasetConfig
-from mugrpo.evaluation import EvalSpec, run_eval
-from mugrpo.fanout import worker_job
-from mugrpo.layout import RunLayout
-from mugrpo.manifest import read_job_manifest
-from mugrpo.storage import Store, sha256_bytes
-from mugrpo.tables import read_table, write_table
+from mugrpo.coordination.fanout import worker_job
+from mugrpo.data.datasets import DatasetConfig
+from mugrpo.evaluation.worker import EvalSpec, run_eval
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store, sha256_bytes
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 RUN, K, PROMPTS = "evaljob", 4, 3

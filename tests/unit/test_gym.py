@@ -1,4 +1,4 @@
-"""reasoning-gym as a data source and a verifier (mugrpo.gym, the ``reasoning_gym`` reward component): any task by
+"""reasoning-gym as a data source and a verifier (mugrpo.data.gym, the ``reasoning_gym`` reward component): any task by
 name and params, deterministic problems, a held-out split disjoint on question text, the task's own score_answer in
 the verifier pool with the strict format policy, task columns in the rollout rows, and the missing-package error."""
 
@@ -15,8 +15,8 @@ import pytest
 pytest.importorskip("reasoning_gym")
 
 from mugrpo.config import ConfigError, config_from_dict, load_config
-from mugrpo.data import DatasetConfig, DatasetError, check_heldout_disjoint, load_problems
-from mugrpo.gym import split_of
+from mugrpo.data.datasets import DatasetConfig, DatasetError, check_heldout_disjoint, load_problems
+from mugrpo.data.gym import split_of
 from mugrpo.rewards import REWARD_FUNCTIONS, RewardConfig, RewardInput, RewardScorer
 
 ARITH = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2, "operators": ["+", "-"]}

@@ -13,15 +13,15 @@ import torch
 
 from bench.support.synthetic import synthetic_rollout_rows
 from mugrpo.config import TrainSection
-from mugrpo.logprobs import token_logprobs_from_hidden
 from mugrpo.losses import PolicyLossConfig, loss_clip_range
-from mugrpo.lr_schedule import LRSchedule
-from mugrpo.models import load_policy
+from mugrpo.policy.logprobs import token_logprobs_from_hidden
+from mugrpo.policy.models import load_policy
+from mugrpo.policy.truncation import Truncation
+from mugrpo.schedules.lr import LRSchedule
 from mugrpo.trainer.batch import collate
 from mugrpo.trainer.data import Rollout, _to_rollout
 from mugrpo.trainer.forward import PolicyTokenLogprobs
 from mugrpo.trainer.health import batch_identity, health_panel, token_health_rows
-from mugrpo.truncation import Truncation
 
 
 def _rows(w: list[float], logit_var: list[float], outside: list[float]) -> torch.Tensor:

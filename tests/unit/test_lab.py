@@ -16,13 +16,13 @@ pytest.importorskip("reasoning_gym")
 
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from mugrpo.data import DatasetConfig, load_problems
+from mugrpo.data.datasets import DatasetConfig, load_problems
+from mugrpo.data.prompts import encode_prompt, render_prompt
 from mugrpo.engines.base import SamplingParams
 from mugrpo.engines.transformers_engine import TransformersEngine
 from mugrpo.lab import LAB_INFO, LabRecipe, ensure_lab_policy, lab_policy_dir
 from mugrpo.lab.build import sft_target
 from mugrpo.lab.tokenizer import build_char_tokenizer
-from mugrpo.prompts import encode_prompt, render_prompt
 
 QUICK = {"train_size": 300, "heldout_size": 16, "eval_size": 8, "max_steps": 6, "eval_every": 3, "batch_size": 8}
 

@@ -1,9 +1,9 @@
-"""Chunked token log-probs (mugrpo.logprobs) against the naive full-vocabulary log_softmax path."""
+"""Chunked token log-probs (mugrpo.policy.logprobs) against the naive full-vocabulary log_softmax path."""
 
 import pytest
 import torch
 
-from mugrpo.logprobs import token_logprobs_from_hidden, token_logprobs_from_logits
+from mugrpo.policy.logprobs import token_logprobs_from_hidden, token_logprobs_from_logits
 
 
 def _inputs(batch=2, tokens=5, width=16, vocab=50, seed=0, dtype=torch.float32):

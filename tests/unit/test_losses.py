@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from mugrpo.common.registry import UnknownNameError
 from mugrpo.losses import (
     AGGREGATIONS,
     POLICY_LOSSES,
@@ -16,7 +17,6 @@ from mugrpo.losses import (
     kl_estimate,
     reduce_metrics,
 )
-from mugrpo.registry import UnknownNameError
 
 AGG_MODES = sorted(AGGREGATIONS)
 LOSSES = ["grpo", "mu_grpo", "gspo"]

@@ -4,7 +4,7 @@ from math import comb
 
 import pytest
 
-from mugrpo.metrics import avg_at_k, mean_pass_at_k, pass_at_k
+from mugrpo.evaluation.metrics import avg_at_k, mean_pass_at_k, pass_at_k
 
 
 def test_pass_at_k_hand_values():

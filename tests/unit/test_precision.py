@@ -19,12 +19,12 @@ from safetensors.torch import load_file
 
 from mugrpo.config import Config
 from mugrpo.engines.transformers_engine import TransformersEngine
-from mugrpo.evaluation import EvalSpec, run_eval
+from mugrpo.evaluation.worker import EvalSpec, run_eval
 from mugrpo.generation import GenerateSpec, run_generate
-from mugrpo.layout import RunLayout
 from mugrpo.losses import LossContext, PolicyLossConfig, compute_policy_loss
-from mugrpo.models import load_policy
-from mugrpo.storage import Store
+from mugrpo.policy.models import load_policy
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 from mugrpo.trainer.batch import collate
 from mugrpo.trainer.data import load_rollouts
 from mugrpo.trainer.forward import PolicyTokenLogprobs
@@ -115,7 +115,7 @@ def test_bf16_engine_logprobs_are_fp32_and_fp32_logits_are_closer(tiny_model_dir
     """A bf16 engine samples with fp32 log-probs; with an fp32 LM head (``fp32_logits``) they are closer to the
     fp32 teacher-forced log-probs of the same tokens than with bf16-rounded logits."""
     from mugrpo.engines import SamplingParams
-    from mugrpo.models import response_logprobs
+    from mugrpo.policy.models import response_logprobs
 
     prompts = [[1, 504, 3458, 314], [1, 9216, 28, 314, 2418]]
     params = SamplingParams(temperature=1.0, max_new_tokens=12, n=2, seed=4)

@@ -8,7 +8,7 @@ import os
 from rich.console import Console
 from rich.progress import Progress
 
-from mugrpo.progress import PlainProgress, job_progress, quiet_library_bars
+from mugrpo.common.progress import PlainProgress, job_progress, quiet_library_bars
 
 
 def _piped_console() -> tuple[Console, io.StringIO]:

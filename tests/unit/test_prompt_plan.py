@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from mugrpo.data import DatasetConfig, load_problems
-from mugrpo.fingerprint import TRAIN_ROLE, dataset_fingerprint, problems_digest
+from mugrpo.commits.manifest import read_job_manifest
+from mugrpo.commits.tables import read_table
+from mugrpo.data.datasets import DatasetConfig, load_problems
 from mugrpo.generation import GenerateSpec, run_generate, select_problems
-from mugrpo.layout import RunLayout
-from mugrpo.manifest import read_job_manifest
-from mugrpo.prompt_plan import (
+from mugrpo.provenance.fingerprint import TRAIN_ROLE, dataset_fingerprint, problems_digest
+from mugrpo.provenance.prompt_plan import (
     PlanError,
     PromptPlan,
     check_rollouts_follow_plan,
@@ -30,8 +30,8 @@ from mugrpo.prompt_plan import (
     stage_prompts,
 )
 from mugrpo.rewards import RewardConfig
-from mugrpo.storage import Store
-from mugrpo.tables import read_table
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 RUN = "plan"

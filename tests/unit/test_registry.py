@@ -1,14 +1,14 @@
-"""The generic plug-in registry (mugrpo.registry) and that every kind of plug-in uses it."""
+"""The generic plug-in registry (mugrpo.common.registry) and that every kind of plug-in uses it."""
 
 import pytest
 
-from mugrpo.advantages import ADVANTAGE_ESTIMATORS
+from mugrpo.common.registry import Registry, UnknownNameError
 from mugrpo.engines import ROLLOUT_ENGINES, load_builtin_engines
 from mugrpo.losses import POLICY_LOSSES
-from mugrpo.lr_schedule import LR_SCHEDULES
-from mugrpo.registry import Registry, UnknownNameError
 from mugrpo.rewards import REWARD_FUNCTIONS
-from mugrpo.schedules import STAGE_SCHEDULES
+from mugrpo.schedules.lr import LR_SCHEDULES
+from mugrpo.schedules.stages import STAGE_SCHEDULES
+from mugrpo.scoring.advantages import ADVANTAGE_ESTIMATORS
 from tasks.launchers.protocol import LAUNCHERS
 
 

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from mugrpo.config import config_from_dict
-from mugrpo.data import DatasetConfig
-from mugrpo.fingerprint import FileStamp, dataset_fingerprint, problems_digest, stamp_file
-from mugrpo.resume import ConfigMismatchError, InputChangedError, check_resume, resume_config
-from mugrpo.runs import init_run, load_run_config, open_store
+from mugrpo.data.datasets import DatasetConfig
+from mugrpo.orchestration.resume import ConfigMismatchError, InputChangedError, check_resume, resume_config
+from mugrpo.orchestration.runs import init_run, load_run_config, open_store
+from mugrpo.provenance.fingerprint import FileStamp, dataset_fingerprint, problems_digest, stamp_file
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 REPO = Path(__file__).resolve().parents[2]
@@ -124,7 +124,7 @@ def test_a_generated_dataset_is_fingerprinted_by_its_recipe_and_its_problems():
     """A reasoning-gym source has no file: its fingerprint is its recipe plus a digest of the problems it yields,
     so a changed generator is caught even when the recipe is the same."""
     pytest.importorskip("reasoning_gym")  # the `gym` extra (make install includes it)
-    from mugrpo.data import load_problems
+    from mugrpo.data.datasets import load_problems
 
     ds = DatasetConfig(source="reasoning_gym", task="basic_arithmetic", size=12, seed=3)
     fp = dataset_fingerprint(ds, "data.train")

@@ -1,8 +1,8 @@
 """Fidelity of the correctness reward: the seven fault kinds of issue 10 in both directions (the right answer
 scores 1, a near miss scores 0), and a table of our own cases across answer formats.
 
-Every case goes through the product path: the gold through :func:`mugrpo.answers.extract_gold` (as the dataset
-loader reads it), the response through :func:`mugrpo.answers.extract_answer`, then the ``math_correctness``
+Every case goes through the product path: the gold through :func:`mugrpo.data.answers.extract_gold` (as the dataset
+loader reads it), the response through :func:`mugrpo.data.answers.extract_answer`, then the ``math_correctness``
 component. The worker pool (:mod:`mugrpo.rewards.pool`) is exercised by tests/unit/test_rewards.py.
 """
 
@@ -13,8 +13,8 @@ import logging
 
 import pytest
 
-from mugrpo.answers import extract_answer, extract_final_boxes, extract_gold
-from mugrpo.data import DatasetConfig, DatasetError, load_problems
+from mugrpo.data.answers import extract_answer, extract_final_boxes, extract_gold
+from mugrpo.data.datasets import DatasetConfig, DatasetError, load_problems
 from mugrpo.rewards import REWARD_FUNCTIONS, RewardInput
 
 logging.getLogger("math_verify").setLevel(logging.ERROR)

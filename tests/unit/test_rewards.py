@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from mugrpo.answers import extract_gold
+from mugrpo.data.answers import extract_gold
 from mugrpo.rewards import (
     REWARD_FUNCTIONS,
     RewardConfig,

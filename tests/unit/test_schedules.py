@@ -1,12 +1,12 @@
-"""Stage schedules (mugrpo.schedules): prompt ranges, policy versions and update counts of every stage, and the job
-specs built from them."""
+"""Stage schedules (mugrpo.schedules.stages): prompt ranges, policy versions and update counts of every stage, and the
+job specs built from them."""
 
 import pytest
 
 from mugrpo.config import ConfigError, config_from_dict
 from mugrpo.generation import GenerateSpec
-from mugrpo.runs import policy_version
-from mugrpo.schedules import STAGE_SCHEDULES, StagePlan, stage_plan, total_updates
+from mugrpo.orchestration.runs import policy_version
+from mugrpo.schedules.stages import STAGE_SCHEDULES, StagePlan, stage_plan, total_updates
 from mugrpo.trainer.spec import TrainSpec
 
 

@@ -8,9 +8,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mugrpo.layout import RunLayout
-from mugrpo.storage import Store
-from mugrpo.tables import SchemaError, read_table, table_from_rows, write_table
+from mugrpo.commits.tables import SchemaError, read_table, table_from_rows, write_table
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 from schemas import META_VERSION, ROLLOUT_SCHEMA, SCHEMA_VERSIONS, TABLES
 
 
@@ -185,7 +185,7 @@ def test_train_steps_version_2_reads_with_null_replay_columns(tmp_path):
 def test_train_steps_version_3_reads_with_a_null_health_panel_in_python_sql_and_status(tmp_path):
     """train_steps v4 added the health panel (ess, kl_sampler, ..., batch_id); v3 files read it as NULL in Python, in
     SQL (over v3 files only, and next to a v4 file) and in ``mugrpo status``'s health line."""
-    from mugrpo.runs import health_line, latest_train_step
+    from mugrpo.orchestration.runs import health_line, latest_train_step
     from mugrpo.sql import connect
     from schemas.tables import TRAIN_STEP_SCHEMA_V3, TRAIN_STEP_V4_COLUMNS
 

@@ -24,11 +24,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mugrpo.layout import RunLayout
-from mugrpo.manifest import new_manifest, write_manifest
+from mugrpo.commits.manifest import new_manifest, write_manifest
+from mugrpo.commits.tables import read_table
 from mugrpo.sql import connect
-from mugrpo.storage import Store
-from mugrpo.tables import read_table
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 from schemas import META_TABLE, META_VERSION, OLDER_SCHEMAS, SCHEMA_VERSIONS, TABLES, FileRecord, StageTimings
 
 REPO = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ from bench.staleness import (
     run_id,
     summarize,
 )
-from mugrpo.schedules import total_updates
+from mugrpo.schedules.stages import total_updates
 
 
 def test_collapse_is_the_first_update_from_which_accuracy_stays_below_best_minus_margin():

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from _s3 import moto_server, s3_root  # noqa: F401  (fixtures)
 
-from mugrpo.layout import RunLayout, parse_checkpoint_step, parse_shard, validate_run_id
-from mugrpo.manifest import new_manifest, read_manifest, verify_manifest, write_manifest
-from mugrpo.storage import ChecksumError, Store
+from mugrpo.commits.manifest import new_manifest, read_manifest, verify_manifest, write_manifest
+from mugrpo.storage.layout import RunLayout, parse_checkpoint_step, parse_shard, validate_run_id
+from mugrpo.storage.store import ChecksumError, Store
 
 WRITER = r"""
 import sys, time
-from mugrpo.storage import Store
+from mugrpo.storage.store import Store
 store = Store(sys.argv[1])
 # Write a large file slowly through the same atomic path the jobs use: patch os.fsync to stall mid-write.
 import os

@@ -20,12 +20,12 @@ import torch
 from _tiny import REPO_ROOT, job_env, policy_weights, train_spec, write_spec
 
 from bench.support.synthetic import commit_rollouts, commit_synthetic_stage, synthetic_rollout_rows
-from mugrpo.layout import RunLayout
-from mugrpo.manifest import checkpoint_steps, latest_checkpoint, read_job_manifest, write_job_manifest
-from mugrpo.models import load_policy, response_logprobs
-from mugrpo.seeds import derive_seed
-from mugrpo.storage import Store
-from mugrpo.tables import read_table
+from mugrpo.commits.manifest import checkpoint_steps, latest_checkpoint, read_job_manifest, write_job_manifest
+from mugrpo.commits.tables import read_table
+from mugrpo.common.seeds import derive_seed
+from mugrpo.policy.models import load_policy, response_logprobs
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 from mugrpo.trainer.batch import collate
 from mugrpo.trainer.commit import nonfinite_report_path
 from mugrpo.trainer.data import load_rollouts, make_minibatch_order

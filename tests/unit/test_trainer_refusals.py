@@ -12,10 +12,10 @@ import pytest
 from _tiny import DEFAULT, train_spec, write_spec
 
 from bench.support.synthetic import commit_rollouts, commit_synthetic_stage, synthetic_rollout_rows
+from mugrpo.commits.manifest import read_job_manifest
 from mugrpo.jobs.train import main
-from mugrpo.layout import RunLayout
-from mugrpo.manifest import read_job_manifest
-from mugrpo.storage import Store
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 from mugrpo.trainer.loop import run_training
 from mugrpo.trainer.spec import TrainSpec
 

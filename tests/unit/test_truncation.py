@@ -11,12 +11,12 @@ import torch
 
 from mugrpo.engines.base import SamplingParams
 from mugrpo.engines.transformers_engine import TransformersEngine
-from mugrpo.logprobs import token_logprobs_from_hidden, token_logprobs_from_logits
-from mugrpo.models import load_policy
+from mugrpo.policy.logprobs import token_logprobs_from_hidden, token_logprobs_from_logits
+from mugrpo.policy.models import load_policy
+from mugrpo.policy.truncation import Truncation, apply_truncation, truncation_threshold
 from mugrpo.trainer.batch import collate
 from mugrpo.trainer.data import Rollout
 from mugrpo.trainer.forward import PolicyTokenLogprobs
-from mugrpo.truncation import Truncation, apply_truncation, truncation_threshold
 
 
 def _vllm_reference(logits: torch.Tensor, t: Truncation) -> torch.Tensor:
@@ -181,11 +181,11 @@ def test_update_one_ratio_is_one_under_truncated_sampling(policy_and_engine, tem
 def test_generate_then_train_logs_ratio_one_at_update_one_under_top_p(tmp_path, tiny_model_dir):
     from _tiny import DEFAULT, generate_spec, train_spec, with_policy
 
-    from mugrpo.data import DatasetConfig
+    from mugrpo.data.datasets import DatasetConfig
     from mugrpo.generation import GenerateSpec, run_generate
-    from mugrpo.layout import RunLayout
     from mugrpo.rewards import RewardConfig
-    from mugrpo.storage import Store
+    from mugrpo.storage.layout import RunLayout
+    from mugrpo.storage.store import Store
     from mugrpo.trainer.loop import run_training
 
     root = tmp_path / "store"

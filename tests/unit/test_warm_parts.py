@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from mugrpo.commits.manifest import checkpoint_steps, write_job_manifest
+from mugrpo.commits.policies import local_policy_dir
 from mugrpo.config import Config
-from mugrpo.layout import RunLayout
-from mugrpo.manifest import checkpoint_steps, write_job_manifest
-from mugrpo.policies import local_policy_dir
-from mugrpo.runs import behavior_policy_dir, evaluates_stage, prune_stage_checkpoints, publishes_policy
-from mugrpo.storage import Store
-from mugrpo.warm import PROGRESS_TAG as JOB_TAG
-from mugrpo.warm import SegmentSpec
+from mugrpo.execution.warm import PROGRESS_TAG as JOB_TAG
+from mugrpo.execution.warm import SegmentSpec
+from mugrpo.orchestration.runs import behavior_policy_dir, evaluates_stage, prune_stage_checkpoints, publishes_policy
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 from schemas import JobManifest
 from tasks.jobs import PROGRESS_TAG, ProgressArtifact
 
@@ -120,8 +120,8 @@ def test_warm_bf16_engine_samples_as_the_cold_engine(tiny_model_dir):
     from mugrpo.config import load_config
     from mugrpo.engines.base import SamplingParams
     from mugrpo.engines.transformers_engine import TransformersEngine
-    from mugrpo.models import load_policy
-    from mugrpo.warm import WarmEngine
+    from mugrpo.execution.warm import WarmEngine
+    from mugrpo.policy.models import load_policy
 
     cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "gsm8k-smollm2.yaml", [])
     assert cfg.model.dtype == "bfloat16" and cfg.generation.engine == "transformers"

@@ -15,8 +15,8 @@ moment kills something while the run is going and the run cannot race ahead of t
 reproducible, what they hit depends on the machine's speed (each kill is printed). The cold arm's 1st, 4th, 7th,
 ... moments are **overlap moments**: instead of the delay they wait for the first instant the run is inside a
 checkpoint overlap (stage k+1's policy committed and stage k not: stage k's train job finishing its checkpoint while
-stage k+1's generation starts beside it, :mod:`mugrpo.pipeline`), then pick a role the same way; its 2nd, 5th, 8th,
-... are **waiting moments**: they wait for a pre-started job waiting at its start gate (``orchestration.
+stage k+1's generation starts beside it, :mod:`mugrpo.execution.pipeline`), then pick a role the same way; its 2nd, 5th,
+8th, ... are **waiting moments**: they wait for a pre-started job waiting at its start gate (``orchestration.
 prestart_jobs``) and kill that job, the flow or the whole tree. Then the run is
 resumed the way a user does it, by running ``mugrpo run CONFIG`` again, unless it is still going (a killed verifier
 worker is replaced inside its job). Processes a killed job leaves behind (its verifier workers, which a pod would
@@ -25,8 +25,8 @@ take down with it) are killed before the resume.
 Each arm also has a **data-edit moment** (``ChaosSettings.data_edit``): after the first kill that stops the run (or
 after the last moment), the training file (a copy in the work folder) is reversed in place, as ``tac`` does, and the
 run is re-run: it must be refused before anything starts (exit 2, one block naming the file and both sha256,
-:mod:`mugrpo.resume`). The file is then restored and the run resumes; the invariants also check every stage's
-prompt plan (no prompt scheduled in two stages of an epoch, rollouts of exactly the planned prompts).
+:mod:`mugrpo.orchestration.resume`). The file is then restored and the run resumes; the invariants also check every
+stage's prompt plan (no prompt scheduled in two stages of an epoch, rollouts of exactly the planned prompts).
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ class Moment:
     at: str = "any"
     """``any``: the delay after a job is seen alive; ``overlap`` (cold arm): the first instant a stage is inside its
     checkpoint overlap (the policy of stage k+1 committed, stage k's manifest not yet: stage k's train job finishing
-    its checkpoint and stage k+1's generation started beside it, :mod:`mugrpo.pipeline`), the delay unused;
+    its checkpoint and stage k+1's generation started beside it, :mod:`mugrpo.execution.pipeline`), the delay unused;
     ``waiting`` (cold arm): the first instant a pre-started job waits at its start gate, and the victim is that
     job, the flow or the whole tree (:func:`waiting_job`)."""
 
@@ -255,7 +255,7 @@ def draw_moments(s: ChaosSettings) -> list[Moment]:
 
 def waiting_job(tree: list, run_dir: Path) -> object | None:
     """A job process of ``tree`` waiting at its start gate (a pre-started job: some marker of its spec's
-    ``start_after`` not committed yet, :mod:`mugrpo.start_gate`), or None."""
+    ``start_after`` not committed yet, :mod:`mugrpo.coordination.start_gate`), or None."""
     for p in tree:
         if p.role not in JOB_ROLES:
             continue

@@ -6,8 +6,8 @@ uninterrupted run of the same config (docs/design.md, "Resume semantics"; docs/r
 - ``train_steps.update`` numbers are 1..U, contiguous, none repeated;
 - each rollout's ``policy_version`` and each update's ``staleness`` equal the uninterrupted run's;
 - the final policy's weights are bitwise equal to the uninterrupted run's (CPU);
-- every stage has a prompt plan (:mod:`mugrpo.prompt_plan`), no prompt id is scheduled in two stages of one epoch,
-  each stage's rollouts are of exactly its planned prompts, and the plans equal the uninterrupted run's.
+- every stage has a prompt plan (:mod:`mugrpo.provenance.prompt_plan`), no prompt id is scheduled in two stages of one
+  epoch, each stage's rollouts are of exactly its planned prompts, and the plans equal the uninterrupted run's.
 
 Local run folders only (the harness runs on a local store).
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from mugrpo.prompt_plan import PromptPlan, epoch_overlaps
+from mugrpo.provenance.prompt_plan import PromptPlan, epoch_overlaps
 
 __all__ = ["RunCheck", "check_run", "plan_problems", "rollout_keys", "train_updates"]
 

@@ -1,5 +1,5 @@
 """AGPO's advantage estimator ``agpo`` (arXiv 2605.20722), registered in
-:data:`mugrpo.advantages.ADVANTAGE_ESTIMATORS`.
+:data:`mugrpo.scoring.advantages.ADVANTAGE_ESTIMATORS`.
 
 A_i = (r_i - mean(r_group)) / max(disp(r_group), 1e-8) with disp the ``advantage.dispersion`` measure: sample std,
 MAD x 1.4826 or IQR / 1.349; a robust measure that is ~0 while rewards differ falls back to the std, as in the
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from mugrpo.advantages import ADVANTAGE_ESTIMATORS, AdvantageConfig, ArrayLike, group_stats
 from mugrpo.algorithms.agpo.stats import robust_dispersion
+from mugrpo.scoring.advantages import ADVANTAGE_ESTIMATORS, AdvantageConfig, ArrayLike, group_stats
 
 #: AGPO's floor on the advantage denominator (released code).
 AGPO_MIN_DISPERSION = 1e-8

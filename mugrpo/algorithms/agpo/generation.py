@@ -14,10 +14,10 @@ from mugrpo.algorithms.agpo.config import AGPOConfig
 from mugrpo.algorithms.agpo.controllers import TemperatureController
 from mugrpo.algorithms.agpo.probe import EMA_METRIC, ShardProbe, plan_prompts, probe_params, replay_uncertainties
 from mugrpo.algorithms.base import GenerationHooks, GenerationStart, ShardPlan, ShardToSample
-from mugrpo.manifest import read_job_manifest
+from mugrpo.commits.manifest import read_job_manifest
+from mugrpo.commits.tables import read_table
+from mugrpo.common.seeds import derive_seed
 from mugrpo.rewards import RewardInput
-from mugrpo.seeds import derive_seed
-from mugrpo.tables import read_table
 
 
 class AGPOGenerationHooks(GenerationHooks):

@@ -13,7 +13,7 @@ from typing import Literal
 
 import numpy as np
 
-from mugrpo.answers import extract_answer_loose
+from mugrpo.data.answers import extract_answer_loose
 
 DispersionMode = Literal["std", "mad", "iqr"]
 
@@ -89,7 +89,7 @@ def robust_dispersion(rewards: Sequence[float] | np.ndarray, mode: DispersionMod
 def vote_entropy(texts: Sequence[str]) -> float:
     """Vote entropy E = -sum_k p_k log p_k (nats) over the answer keys of a group's responses.
 
-    The key of a response is :func:`mugrpo.answers.extract_answer_loose` (the graded answer, else the last number,
+    The key of a response is :func:`mugrpo.data.answers.extract_answer_loose` (the graded answer, else the last number,
     else whitespace-collapsed text; lower-cased; docs/algorithms/agpo.md, "The vote key").
 
     Raises:

@@ -41,8 +41,8 @@ from mugrpo.algorithms.base import (
     UpdateInputs,
     UpdateRows,
 )
-from mugrpo.manifest import read_job_manifest
-from mugrpo.tables import RolloutDataError
+from mugrpo.commits.manifest import read_job_manifest
+from mugrpo.commits.tables import RolloutDataError
 
 #: Key of the controller state in checkpoints' ``trainer_state``.
 STATE_KEY = "agpo"

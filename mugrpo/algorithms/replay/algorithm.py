@@ -47,8 +47,8 @@ from mugrpo.algorithms.replay.state import (
     read_stage_buffer,
     write_stage_buffer,
 )
+from mugrpo.common.seeds import derive_seed
 from mugrpo.losses.config import PolicyLossConfig
-from mugrpo.seeds import derive_seed
 
 
 class ReplayTrainHooks(TrainHooks):

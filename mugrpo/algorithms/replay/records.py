@@ -1,12 +1,12 @@
 """The ``replay`` audit table (``schemas.tables.REPLAY_SCHEMA``): one row per rollout an update used, fresh or
-replayed, written in parts aligned with checkpoints like ``train_steps`` (:func:`mugrpo.tables.write_part`), and
+replayed, written in parts aligned with checkpoints like ``train_steps`` (:func:`mugrpo.commits.tables.write_part`), and
 listed in the stage's train job manifest; the ``replay`` SQL view reads it."""
 
 from __future__ import annotations
 
-from mugrpo.layout import RunLayout
-from mugrpo.storage import Store
-from mugrpo.tables import delete_parts_after, read_parts, write_part
+from mugrpo.commits.tables import delete_parts_after, read_parts, write_part
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 from schemas import FileRecord
 
 #: Name of the audit table (and of its folder in the run).

@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 
 from mugrpo.algorithms.replay.buffer import ReplayBuffer
 from mugrpo.algorithms.replay.config import ReplayConfig
-from mugrpo.layout import RunLayout
-from mugrpo.manifest import read_job_manifest
-from mugrpo.storage import Store
+from mugrpo.commits.manifest import read_job_manifest
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
 from schemas import FileRecord
 
 #: File name of the buffer state inside a checkpoint folder.
@@ -63,7 +63,7 @@ def read_stage_buffer(store: Store, layout: RunLayout, stage: int, config: Repla
     Raises:
         FileNotFoundError: the stage's train job has not committed, or committed without a buffer state (a run
             whose earlier stages trained without replay).
-        mugrpo.storage.ChecksumError: the file changed after the manifest was written.
+        mugrpo.storage.store.ChecksumError: the file changed after the manifest was written.
     """
     if stage < 0:
         return ReplayBuffer(config)

@@ -1,0 +1,101 @@
+"""Commit points of a run: stage manifests (written last, the commit point of a stage; reading through one verifies
+every file), job manifests (the commit point of a job), and which checkpoints of a stage are committed (a
+checkpoint folder is committed once its ``_COMPLETE`` marker is written)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from mugrpo.common.version import code_version
+from mugrpo.storage.layout import RunLayout, parse_checkpoint_step
+from mugrpo.storage.store import ChecksumError, Store
+from schemas import FileRecord, JobManifest, StageManifest
+
+
+def _stamped(manifest):
+    """``manifest`` with this process's code version when it carries none (an audit tells which code wrote it)."""
+    return manifest if manifest.code_version else manifest.model_copy(update={"code_version": code_version()})
+
+
+def write_manifest(store: Store, manifest: StageManifest) -> str:
+    """Write the manifest of ``manifest.stage`` atomically, stamped with the code version. Call it after every
+    file of the stage is written.
+
+    Raises:
+        mugrpo.coordination.lease.LeaseFenced: (a fenced store, :class:`mugrpo.coordination.lease.LeaseFence`) this
+            writer does not hold the run lease (a late job of a superseded owner).
+    """
+    manifest = _stamped(manifest)
+    rel = RunLayout(manifest.run_id).stage_manifest(manifest.stage)
+    return store.write_bytes(rel, manifest.model_dump_json(indent=2).encode())
+
+
+def read_manifest(store: Store, run_id: str, stage: int) -> StageManifest | None:
+    """The manifest of a stage, or None if the stage is not committed."""
+    rel = RunLayout(run_id).stage_manifest(stage)
+    if not store.exists(rel):
+        return None
+    return StageManifest.model_validate_json(store.read_bytes(rel))
+
+
+def write_job_manifest(store: Store, manifest: JobManifest) -> str:
+    """Write a job's manifest atomically, stamped with the code version; call it after every file of the job is
+    written (its commit point).
+
+    Raises:
+        mugrpo.coordination.lease.LeaseFenced: (a fenced store, :class:`mugrpo.coordination.lease.LeaseFence`) this
+            writer does not hold the run lease.
+    """
+    manifest = _stamped(manifest)
+    rel = RunLayout(manifest.run_id).job_manifest(manifest.stage, manifest.job)
+    return store.write_bytes(rel, manifest.model_dump_json(indent=2).encode())
+
+
+def read_job_manifest(store: Store, run_id: str, stage: int, job: str) -> JobManifest | None:
+    """A job's manifest, or None if that job has not committed."""
+    rel = RunLayout(run_id).job_manifest(stage, job)
+    if not store.exists(rel):
+        return None
+    return JobManifest.model_validate_json(store.read_bytes(rel))
+
+
+def verify_manifest(store: Store, manifest: StageManifest | JobManifest) -> None:
+    """Check the sha256 of every file the manifest lists. Raises ChecksumError or FileNotFoundError naming the file."""
+    layout = RunLayout(manifest.run_id)
+    for rec in manifest.files:
+        store.read_bytes(layout.abs(rec.path), expected_sha256=rec.sha256)
+
+
+def new_manifest(run_id: str, stage: int, files: list[FileRecord], **fields) -> StageManifest:
+    """A complete-status manifest stamped now (UTC)."""
+    return StageManifest(run_id=run_id, stage=stage, created_at=datetime.now(UTC), files=files, **fields)
+
+
+__all__ = [
+    "ChecksumError",
+    "checkpoint_steps",
+    "latest_checkpoint",
+    "new_manifest",
+    "read_job_manifest",
+    "read_manifest",
+    "verify_manifest",
+    "write_job_manifest",
+    "write_manifest",
+]
+
+
+def checkpoint_steps(store: Store, layout: RunLayout, stage: int, *, complete: bool = True) -> list[int]:
+    """Sorted stage updates of the checkpoints of ``stage`` that are committed (or, with complete=False, not)."""
+    folder = layout.checkpoints_dir(stage)
+    steps = []
+    for name in store.listdir(folder):
+        step = parse_checkpoint_step(name)
+        if step is not None and store.is_complete_dir(layout.checkpoint_dir(stage, step)) == complete:
+            steps.append(step)
+    return sorted(steps)
+
+
+def latest_checkpoint(store: Store, layout: RunLayout, stage: int) -> int | None:
+    """The stage update of the latest committed checkpoint of ``stage``, or None."""
+    steps = checkpoint_steps(store, layout, stage)
+    return steps[-1] if steps else None

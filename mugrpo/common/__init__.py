@@ -1,0 +1,1 @@
+"""What every layer uses: the plug-in registry, derived seeds, console output, the code version."""

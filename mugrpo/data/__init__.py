@@ -1,0 +1,1 @@
+"""Problems and prompts: datasets, reasoning-gym tasks, answer extraction and prompt rendering."""

@@ -1,0 +1,1 @@
+"""A run's bookkeeping (run.json, job specs, stage commits, status) and its resume checks."""

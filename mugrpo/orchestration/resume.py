@@ -1,0 +1,178 @@
+"""Continuing a run: what may differ from how it started, what is refused, and what run.json records.
+
+A run's ``run.json`` holds the config it runs with, the fingerprints of every input it reads
+(:mod:`mugrpo.provenance.fingerprint`) and a ``history``: one entry per start and resume, with the stage it began at,
+the code version, and every accepted config change. Re-running a run id (``mugrpo run CONFIG``, ``mugrpo resume RUN
+[key=value ...]``) first checks, in this order:
+
+1. **config**: a changed semantic key (:mod:`mugrpo.config_keys`) is refused; changed operational keys are accepted
+   and recorded with the stage they take effect at (the first stage not committed);
+2. **inputs**: every input is fingerprinted again (files whose size and mtime are unchanged are not re-read); one
+   whose content changed, or that is gone, is refused, naming the file, the recorded and current sha256 and the way
+   out (restore the file, or start a new run id).
+
+Refusals are :class:`RunRefused` errors: one block of text, nothing written. The command line checks before it
+starts Prefect (:func:`check_resume`), so a refusal is printed once with exit code 2; the run flow checks again
+under the run lease (:func:`mugrpo.orchestration.runs.init_run`) and only then writes run.json (:func:`record_resume`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from mugrpo.common.version import code_version
+from mugrpo.config import Config, apply_overrides, config_from_dict
+from mugrpo.config_keys import ConfigChange, config_changes, format_changes
+from mugrpo.provenance.fingerprint import InputFingerprint, changed_inputs_message, run_inputs
+from mugrpo.provenance.refusals import InputChangedError as InputChangedError  # re-exported: callers catch it from here
+from mugrpo.provenance.refusals import RunRefused as RunRefused
+from mugrpo.provenance.refusals import plural as _n
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store
+
+
+class ConfigMismatchError(RunRefused):
+    """A run id already exists with a config that differs in a semantic key; the message lists the changed keys
+    by class."""
+
+
+@dataclass
+class ResumeCheck:
+    """What :func:`check_resume` found: the stored run.json (None for a new run), the accepted operational
+    changes, the inputs' current fingerprints and the first stage not committed."""
+
+    doc: dict[str, Any] | None
+    changes: list[ConfigChange] = field(default_factory=list)
+    inputs: dict[str, InputFingerprint] = field(default_factory=dict)
+    stage: int = 0
+
+    @property
+    def new(self) -> bool:
+        return self.doc is None
+
+
+def first_open_stage(store: Store, run_id: str, num_stages: int) -> int:
+    """The first stage without a stage manifest (``num_stages`` when every stage is committed)."""
+    layout = RunLayout(run_id)
+    return next((k for k in range(num_stages) if not store.exists(layout.stage_manifest(k))), num_stages)
+
+
+def stored_config(store: Store, run_id: str) -> dict[str, Any]:
+    """run.json's config as this version of the code reads it: keys added since it was written get defaults.
+
+    Raises:
+        mugrpo.config.ConfigError: the stored config no longer validates (a key was removed); names key and file.
+    """
+
+    rel = RunLayout(run_id).run_json
+    return config_from_dict(store.read_json(rel)["config"], source=store.uri(rel)).to_json_dict()
+
+
+def check_resume(store: Store, cfg: Any) -> ResumeCheck:
+    """Check that run ``cfg.run.id`` can start or continue with config ``cfg`` (a :class:`mugrpo.config.Config`);
+    reads only.
+
+    Raises:
+        ConfigMismatchError: a semantic key differs from run.json's config.
+        InputChangedError: an input's content differs from its recorded fingerprint, or an input is missing.
+    """
+    layout = RunLayout(cfg.run.id)
+    uri = store.uri(layout.run_dir)
+    if not store.exists(layout.run_json):
+        return ResumeCheck(doc=None, inputs=_fingerprints(cfg, {}, uri, starting=True))
+    doc = store.read_json(layout.run_json)
+    changes = config_changes(stored_config(store, cfg.run.id), cfg.to_json_dict(), Config)
+    semantic = [c for c in changes if c.semantic]
+    if semantic:
+        raise ConfigMismatchError(
+            "\n".join(
+                [
+                    f"run {cfg.run.id!r} at {uri} cannot continue with this config: {_n(semantic, 'semantic key')} "
+                    f"{'differs' if len(semantic) == 1 else 'differ'} from its run.json:",
+                    *format_changes(changes),
+                    f"Nothing was changed. Continue it with its stored config (`mugrpo resume {uri}`, which accepts "
+                    "operational key=value overrides), or start a new run with another run.id.",
+                ]
+            )
+        )
+    recorded = {role: InputFingerprint.model_validate(fp) for role, fp in (doc.get("inputs") or {}).items()}
+    current = _fingerprints(cfg, recorded, uri, starting=False)
+    changed = [(recorded[r], current[r]) for r in recorded if r in current and recorded[r].sha256 != current[r].sha256]
+    if changed:
+        raise InputChangedError(changed_inputs_message(cfg.run.id, uri, changed))
+    return ResumeCheck(
+        doc=doc, changes=changes, inputs=current, stage=first_open_stage(store, cfg.run.id, cfg.run.num_stages)
+    )
+
+
+def _fingerprints(cfg: Any, recorded: dict[str, InputFingerprint], uri: str, *, starting: bool):
+    try:
+        return run_inputs(cfg, recorded)
+    except FileNotFoundError as e:
+        if starting:
+            raise InputChangedError(f"cannot start run {cfg.run.id!r} at {uri}: an input is missing: {e}") from None
+        raise InputChangedError(
+            f"run {cfg.run.id!r} at {uri} cannot continue: an input it was started with is missing: {e}\n"
+            "Nothing was changed. Restore it where the run's config names it (run.json holds its recorded "
+            "sha256), or start a new run with another run.id."
+        ) from None
+
+
+def record_resume(store: Store, cfg: Any, check: ResumeCheck) -> dict[str, Any]:
+    """Write run.json after a passed :func:`check_resume`: a new run's document (config, code version, input
+    fingerprints, a ``start`` history entry), or, for an existing run, the config with the accepted operational
+    changes, refreshed file stamps (a touched but unchanged file is not re-hashed next time) and a ``resume``
+    history entry with the stage it begins at and the changes. Returns the document."""
+    now = datetime.now(UTC).isoformat()
+    inputs = {role: fp.model_dump(mode="json") for role, fp in check.inputs.items()}
+    event = {
+        "event": "start" if check.new else "resume",
+        "at": now,
+        "stage": check.stage,
+        "code_version": code_version(),
+    }
+    if check.new:
+        doc = {"run_id": cfg.run.id, "created_at": now, "code_version": code_version(), "config": cfg.to_json_dict()}
+        doc.update(inputs=inputs, history=[event])
+    else:
+        doc = dict(check.doc)
+        if check.changes:
+            event["changes"] = [c.record() for c in check.changes]
+        if not doc.get("inputs"):
+            event["inputs_recorded"] = True  # a run started before inputs were fingerprinted: recorded from here
+        doc["config"] = cfg.to_json_dict()
+        doc["inputs"] = {**(doc.get("inputs") or {}), **inputs}
+        doc["history"] = [*(doc.get("history") or []), event]
+    store.write_json(RunLayout(cfg.run.id).run_json, doc)
+    return doc
+
+
+def resume_config(stored: Any, overrides: list[str], uri: str) -> Any:
+    """The config to resume a run with: its stored config ``stored`` with ``key=value`` overrides, each of which
+    must be operational.
+
+    Raises:
+        mugrpo.config.ConfigError: an override is malformed, names no key or gives an invalid value.
+        ConfigMismatchError: an override changes a semantic key (the message lists every override by class).
+    """
+
+    if not overrides:
+        return stored
+    data = apply_overrides(stored.model_dump(mode="json"), list(overrides))
+    new = config_from_dict(data, source=f"{uri}/run.json", overrides=list(overrides))
+    changes = config_changes(stored.to_json_dict(), new.to_json_dict(), Config)
+    semantic = [c for c in changes if c.semantic]
+    if semantic:
+        raise ConfigMismatchError(
+            "\n".join(
+                [
+                    f"cannot resume run {stored.run.id!r} at {uri} with {_n(semantic, 'semantic override')}:",
+                    *format_changes(changes),
+                    "Nothing was changed. Semantic keys are fixed for the life of a run: drop those overrides (the "
+                    "operational ones are accepted), or start a new run with another run.id.",
+                ]
+            )
+        )
+    return new

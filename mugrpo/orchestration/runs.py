@@ -1,0 +1,392 @@
+"""Run-level bookkeeping shared by the flows and the CLI (no Prefect here): run.json, the initial policy, job
+specs, stage commits and status. Object storage is the only source of truth.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+
+from mugrpo.commits.manifest import new_manifest, read_job_manifest, read_manifest, write_manifest
+from mugrpo.commits.tables import part_numbers, read_table
+from mugrpo.common.version import code_version as code_version
+from mugrpo.config import Config
+from mugrpo.coordination.lease import TOKEN_ENV, LeaseFence
+from mugrpo.orchestration.resume import (
+    ConfigMismatchError as ConfigMismatchError,  # re-exported: callers catch it from here
+)
+from mugrpo.orchestration.resume import InputChangedError as InputChangedError
+from mugrpo.orchestration.resume import check_resume, record_resume
+from mugrpo.provenance.fingerprint import model_source_path
+from mugrpo.schedules.stages import stage_plan
+from mugrpo.storage.layout import RunLayout
+from mugrpo.storage.store import Store, sha256_bytes
+from schemas import FileRecord, StageManifest, StageTimings
+
+JOBS = ("generate", "train", "eval")
+
+
+def open_store(cfg: Config) -> Store:
+    """The run's store, its writes fenced by the run lease (:class:`mugrpo.coordination.lease.LeaseFence`)."""
+    return Store(cfg.run.root, cfg.run.storage_options, cfg.run.storage_retry, guard=LeaseFence())
+
+
+def init_run(cfg: Config) -> Store:
+    """Create the run (run.json with its input fingerprints, policies/stage=0), or check that an existing one may
+    continue with ``cfg`` and record the resume in its history (:mod:`mugrpo.orchestration.resume`).
+
+    Raises:
+        ConfigMismatchError: run.json exists with a config that differs in a semantic key.
+        InputChangedError: an input (training set, eval set, initial weights, tokenizer) changed or is missing.
+        ConfigError: the stored config no longer validates (names the key and the file).
+    """
+    store = open_store(cfg)
+    record_resume(store, cfg, check_resume(store, cfg))
+    ensure_initial_policy(cfg, store)
+    return store
+
+
+def ensure_initial_policy(cfg: Config, store: Store) -> None:
+    """Convert the configured model once into an HF dir at policies/stage=0 (skipped when already committed)."""
+    from mugrpo.policy.models import convert_to_hf_dir
+
+    rel = RunLayout(cfg.run.id).policy_dir(0)
+    if store.is_complete_dir(rel):
+        return
+    source = model_source_path(cfg.model.source)  # the file or folder it names (the lab policy: from its cache)
+    with tempfile.TemporaryDirectory(prefix="mugrpo-policy0-") as tmp:
+        convert_to_hf_dir(source, tmp)
+        store.upload_dir(tmp, rel, meta={"source": str(source), "policy_version": 0})
+
+
+def load_run_config(root: str, run_id: str, storage_options: dict | None = None) -> Config:
+    """The config a run runs with (from its run.json), rooted where the run was found: ``run.root`` is ``root``
+    (an operational key: a run folder moved or read from another working directory is continued in place)."""
+    from mugrpo.config import config_from_dict
+
+    store = Store(root, storage_options)
+    rel = RunLayout(run_id).run_json
+    if not store.exists(rel):
+        raise FileNotFoundError(f"no run {run_id!r} under {store.uri()} (missing {store.uri(rel)})")
+    data = store.read_json(rel)["config"]
+    data["run"]["root"] = root
+    data["run"]["storage_options"] = {**data["run"].get("storage_options", {}), **(storage_options or {})}
+    return config_from_dict(data, source=store.uri(rel))
+
+
+def policy_version(cfg: Config, stage: int) -> int:
+    """Optimizer updates done before stage ``stage``'s behavior policy (``run.stage_schedule``)."""
+    return stage_plan(cfg, stage).policy_version
+
+
+def evaluates_stage(cfg: Config, stage: int) -> bool:
+    """Whether the behavior policy of stage ``stage`` is evaluated within the stage (``eval.every_stage``,
+    ``eval.every_n_stages``); the final policy is always evaluated when benchmarks are configured."""
+    return bool(cfg.eval.benchmarks) and cfg.eval.every_stage and stage % cfg.eval.every_n_stages == 0
+
+
+def publishes_policy(cfg: Config, stage: int) -> bool:
+    """Whether ``policies/stage={stage}`` is published (``orchestration.publish_policy_every``): stage 0 (the
+    initial policy), every N-th stage, and the final policy (stage K)."""
+    return stage % cfg.orchestration.publish_policy_every == 0 or stage == cfg.run.num_stages
+
+
+def behavior_policy_dir(store: Store, cfg: Config, stage: int) -> str:
+    """Store path of the behavior policy of stage ``stage`` (a folder :func:`mugrpo.commits.policies.local_policy_dir`
+    reads): ``policies/stage={stage}`` when published, else the final checkpoint of the stage before (a
+    ``checkpoints/stage=j/step=n`` folder holding the policy in ``model/``), going back over stages that made no
+    update (their policy is their behavior policy).
+
+    Raises:
+        FileNotFoundError: neither exists (the previous stage has not committed its training).
+    """
+    from mugrpo.commits.manifest import latest_checkpoint
+
+    layout = RunLayout(cfg.run.id)
+    for k in range(stage, -1, -1):
+        if store.is_complete_dir(layout.policy_dir(k)):
+            return layout.policy_dir(k)
+        if k == 0:
+            break
+        train = read_job_manifest(store, cfg.run.id, k - 1, "train")
+        if train is None:
+            break  # stage k-1 has not finished training: its checkpoints are not final
+        step = latest_checkpoint(store, layout, k - 1)
+        if step is not None and step == train.counts.get("updates"):
+            return layout.checkpoint_dir(k - 1, step)
+        if train.counts.get("updates", 0) != 0:
+            break  # its final checkpoint is gone: no policy to fall back to
+    raise FileNotFoundError(
+        f"no behavior policy for stage {stage} under {store.uri(layout.run_dir)}: neither "
+        f"{layout.policy_dir(stage)} nor a final checkpoint of stage {stage - 1} is committed"
+    )
+
+
+def overlaps_next_generation(cfg: Config, stage: int) -> bool:
+    """Whether stage ``stage + 1``'s generation may start while stage ``stage``'s train job writes its checkpoint:
+    cold execution with ``orchestration.overlap_checkpoint``, a next stage, and its behavior policy published (an
+    unpublished one is the final checkpoint itself, ``orchestration.publish_policy_every``)."""
+    orch = cfg.orchestration
+    return (
+        orch.execution == "cold"
+        and orch.overlap_checkpoint
+        and 0 <= stage
+        and stage + 1 < cfg.run.num_stages
+        and publishes_policy(cfg, stage + 1)
+    )
+
+
+def prestarts(cfg: Config, stage: int) -> bool:
+    """Whether the jobs of ``stage`` may be launched before their inputs exist (``orchestration.prestart_jobs``):
+    cold execution, and a behavior policy that is published, so their specs can name it before it is committed."""
+    orch = cfg.orchestration
+    return (
+        orch.execution == "cold"
+        and orch.prestart_jobs
+        and 0 <= stage < cfg.run.num_stages
+        and publishes_policy(cfg, stage)
+    )
+
+
+def start_markers(cfg: Config, stage: int, job: str) -> list[str]:
+    """The commit markers job ``job`` of ``stage`` waits for before it reads its inputs (store paths; the spec's
+    ``start_after``, :mod:`mugrpo.coordination.start_gate`). They are the commits the cold stage schedule
+    (:mod:`mugrpo.execution.pipeline`) waits for before it launches the job, so a pre-started job runs exactly when a
+    job launched then would, and never beside another job of the run but where the schedule overlaps them:
+
+    - generate k: the behavior policy's ``_COMPLETE`` marker, and stage k-1's manifest unless stage k-1 overlaps
+      this generation with its checkpoint;
+    - train k: stage k's generate manifest and stage k-1's manifest (its evaluation done, its AdamW moments final);
+    - eval k: stage k's train manifest, and stage k+1's generate manifest when that generation runs beside stage k's
+      checkpoint.
+
+    [] when the stage's jobs are not pre-started (:func:`prestarts`).
+    """
+    from mugrpo.storage.store import COMPLETE_MARKER
+
+    if not prestarts(cfg, stage):
+        return []
+    layout = RunLayout(cfg.run.id)
+    previous = [layout.stage_manifest(stage - 1)] if stage > 0 else []
+    if job == "generate":
+        policy = [f"{layout.policy_dir(stage)}/{COMPLETE_MARKER}"]
+        return policy if overlaps_next_generation(cfg, stage - 1) else policy + previous
+    if job == "train":
+        return [layout.job_manifest(stage, "generate"), *previous]
+    if job == "eval":
+        beside = [layout.job_manifest(stage + 1, "generate")] if overlaps_next_generation(cfg, stage) else []
+        return [layout.job_manifest(stage, "train"), *beside]
+    raise ValueError(f"no start markers for job {job!r}: one of generate, train, eval")
+
+
+def build_job_specs(cfg: Config, stage: int, *, with_eval: bool | None = None, ahead: bool = False) -> dict:
+    """The generate/train(/eval) specs of a stage, as the cold jobs and a warm segment both run them.
+
+    The behavior policy is resolved with :func:`behavior_policy_dir`, so stage ``stage - 1`` must have committed
+    its training. With ``ahead``, the specs of jobs launched before their inputs exist (:func:`prestarts` must
+    hold): the behavior policy is the published ``policies/stage={stage}``, committed or not (the path the
+    resolution gives once it is), and each spec carries its :func:`start_markers`. A spec written when its job
+    is launched has none: the job, also run by hand, starts at once.
+
+    Raises:
+        FileNotFoundError: no behavior policy is committed (not ``ahead``).
+        ValueError: ``ahead`` for a stage whose jobs are not pre-started.
+    """
+    from mugrpo.evaluation.worker import EvalSpec
+    from mugrpo.generation import GenerateSpec
+    from mugrpo.trainer.spec import TrainSpec
+
+    if ahead and not prestarts(cfg, stage):
+        raise ValueError(f"stage {stage}: its jobs are not pre-started, so their specs cannot be written ahead")
+    store = open_store(cfg)
+    version = policy_version(cfg, stage)
+    behavior = RunLayout(cfg.run.id).policy_dir(stage) if ahead else behavior_policy_dir(store, cfg, stage)
+    specs = {
+        "generate": GenerateSpec.from_config(cfg, stage, version).model_copy(update={"policy_dir": behavior}),
+        "train": TrainSpec.from_config(cfg, stage, version).model_copy(
+            update={"policy_dir": behavior, "publish_policy": publishes_policy(cfg, stage + 1)}
+        ),
+    }
+    if evaluates_stage(cfg, stage) if with_eval is None else (with_eval and cfg.eval.benchmarks):
+        specs["eval"] = EvalSpec.from_config(cfg, stage).model_copy(update={"policy_dir": behavior})
+    if ahead:
+        timeout = cfg.orchestration.job_timeout_s
+        for job, spec in specs.items():
+            specs[job] = spec.model_copy(
+                update={"start_after": start_markers(cfg, stage, job), "start_timeout_s": timeout}
+            )
+    return specs
+
+
+def write_job_specs(
+    cfg: Config, stage: int, *, with_eval: bool | None = None, ahead: bool = False, jobs: tuple[str, ...] = ()
+) -> dict[str, str]:
+    """Write the generate/train/eval specs of a stage (:func:`build_job_specs`; only ``jobs`` when given) to
+    storage; returns {job: URL}. A spec file that already holds the same bytes is left as it is."""
+    store = open_store(cfg)
+    layout = RunLayout(cfg.run.id)
+    urls = {}
+    for job, spec in build_job_specs(cfg, stage, with_eval=with_eval, ahead=ahead).items():
+        if jobs and job not in jobs:
+            continue
+        rel = layout.job_spec(stage, job)
+        data = spec.model_dump_json(indent=2).encode()
+        if not (store.exists(rel) and store.read_bytes(rel) == data):
+            store.write_bytes(rel, data)
+        urls[job] = store.uri(rel)
+    return urls
+
+
+def write_final_eval_spec(cfg: Config) -> str | None:
+    """Spec of the evaluation of the final policy (stage K); None when no benchmark is configured."""
+    from mugrpo.evaluation.worker import EvalSpec
+
+    if not cfg.eval.benchmarks:
+        return None
+    store = open_store(cfg)
+    rel = RunLayout(cfg.run.id).job_spec(cfg.run.num_stages, "eval")
+    store.write_bytes(rel, EvalSpec.from_config(cfg, cfg.run.num_stages).model_dump_json(indent=2).encode())
+    return store.uri(rel)
+
+
+def job_env(cfg: Config) -> dict[str, str]:
+    """Environment for job processes: storage options (never secrets) so specs on object storage can be read, and
+    the run lease token of this writer (``MUGRPO_LEASE_TOKEN``) when it holds one."""
+    env = {"MUGRPO_STORAGE_OPTIONS": json.dumps(cfg.to_json_dict()["run"]["storage_options"])}
+    token = os.environ.get(TOKEN_ENV)
+    if token:  # the run lease's fencing token (mugrpo.coordination.lease): a job of a superseded writer cannot commit
+        env[TOKEN_ENV] = token
+    return env
+
+
+def commit_stage(cfg: Config, stage: int, timings: StageTimings) -> StageManifest:
+    """Write the stage manifest (the commit point) from the stage's job manifests.
+
+    Raises:
+        RuntimeError: a job of the stage has not committed.
+    """
+    store = open_store(cfg)
+    files, counts, metrics, versions = [], {}, {}, {}
+    jobs = ["generate", "train"] + (["eval"] if evaluates_stage(cfg, stage) else [])
+    for job in jobs:
+        m = read_job_manifest(store, cfg.run.id, stage, job)
+        if m is None:
+            raise RuntimeError(f"stage {stage}: the {job} job has not committed; cannot write the stage manifest")
+        files.extend(m.files)
+        counts.update({f"{job}/{k}": v for k, v in m.counts.items()})
+        metrics.update({f"{job}/{k}": v for k, v in m.metrics.items()})
+        if m.code_version:
+            versions[job] = m.code_version
+    plan = RunLayout(cfg.run.id).prompt_plan(stage)
+    if store.exists(plan):  # the stage's prompt plan (mugrpo.provenance.prompt_plan), covered by `mugrpo verify`
+        data = store.read_bytes(plan)
+        files.append(FileRecord(path=RunLayout(cfg.run.id).rel(plan), sha256=sha256_bytes(data), bytes=len(data)))
+    manifest = new_manifest(
+        cfg.run.id, stage, files, counts=counts, metrics=metrics, timings=timings, job_code_versions=versions
+    )
+    write_manifest(store, manifest)
+    if cfg.orchestration.publish_policy_every > 1:
+        prune_stage_checkpoints(store, cfg, stage)
+    return manifest
+
+
+def prune_stage_checkpoints(store: Store, cfg: Config, stage: int) -> list[str]:
+    """Once stage ``stage`` has committed, delete the checkpoints of earlier stages except the one that holds the
+    behavior policy of stage ``stage + 1`` (checkpoints carry the resume; published policies stay). Returns the
+    deleted folders. Markers go first, so an interrupted deletion leaves folders that nothing reads."""
+    from mugrpo.commits.manifest import checkpoint_steps
+    from mugrpo.storage.store import COMPLETE_MARKER
+
+    layout = RunLayout(cfg.run.id)
+    keep = behavior_policy_dir(store, cfg, stage + 1) if stage + 1 <= cfg.run.num_stages else None
+    doomed = [
+        layout.checkpoint_dir(k, step)
+        for k in range(stage)
+        for step in checkpoint_steps(store, layout, k)
+        if layout.checkpoint_dir(k, step) != keep
+    ]
+    for rel in doomed:
+        store.delete(f"{rel}/{COMPLETE_MARKER}")
+        store.delete(rel, recursive=True)
+    return doomed
+
+
+@dataclass
+class StageStatus:
+    stage: int
+    committed: bool
+    jobs: dict[str, bool] = field(default_factory=dict)
+    shards_written: int = 0
+    checkpoints: int = 0
+    manifest: StageManifest | None = None
+
+
+@dataclass
+class RunStatus:
+    run_id: str
+    uri: str
+    num_stages: int
+    stages: list[StageStatus]
+    final_eval: bool
+    #: The train_steps row of the run's latest written update (its health panel for ``mugrpo status``), or None.
+    latest_update: dict | None = None
+
+    @property
+    def complete(self) -> bool:
+        return all(s.committed for s in self.stages) and self.final_eval
+
+
+def run_status(store: Store, cfg: Config) -> RunStatus:
+    """What is committed of a run: per stage its manifest, jobs, shards and checkpoints."""
+    layout = RunLayout(cfg.run.id)
+    stages = []
+    for k in range(cfg.run.num_stages):
+        st = StageStatus(stage=k, committed=False)
+        st.manifest = read_manifest(store, cfg.run.id, k)
+        st.committed = st.manifest is not None
+        st.jobs = {job: read_job_manifest(store, cfg.run.id, k, job) is not None for job in JOBS}
+        st.shards_written = sum(1 for n in store.listdir(layout.rollouts_dir(k)) if n.endswith(".parquet"))
+        st.checkpoints = sum(
+            1
+            for n in store.listdir(layout.checkpoints_dir(k))
+            if store.is_complete_dir(f"{layout.checkpoints_dir(k)}/{n}")
+        )
+        stages.append(st)
+    final = (not cfg.eval.benchmarks) or read_job_manifest(store, cfg.run.id, cfg.run.num_stages, "eval") is not None
+    latest = latest_train_step(store, layout, cfg.run.num_stages)
+    return RunStatus(cfg.run.id, store.uri(layout.run_dir), cfg.run.num_stages, stages, final, latest)
+
+
+def latest_train_step(store: Store, layout: RunLayout, num_stages: int) -> dict | None:
+    """The train_steps row of the latest update written (highest stage with parts, its last part's last row),
+    as :func:`mugrpo.commits.tables.read_table` reads it (health columns NULL in files before train_steps v4), or
+    None."""
+    for stage in reversed(range(num_stages)):
+        parts = part_numbers(store, layout, "train_steps", stage)
+        if parts:
+            rows = read_table(store, layout.train_steps_part(stage, parts[-1]), "train_steps").to_pylist()
+            if rows:
+                return max(rows, key=lambda r: r["update"])
+    return None
+
+
+#: The health panel columns ``mugrpo status`` shows, with their labels and formats (docs/sql.md, "Health panel").
+HEALTH_LINE = (
+    ("ess", "ESS", ".3f"),
+    ("kl_sampler", "KL(q||pi)", ".2e"),
+    ("sampler_ratio_max", "ratio max", ".3f"),
+    ("sampler_clip_frac", "clip frac", ".3f"),
+    ("logit_var", "logit var", ".3g"),
+    ("s_eta", "S*eta", ".2e"),
+)
+
+
+def health_line(row: dict) -> str:
+    """One line of the health panel of a train_steps row: ``health @ update U (stage k): ESS 0.998 ...``; a NULL
+    value (a loss without a clip range, a file before train_steps v4) shows as ``-``."""
+    shown = "  ".join(
+        f"{label} {'-' if row.get(name) is None else format(row[name], fmt)}" for name, label, fmt in HEALTH_LINE
+    )
+    return f"health @ update {row['update']} (stage {row['stage']}): {shown}"

