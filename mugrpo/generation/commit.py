@@ -102,13 +102,12 @@ def commit_generation(spec: GenerateSpec) -> JobManifest | None:
 def _committed_rows(spec: GenerateSpec, store: Store, files: list[FileRecord]) -> list[dict]:
     """The summarized columns of every row of ``files`` (each verified against its sha256)."""
     layout = RunLayout(spec.run_id)
+    fields = [c.field for c in declared_columns()]
+    columns = _SUMMARY_COLUMNS + [f.name for f in fields]
     rows = []
     for rec in files:
-        rel = layout.abs(rec.path)
-        store.read_bytes(rel, expected_sha256=rec.sha256)
-        declared = [c.name for c in declared_columns()]
-        table = read_table(store, rel, "rollouts", extra=[c.field for c in declared_columns()])
-        rows.extend(table.select(_SUMMARY_COLUMNS + declared).to_pylist())
+        table = read_table(store, layout.abs(rec.path), "rollouts", expected_sha256=rec.sha256, extra=fields)
+        rows.extend(table.select(columns).to_pylist())
     return rows
 
 

@@ -247,11 +247,11 @@ def _sample_and_commit(
     With algorithm hooks, each shard is planned first (:func:`plan_shard`), after the previous shard's commit
     finished, so the verifier pool serves one caller at a time."""
     layout = RunLayout(spec.run_id)
+    declared = [c.field for c in declared_columns()]
 
     def commit(shard: int, live: list[PreparedPrompt], groups: list[list], plan: ShardPlan | None) -> int:
         rows, n_tok = shard_rows(spec, shard, live, groups, scorer, plan, hooks)
         rel = layout.rollout_shard(spec.stage, shard)
-        declared = [c.field for c in declared_columns()]
         write_table(store, rel, table_from_rows(rows, "rollouts", declared), "rollouts", extra=declared)
         return n_tok
 
