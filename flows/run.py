@@ -14,9 +14,10 @@ from flows.exclusive import one_flow_run_per_run_id
 from flows.stage import launch_workers, segment_flow, stage_flow
 from mugrpo.commits.manifest import read_job_manifest
 from mugrpo.config import Config, config_from_dict
+from mugrpo.config.precision import describe
 from mugrpo.coordination.lease import RunLease, held_lease
 from mugrpo.inspection.verify import refuse_corrupted
-from mugrpo.orchestration.runs import init_run, open_store, write_final_eval_spec
+from mugrpo.orchestration.runs import open_store, start_run, write_final_eval_spec
 from mugrpo.tracking.session import TrackingSession
 
 
@@ -87,8 +88,12 @@ def _run_leased(cfg: Config, lease: RunLease) -> dict[str, Any]:
         store = open_store(cfg)  # refuse before init_run records the resume in run.json's history
         checked = refuse_corrupted(store, cfg.run.id, cfg.run.num_stages)
         logger.info("verified %d committed files (%.1f MiB)", checked.total_files, checked.total_bytes / 2**20)
-    store = init_run(cfg)
+    started = start_run(cfg)
+    store, cfg = started.store, started.config  # the concrete config: auto precision resolved once, at run start
     logger.info("run %s lives at %s", cfg.run.id, store.uri(cfg.run.id))
+    logger.info(describe(started.precision))
+    if started.warning:
+        logger.warning(started.warning)
     results = []
     final = {}
     with TrackingSession(cfg, store) as tracking:  # live mirror of committed metrics (tracking.sinks)

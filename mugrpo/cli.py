@@ -505,11 +505,13 @@ def audit_cmd(
 
 
 def _register_subsystems() -> None:
+    from mugrpo.inspection.environment import register_cli as register_env
     from mugrpo.lab.cli import register_cli as register_lab
     from mugrpo.sql.cli import register_cli as register_sql
 
     register_sql(app)
     register_lab(app)
+    register_env(app)
 
 
 _register_subsystems()

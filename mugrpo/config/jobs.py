@@ -70,13 +70,15 @@ class TrainSection(_Section):
     checkpoint_every: int = Field(4, ge=1, description="Updates between checkpoints (and one at the end).")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
     logprob_chunk_size: int = Field(1024, ge=1, description="Tokens per chunk of the fused log-softmax.")
-    recompute_behavior_logprobs: bool = Field(
+    recompute_behavior_logprobs: bool | Literal["auto"] = Field(
         False,
         description="Recompute behavior log-probs with the trainer at stage start instead of trusting the engine's "
         "(removes engine-vs-trainer mismatch; see loss.tis_cap for the truncated-IS alternative). The trainer's "
         "forward is batch-invariant on CPU and the recomputation runs under the same autocast, so the update-1 "
         "ratio is exactly 1; verl's default (old log-probs recomputed by the actor). One extra no-grad forward "
-        "over the rollouts the stage's updates draw. On in the bf16 configs (docs/precision.md).",
+        "over the rollouts the stage's updates draw. auto: on when the engines sample in another dtype than fp32 (the "
+        "bf16 gap), off in fp32, where sampler and trainer agree within 2e-6 nats and the forward would be wasted; "
+        "resolved with the precision at run start (mugrpo.config.precision). auto in the SmolLM2 configs.",
     )
     learner_temperature: float | None = Field(
         None,
@@ -97,9 +99,10 @@ class TrainSection(_Section):
         "stage. Rank 1-16 matches full fine-tuning in RL at ~10x its learning rate (Schulman et al. 2025, 'LoRA "
         "Without Regret'). Cold execution only; needs peft (the lora extra). None: full fine-tuning.",
     )
-    checkpoint_dtype: Literal["float32", "bfloat16"] = Field(
-        "float32",
-        description="dtype of the weights and AdamW moments a checkpoint and a published policy hold. bfloat16 "
+    checkpoint_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="dtype of the weights and AdamW moments a checkpoint and a published policy hold. auto: "
+        "bfloat16 when auto precision picks bf16 (model.dtype), else float32 (mugrpo.config.precision). bfloat16 "
         "halves what each stage writes (SmolLM2-135M: 0.81 instead of 1.62 GB): at every checkpoint the trainer "
         "rounds its live fp32 weights and moments to bf16 values in place (round to nearest even) before writing "
         "them, so training continues from exactly what a resume reads back (bitwise resume holds) and the next "
@@ -107,9 +110,11 @@ class TrainSection(_Section):
         "sub-bf16 part of each checkpoint interval's update (relative 2^-9) and of the moments; the lab measures "
         "its effect on accuracy (docs/benchmarks.md, 'bf16 checkpoints').",
     )
-    mixed_precision: Literal["no", "bf16", "fp16"] = Field(
-        "no",
-        description="accelerate mixed precision of the training job. bf16: torch.autocast(bfloat16) over fp32 master "
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = Field(
+        "auto",
+        description="accelerate mixed precision of the training job. auto: bf16 where the machine computes bf16 "
+        "natively, else no (resolved with model.dtype at run start; mugrpo.config.precision). bf16: "
+        "torch.autocast(bfloat16) over fp32 master "
         "weights, fp32 gradients and fp32 AdamW moments (Micikevicius et al. 2018, arXiv 1710.03740, with bf16 and "
         "no loss scaling); the LM head, log-softmax, log-prob gather, loss and reductions stay fp32. On CPU, "
         "accelerate's bf16 is torch.autocast('cpu', bfloat16). fp16 is refused (loss scaling skips inf steps, "

@@ -56,15 +56,16 @@ class ModelSection(_Section):
         "policy of `mugrpo lab init`, built into its cache on first use), an HF model directory (safetensors), or a "
         ".gguf file. Converted once to an HF directory at policies/stage=0.",
     )
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32",
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
         description="Weight dtype of the generation and eval engines (the trainer keeps fp32 master weights; see "
-        "train.mixed_precision). Behavior log-probs are computed in fp32 from the logits in every dtype. bfloat16 "
-        "is what GPU RL stacks sample in and ~3x faster per matmul on CPUs with AVX-512 BF16 / AMX; it puts the "
-        "sampler's log-probs ~0.03 nats (mean |log ratio|, SmolLM2-135M) away from the trainer's, which "
-        "train.recompute_behavior_logprobs removes from the importance ratio (docs/precision.md; Qi et al. 2025, "
-        "arXiv 2510.26788, on bf16's rounding). The configs in configs/ use bfloat16; fp32 stays the library default "
-        "for CPUs without bf16 units.",
+        "train.mixed_precision). auto: bfloat16 where the machine computes bf16 natively (a GPU with bf16, a CPU "
+        "with AVX512-BF16, AMX or ARM BF16 whose matmul probe confirms it), float32 elsewhere; resolved once at run "
+        "start, recorded in run.json and kept on resume (mugrpo.config.precision; `mugrpo env` shows the verdict). "
+        "On CPUs without bf16 units bf16 is emulated, 44-499x slower than fp32 (pytorch/pytorch#146508). Behavior "
+        "log-probs are computed in fp32 from the logits in every dtype; bf16 puts the sampler's log-probs ~0.03 "
+        "nats (mean |log ratio|, SmolLM2-135M) away from the trainer's, which train.recompute_behavior_logprobs "
+        "removes from the importance ratio (docs/precision.md; Qi et al. 2025, arXiv 2510.26788).",
     )
     max_context: int | None = Field(
         None, ge=16, description="Prompt + response token limit; None takes the model's max_position_embeddings."

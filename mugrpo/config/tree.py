@@ -96,7 +96,7 @@ class _CoreSections(_Section):
         return Settings(
             scope="run",
             loss=self.loss,
-            recompute_behavior_logprobs=self.train.recompute_behavior_logprobs,
+            recompute_behavior_logprobs=self.train.recompute_behavior_logprobs is True,  # auto: checked resolved
             group_minibatches=self.train.group_minibatches,
             generation_workers=self.generation.workers,
         )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import inspect
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,10 @@ from mugrpo.policy.truncation import Truncation, apply_truncation
 def _as_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
+    if dtype == "auto":  # model.dtype auto outside a run (a run resolves it at its start): this machine's pick
+        from mugrpo.common.hardware import auto_dtype
+
+        dtype = auto_dtype()
     value = getattr(torch, dtype, None)
     if not isinstance(value, torch.dtype):
         raise ValueError(f"dtype must name a torch dtype such as 'float32' or 'bfloat16', got {dtype!r}")
@@ -156,6 +161,8 @@ class TransformersEngine(ClosingEngine):
         self.eos_token_ids = eos_token_ids(model.generation_config, tokenizer)
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self._cache_kwarg = cache_kwarg(model)
+        #: Called with the number of tokens each decoding step sampled (live progress); None: nobody listens.
+        self.on_tokens: Callable[[int], None] | None = None
 
     @classmethod
     def from_dir(
@@ -280,6 +287,8 @@ class TransformersEngine(ClosingEngine):
             for row, token, logprob in zip(alive_list, next_tokens.tolist(), next_logprobs.tolist(), strict=True):
                 tokens[row].append(token)
                 logprobs[row].append(logprob)
+            if self.on_tokens is not None:
+                self.on_tokens(len(alive_list))
             if step == params.max_new_tokens - 1:
                 break
             keep = ~torch.isin(next_tokens, stop_tensor)

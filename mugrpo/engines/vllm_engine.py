@@ -96,7 +96,9 @@ class VLLMEngine(ClosingEngine):
         Args:
             model_dir: HF-format model directory (safetensors + tokenizer + generation config).
             seed: engine seed (``LLM(seed=...)``); the only seed vLLM uses, see the module docstring.
-            dtype: weights dtype ("float32" matches TransformersEngine's log-probs most closely).
+            dtype: weights dtype ("float32" matches TransformersEngine's log-probs most closely). "auto" is
+                mugrpo's auto (:func:`mugrpo.common.hardware.auto_dtype`: bf16 only where this machine computes it
+                natively), never vLLM's own "auto", which follows the checkpoint whatever the hardware.
             max_model_len: prompt + response token limit of a sequence.
             enable_prefix_caching: share the KV cache of a prompt among its G samples.
             **llm_kwargs: passed to ``vllm.LLM`` (e.g. ``gpu_memory_utilization``, ``kv_cache_memory_bytes``,
@@ -122,6 +124,10 @@ class VLLMEngine(ClosingEngine):
         self.eos_token_ids = eos_token_ids(GenerationConfig.from_pretrained(model_dir), self._tokenizer)
         self.seed = seed
         llm_kwargs = cpu_defaults(llm_kwargs)
+        if dtype == "auto":  # a run passes its resolved dtype; outside one, this machine's verdict
+            from mugrpo.common.hardware import auto_dtype
+
+            dtype = auto_dtype()
         self._llm = vllm.LLM(
             model=str(model_dir),
             seed=seed,

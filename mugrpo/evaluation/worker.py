@@ -21,6 +21,7 @@ from mugrpo.commits.tables import read_table, table_from_rows, write_table
 from mugrpo.common.progress import console
 from mugrpo.common.seeds import derive_seed
 from mugrpo.config import BenchmarkConfig
+from mugrpo.config.precision import concrete
 from mugrpo.coordination.fanout import commit_when_all_committed, owned, slowest_timings, worker_job
 from mugrpo.coordination.jobspec import JobSpec
 from mugrpo.coordination.start_gate import StartGate
@@ -58,7 +59,9 @@ class EvalSpec(JobSpec):
 
     @classmethod
     def from_config(cls, cfg, stage: int) -> EvalSpec:
-        """The eval spec of policy ``stage`` for run config ``cfg``."""
+        """The eval spec of policy ``stage`` for run config ``cfg`` (``auto`` precision resolved as in
+        :func:`mugrpo.config.precision.concrete`)."""
+        cfg = concrete(cfg)
         return cls(
             **cls.run_fields(cfg, stage),
             policy_dir=RunLayout(cfg.run.id).policy_dir(stage),

@@ -59,7 +59,11 @@ class SegmentSpec(JobSpec):
 
     @classmethod
     def from_config(cls, cfg, first: int, count: int) -> SegmentSpec:
-        """The segment of ``count`` stages starting at ``first`` of run config ``cfg``."""
+        """The segment of ``count`` stages starting at ``first`` of run config ``cfg`` (``auto`` precision resolved
+        as in :func:`mugrpo.config.precision.concrete`)."""
+        from mugrpo.config.precision import concrete
+
+        cfg = concrete(cfg)
         return cls(**cls.run_fields(cfg, first), config=cfg.to_json_dict(), num_stages=count)
 
 
@@ -170,12 +174,14 @@ class WarmSegment:
     and the warm rollout engine (built on first use). :meth:`run_stage` runs one stage with them."""
 
     def __init__(self, cfg) -> None:
+        from mugrpo.config.precision import concrete
         from mugrpo.evaluation.worker import EvalWorker
         from mugrpo.generation import GenerationWorker
         from mugrpo.orchestration.runs import open_store
         from mugrpo.storage.layout import RunLayout
         from mugrpo.trainer.loop import Trainer
 
+        cfg = concrete(cfg)
         self.cfg, self.store, self.layout = cfg, open_store(cfg), RunLayout(cfg.run.id)
         self.trainer = Trainer(cfg.train.mixed_precision)
         if self.trainer.accelerator.num_processes > 1:

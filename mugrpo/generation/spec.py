@@ -54,7 +54,11 @@ class _GenerateSpecCore(JobSpec):
 
     @classmethod
     def from_config(cls, cfg, stage: int, policy_version: int) -> _GenerateSpecCore:
-        """The spec of stage ``stage`` of run config ``cfg`` (a :class:`mugrpo.config.Config`)."""
+        """The spec of stage ``stage`` of run config ``cfg`` (a :class:`mugrpo.config.Config`; ``auto`` precision is
+        resolved on this machine if the run has not resolved it: :func:`mugrpo.config.precision.concrete`)."""
+        from mugrpo.config.precision import concrete
+
+        cfg = concrete(cfg)
         g = cfg.generation
         plan = stage_plan(cfg, stage)
         return cls(

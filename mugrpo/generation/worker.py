@@ -39,7 +39,7 @@ from mugrpo.algorithms import (
 from mugrpo.commits.manifest import read_job_manifest
 from mugrpo.commits.policies import local_policy_dir
 from mugrpo.commits.tables import table_from_rows, write_table
-from mugrpo.common.progress import console, job_progress
+from mugrpo.common.progress import TokenProgress, console, stall_cause
 from mugrpo.coordination.fanout import owned, worker_job
 from mugrpo.coordination.start_gate import StartGate
 from mugrpo.data.datasets import load_problems
@@ -72,6 +72,9 @@ class GenerationWorker(VerifierPoolOwner):
     def __init__(self, engine=None) -> None:
         super().__init__()
         self._engine = engine
+        #: The job's live progress line (:class:`~mugrpo.common.progress.TokenProgress`), started by the cold job at
+        #: its start; None: each stage's sampling prints its own.
+        self.progress: TokenProgress | None = None
         self._datasets: dict[str, tuple] = {}  # training sets loaded by this worker, by their config (JSON)
 
     def prepare(self, spec: GenerateSpec) -> None:
@@ -159,6 +162,8 @@ class GenerationWorker(VerifierPoolOwner):
             # process loads the engine; verifier_pool() below then waits them ready.
             self.start_verifier_pool(spec.reward)
             own_engine = self._engine is None
+            if self.progress is not None:
+                self.progress.set_phase(f"loading the policy ({spec.engine}, {spec.dtype})")
             engine = (
                 make_engine(spec.engine, policy, dtype=spec.dtype, seed=spec.seed, **spec.engine_kwargs)
                 if own_engine
@@ -168,7 +173,15 @@ class GenerationWorker(VerifierPoolOwner):
                 scorer = self.verifier_pool(spec.reward)
                 t_switch = time.monotonic() - origin  # (process start, imports,) engine start and weight load
                 tokens, t_gen = _sample_and_commit(
-                    spec, store, shards, todo, sum(len(shards[s]) for s in mine), engine, scorer, hooks
+                    spec,
+                    store,
+                    shards,
+                    todo,
+                    sum(len(shards[s]) for s in mine),
+                    engine,
+                    scorer,
+                    hooks,
+                    progress=self.progress,
                 )
             finally:
                 if own_engine:
@@ -240,9 +253,14 @@ def _sample_and_commit(
     engine,
     scorer,
     hooks: Sequence[GenerationHooks] = (),
+    progress: TokenProgress | None = None,
 ) -> tuple[int, float]:
     """Sample the shards in ``todo`` and write each one's rollouts; returns (generated tokens, seconds).
-    ``num_prompts`` is the prompts of the shards this worker owns (the progress bar's total).
+    ``num_prompts`` is the prompts of the shards this worker owns (the progress line's total).
+
+    Progress is counted in tokens as the engine samples them (``engine.on_tokens``, where the engine has it: the
+    transformers engine and the warm engine built on it; others count per finished shard), on ``progress`` or, when
+    None, on a :class:`~mugrpo.common.progress.TokenProgress` of this call's own.
 
     With algorithm hooks, each shard is planned first (:func:`plan_shard`), after the previous shard's commit
     finished, so the verifier pool serves one caller at a time."""
@@ -255,15 +273,22 @@ def _sample_and_commit(
         write_table(store, rel, table_from_rows(rows, "rollouts", declared), "rollouts", extra=declared)
         return n_tok
 
-    tokens, t_gen = 0, 0.0
+    tokens = 0
     t0 = time.monotonic()
-    with job_progress(f"generate stage {spec.stage}", "prompts", "{task.fields[tps]:.0f} tok/s", console) as bar:
-        task = bar.add_task("gen", total=num_prompts, tps=0.0)
-        bar.update(task, completed=num_prompts - sum(len(shards[s]) for s in todo))
+    own = progress is None
+    if own:
+        progress = TokenProgress(f"generate stage {spec.stage}", console, cause=lambda: stall_cause(spec.dtype))
+        progress.start()
+    streaming = _attach_token_meter(engine, progress.add_tokens)
+    todo_prompts = sum(len(shards[s]) for s in todo)
+    budget = todo_prompts * spec.sampling.n * spec.sampling.max_new_tokens
+    progress.begin_sampling(num_prompts, budget, prompts_done=num_prompts - todo_prompts)
+    try:
         # Scoring and writing shard s (verifier processes, Parquet) overlap sampling shard s+1.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="commit") as committer:
             pending = None
             for s in todo:
+                progress.begin_shard(s)
                 live = [p for p in shards[s] if p is not None]
                 plan = None
                 if hooks and live:
@@ -275,11 +300,25 @@ def _sample_and_commit(
                 if pending is not None:
                     tokens += pending.result()
                 pending = committer.submit(commit, s, live, groups, plan)
-                t_gen = time.monotonic() - t0
-                bar.update(task, advance=len(shards[s]), tps=tokens / max(t_gen, 1e-9))
+                sampled = None if streaming else sum(len(sample.response_token_ids) for g in groups for sample in g)
+                progress.shard_done(len(shards[s]), sampled)
             if pending is not None:
                 tokens += pending.result()
+    finally:
+        _attach_token_meter(engine, None)
+        if own:
+            progress.close()
     return tokens, time.monotonic() - t0
+
+
+def _attach_token_meter(engine, meter) -> bool:
+    """Point ``engine``'s per-step token callback (``on_tokens``; a warm engine's inner ``engine``) at ``meter``;
+    returns False when the engine cannot report tokens as it samples them."""
+    for candidate in (engine, getattr(engine, "engine", None)):
+        if candidate is not None and hasattr(candidate, "on_tokens"):
+            candidate.on_tokens = meter
+            return True
+    return False
 
 
 def run_generate(spec: GenerateSpec, *, origin: float | None = None, gate: StartGate | None = None) -> JobManifest:
@@ -295,8 +334,13 @@ def run_generate(spec: GenerateSpec, *, origin: float | None = None, gate: Start
         See :meth:`GenerationWorker.run_stage`; mugrpo.coordination.start_gate.StartTimeout and
         mugrpo.coordination.lease.LeaseFenced from the gate.
     """
-    with GenerationWorker() as worker:
+    title = f"generate stage {spec.stage}" + (f" worker {spec.worker}" if spec.workers > 1 else "")
+    progress = TokenProgress(title, console, cause=lambda: stall_cause(spec.dtype))
+    with GenerationWorker() as worker, progress.start("starting: verifier pool, engine imports"):
+        worker.progress = progress
         if gate is not None and gate.pending:
             worker.prepare(spec)
+            progress.set_phase("waiting at the start gate for the behavior policy")
             origin = gate.wait(console.print)
+        progress.set_phase("reading the prompt plan")
         return worker.run_stage(spec, origin=origin)

@@ -24,7 +24,9 @@ committed within ``start_timeout_s``, 2 bad spec, a tampered input or a lost run
 
 from __future__ import annotations
 
-from mugrpo.common.progress import quiet_library_bars
+import os
+
+from mugrpo.common.progress import console, quiet_library_bars
 from mugrpo.coordination.start_gate import StartGate
 from mugrpo.jobs.common import PROCESS_START, fail, load_spec, refuse_untrusted, spec_argument
 
@@ -34,6 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     # Imported here, not at the top: the verifier pool's workers are spawned, and a spawned worker re-imports the
     # job's main module (``__mp_main__``). At the top, this import made every worker import torch (seconds) before
     # it could score; tests/unit/test_job_imports.py keeps the module light.
+    console.print(f"generate: job started (pid {os.getpid()}); importing the engine")  # a line within seconds
     from mugrpo.generation import GenerateSpec, GenerationError, run_generate
 
     spec = load_spec(spec_argument(argv, "mugrpo.jobs.generate", GenerateSpec, __doc__), GenerateSpec)

@@ -7,6 +7,8 @@ the code version, and every accepted config change. Re-running a run id (``mugrp
 
 1. **config**: a changed semantic key (:mod:`mugrpo.config_keys`) is refused; changed operational keys are accepted
    and recorded with the stage they take effect at (the first stage not committed);
+   ``auto`` precision keys take the run's recorded values (:mod:`mugrpo.config.precision`), so a run keeps the
+   precision it started with on any machine; a new run resolves them on this machine;
 2. **inputs**: every input is fingerprinted again (files whose size and mtime are unchanged are not re-read); one
    whose content changed, or that is gone, is refused, naming the file, the recorded and current sha256 and the way
    out (restore the file, or start a new run id).
@@ -24,6 +26,8 @@ from typing import Any
 
 from mugrpo.common.version import code_version
 from mugrpo.config import Config, apply_overrides, config_from_dict
+from mugrpo.config.precision import CHOICES as PRECISION_KEYS
+from mugrpo.config.precision import ResolvedPrecision, resolve_precision
 from mugrpo.config_keys import ConfigChange, config_changes, format_changes
 from mugrpo.provenance.fingerprint import InputFingerprint, changed_inputs_message, run_inputs
 from mugrpo.provenance.refusals import InputChangedError as InputChangedError  # re-exported: callers catch it from here
@@ -41,12 +45,19 @@ class ConfigMismatchError(RunRefused):
 @dataclass
 class ResumeCheck:
     """What :func:`check_resume` found: the stored run.json (None for a new run), the accepted operational
-    changes, the inputs' current fingerprints and the first stage not committed."""
+    changes, the inputs' current fingerprints, the first stage not committed, and the precision the run computes
+    in (the concrete config, with ``auto`` resolved or kept from run.json)."""
 
     doc: dict[str, Any] | None
     changes: list[ConfigChange] = field(default_factory=list)
     inputs: dict[str, InputFingerprint] = field(default_factory=dict)
     stage: int = 0
+    precision: ResolvedPrecision | None = None
+
+    @property
+    def config(self) -> Any:
+        """The concrete config the run continues with (None before precision was resolved)."""
+        return self.precision.config if self.precision is not None else None
 
     @property
     def new(self) -> bool:
@@ -81,17 +92,31 @@ def check_resume(store: Store, cfg: Any) -> ResumeCheck:
     layout = RunLayout(cfg.run.id)
     uri = store.uri(layout.run_dir)
     if not store.exists(layout.run_json):
-        return ResumeCheck(doc=None, inputs=_fingerprints(cfg, {}, uri, starting=True))
+        inputs = _fingerprints(cfg, {}, uri, starting=True)
+        return ResumeCheck(doc=None, inputs=inputs, precision=resolve_precision(cfg))
     doc = store.read_json(layout.run_json)
-    changes = config_changes(stored_config(store, cfg.run.id), cfg.to_json_dict(), Config)
+    stored = stored_config(store, cfg.run.id)
+    precision = resolve_precision(cfg, stored=config_from_dict(stored, source=store.uri(layout.run_json)))
+    cfg = precision.config
+    changes = config_changes(stored, cfg.to_json_dict(), Config)
     semantic = [c for c in changes if c.semantic]
     if semantic:
+        kept = [k for k in PRECISION_KEYS if any(c.key == k for c in semantic)]
         raise ConfigMismatchError(
             "\n".join(
                 [
                     f"run {cfg.run.id!r} at {uri} cannot continue with this config: {_n(semantic, 'semantic key')} "
                     f"{'differs' if len(semantic) == 1 else 'differ'} from its run.json:",
                     *format_changes(changes),
+                    *(
+                        [
+                            "Precision is fixed for the life of a run: leave "
+                            + ", ".join(kept)
+                            + " at auto (the run keeps what it recorded at its start)."
+                        ]
+                        if kept
+                        else []
+                    ),
                     f"Nothing was changed. Continue it with its stored config (`mugrpo resume {uri}`, which accepts "
                     "operational key=value overrides), or start a new run with another run.id.",
                 ]
@@ -102,9 +127,8 @@ def check_resume(store: Store, cfg: Any) -> ResumeCheck:
     changed = [(recorded[r], current[r]) for r in recorded if r in current and recorded[r].sha256 != current[r].sha256]
     if changed:
         raise InputChangedError(changed_inputs_message(cfg.run.id, uri, changed))
-    return ResumeCheck(
-        doc=doc, changes=changes, inputs=current, stage=first_open_stage(store, cfg.run.id, cfg.run.num_stages)
-    )
+    stage = first_open_stage(store, cfg.run.id, cfg.run.num_stages)
+    return ResumeCheck(doc=doc, changes=changes, inputs=current, stage=stage, precision=precision)
 
 
 def _fingerprints(cfg: Any, recorded: dict[str, InputFingerprint], uri: str, *, starting: bool):
@@ -124,7 +148,11 @@ def record_resume(store: Store, cfg: Any, check: ResumeCheck) -> dict[str, Any]:
     """Write run.json after a passed :func:`check_resume`: a new run's document (config, code version, input
     fingerprints, a ``start`` history entry), or, for an existing run, the config with the accepted operational
     changes, refreshed file stamps (a touched but unchanged file is not re-hashed next time) and a ``resume``
-    history entry with the stage it begins at and the changes. Returns the document."""
+    history entry with the stage it begins at and the changes. The config written is the concrete one (``auto``
+    precision resolved); a new run also records the ``precision`` block (choice, reason, probe figures), and each
+    resume records the resuming machine's verdict in its history entry. Returns the document."""
+    if check.precision is not None:
+        cfg = check.precision.config
     now = datetime.now(UTC).isoformat()
     inputs = {role: fp.model_dump(mode="json") for role, fp in check.inputs.items()}
     event = {
@@ -135,11 +163,15 @@ def record_resume(store: Store, cfg: Any, check: ResumeCheck) -> dict[str, Any]:
     }
     if check.new:
         doc = {"run_id": cfg.run.id, "created_at": now, "code_version": code_version(), "config": cfg.to_json_dict()}
+        if check.precision is not None:
+            doc["precision"] = check.precision.record
         doc.update(inputs=inputs, history=[event])
     else:
         doc = dict(check.doc)
         if check.changes:
             event["changes"] = [c.record() for c in check.changes]
+        if check.precision is not None and check.precision.record.get("hardware") is not None:
+            event["precision"] = {"hardware": check.precision.record["hardware"], "warning": check.precision.warning}
         if not doc.get("inputs"):
             event["inputs_recorded"] = True  # a run started before inputs were fingerprinted: recorded from here
         doc["config"] = cfg.to_json_dict()

@@ -42,10 +42,33 @@ def init_run(cfg: Config) -> Store:
         InputChangedError: an input (training set, eval set, initial weights, tokenizer) changed or is missing.
         ConfigError: the stored config no longer validates (names the key and the file).
     """
+    return start_run(cfg).store
+
+
+@dataclass(frozen=True)
+class StartedRun:
+    """What :func:`start_run` leaves: the run's store, the concrete config it runs with (``auto`` precision
+    resolved, or kept from run.json on resume), and the precision record with its one-time warning."""
+
+    store: Store
+    config: Config
+    precision: dict
+    warning: str | None
+
+
+def start_run(cfg: Config) -> StartedRun:
+    """:func:`init_run`, returning also the concrete config every stage must use (:mod:`mugrpo.config.precision`).
+
+    Raises:
+        See :func:`init_run`.
+    """
     store = open_store(cfg)
-    record_resume(store, cfg, check_resume(store, cfg))
-    ensure_initial_policy(cfg, store)
-    return store
+    check = check_resume(store, cfg)
+    record_resume(store, cfg, check)
+    concrete = check.config if check.config is not None else cfg
+    ensure_initial_policy(concrete, store)
+    precision = check.precision
+    return StartedRun(store, concrete, precision.record if precision else {}, precision.warning if precision else None)
 
 
 def ensure_initial_policy(cfg: Config, store: Store) -> None:

@@ -6,6 +6,7 @@ from pydantic import Field, create_model, model_validator
 
 from mugrpo.algorithms import Settings, check_sections, section_fields, sections_of
 from mugrpo.config import Config, TrainSection
+from mugrpo.config.precision import concrete, concrete_train
 from mugrpo.coordination.jobspec import JobSpec
 from mugrpo.losses.config import PolicyLossConfig
 from mugrpo.losses.registry import check_trainer_settings
@@ -68,6 +69,7 @@ class _TrainSpecCore(JobSpec):
     @model_validator(mode="after")
     def _defaults(self) -> _TrainSpecCore:
         layout = RunLayout(self.run_id)
+        self.train = concrete_train(self.train)  # a spec built without a run: auto precision resolved here
         if not self.rollout_stages:
             self.rollout_stages = [self.stage]
         bad = [s for s in self.rollout_stages if not 0 <= s <= self.stage]
@@ -110,8 +112,10 @@ class _TrainSpecCore(JobSpec):
     def from_config(cls, cfg: Config, stage: int, policy_version: int) -> _TrainSpecCore:
         """The training spec of stage ``stage`` of run config ``cfg``; the LR schedule spans all stages.
 
-        ``train.updates_per_stage`` is this stage's update count from ``run.stage_schedule``.
+        ``train.updates_per_stage`` is this stage's update count from ``run.stage_schedule``; ``auto`` precision is
+        resolved as in :func:`mugrpo.config.precision.concrete`.
         """
+        cfg = concrete(cfg)
         updates = stage_plan(cfg, stage).updates
         return cls(
             **cls.run_fields(cfg, stage),

