@@ -100,7 +100,8 @@ def resolve_precision(cfg: Config, stored: Config | None = None, verdict=None) -
             reason = "kept from the run's start (run.json)"
     autos = [k for k, s in requested.items() if s == AUTO and k not in values]
     uses_bf16 = any(v in BF16_VALUES for v in values.values())
-    hardware = verdict if verdict is not None else (bf16_verdict() if autos or uses_bf16 else None)
+    probe = autos or uses_bf16 or stored is not None  # a resume records the resuming machine's verdict
+    hardware = verdict if verdict is not None else (bf16_verdict() if probe else None)
     if autos:
         choice, reason = auto_choice(hardware)
         for key in autos:
