@@ -201,6 +201,7 @@ def arm_report(cfg) -> dict:
     final = read_job_manifest(store, run, cfg.run.num_stages, "eval")
     last = [r for _, r, _ in steps[-max(len(steps) // 4, 1) :] if r is not None]
     return {
+        "precision": arm_precision(store, run),
         "stages": len(stages),
         "updates": len(steps),
         **t,
@@ -208,6 +209,23 @@ def arm_report(cfg) -> dict:
         "reward_per_update": [(u, r) for u, r, _ in steps],
         "final_train_reward": sum(last) / max(len(last), 1),
         "final_eval": final.metrics if final is not None else {},
+    }
+
+
+def arm_precision(store, run_id: str) -> dict:
+    """The precision an arm ran in, as its run.json recorded it at the run's start (mugrpo.config.precision): the
+    resolved keys, why, and the machine's bf16 probe figures."""
+    from mugrpo.storage.layout import RunLayout
+
+    doc = store.read_json(RunLayout(run_id).run_json)
+    record = doc.get("precision") or {}
+    config = doc["config"]
+    return {
+        "model.dtype": config["model"]["dtype"],
+        "train.mixed_precision": config["train"]["mixed_precision"],
+        "train.checkpoint_dtype": config["train"]["checkpoint_dtype"],
+        "reason": record.get("reason", "set in the config"),
+        "hardware": record.get("hardware"),
     }
 
 

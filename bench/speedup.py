@@ -219,6 +219,12 @@ def main() -> None:
                 f"{rep['disk_bytes_per_stage'] / 1e9:>8.2f} {rep['final_train_reward']:>7.3f}  "
                 f"{json.dumps(rep['final_eval'])}"
             )
+    for arm in arms:  # the precision each arm ran in, as its run.json recorded it (auto resolves per machine)
+        p = results[arm][0]["precision"]
+        print(
+            f"{arm:>10} precision: model.dtype={p['model.dtype']}, train.mixed_precision={p['train.mixed_precision']}, "
+            f"train.checkpoint_dtype={p['train.checkpoint_dtype']} ({p['reason']})"
+        )
     summary = summarize(results)
     print(json.dumps({k: v for k, v in summary.items() if k != "medians"}, indent=1))
     if args.out:

@@ -102,6 +102,9 @@ def test_speedup_quick_runs_all_arms_to_equal_updates(tmp_path):
         r = runs[0]
         assert r["t_total"] >= r["t_roll"] + r["t_train"] > 0
     assert (tmp_path / "out" / "speedup_reward_vs_time.png").stat().st_size > 1000
+    # each arm records the precision it ran in (the suite pins auto to fp32: tests/conftest.py)
+    precision = {arm: runs[0]["precision"] for arm, runs in res["results"].items()}
+    assert all(p["model.dtype"] == "float32" and "MUGRPO_AUTO_PRECISION" in p["reason"] for p in precision.values())
 
 
 @pytest.mark.slow
