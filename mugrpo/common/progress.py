@@ -109,6 +109,10 @@ def job_progress(
     return PlainProgress(title, unit, fields, console)
 
 
+#: A non-streaming engine reports a shard's tokens when the shard ends: its silence may last a shard's sampling time.
+NON_STREAMING_STALL_FACTOR = 5
+
+
 class TokenProgress:
     """Live progress of a sampling job counted in generated tokens, for a terminal and a log alike.
 
@@ -117,7 +121,9 @@ class TokenProgress:
     Tokens arrive from the engine as they are sampled (:meth:`add_tokens`, called per decoding step by engines that
     can, e.g. :class:`mugrpo.engines.transformers_engine.TransformersEngine`), or per finished shard from the others.
     When no token arrives for ``stall_s`` seconds while sampling, one warning names the job, the shard and the likely
-    cause (``cause()``), repeated once per further ``stall_s`` of silence.
+    cause (``cause()``), repeated once per further ``stall_s`` of silence. An engine that reports tokens only per
+    finished shard (``streaming`` False: vLLM in its own process) is given :data:`NON_STREAMING_STALL_FACTOR` times as
+    long.
 
     ETA: the remaining prompts times the tokens per finished prompt, over the current rate; before any shard
     finished, the remaining token budget (``prompts x n x max_new_tokens``, an upper bound) over the rate.
@@ -143,6 +149,7 @@ class TokenProgress:
         self.prompts_done = self.prompts_total = 0
         self.token_budget = 0
         self.shard: int | None = None
+        self.streaming = True
         self._tokens_done_shards = 0
         self._t0 = clock()
         self._t_sampling: float | None = None
@@ -240,7 +247,8 @@ class TokenProgress:
             return None
         now = self.clock()
         silent = now - self._last_token
-        if silent < self.stall_s or (self._warned_at is not None and now - self._warned_at < self.stall_s):
+        limit = self.stall_s if self.streaming else self.stall_s * NON_STREAMING_STALL_FACTOR
+        if silent < limit or (self._warned_at is not None and now - self._warned_at < limit):
             return None
         self._warned_at = now
         shard = f"shard {self.shard}" if self.shard is not None else "its first shard"

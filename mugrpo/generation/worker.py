@@ -279,7 +279,7 @@ def _sample_and_commit(
     if own:
         progress = TokenProgress(f"generate stage {spec.stage}", console, cause=lambda: stall_cause(spec.dtype))
         progress.start()
-    streaming = _attach_token_meter(engine, progress.add_tokens)
+    streaming = progress.streaming = _attach_token_meter(engine, progress.add_tokens)
     todo_prompts = sum(len(shards[s]) for s in todo)
     budget = todo_prompts * spec.sampling.n * spec.sampling.max_new_tokens
     progress.begin_sampling(num_prompts, budget, prompts_done=num_prompts - todo_prompts)

@@ -178,3 +178,24 @@ def test_engine_failure_commits_nothing_for_its_shard(tmp_path, tiny_model_dir):
     # The re-run with a working engine completes the missing shards.
     manifest = run_generate(make_spec(root))
     assert manifest.counts["rows"] == 18
+
+
+def test_the_job_reports_progress_by_tokens_from_its_first_line(tmp_path, tiny_model_dir):
+    """A real job process: its first line comes before the engine's imports, then the live progress line (at once,
+    then every 10 s), and the final line counts exactly the tokens the committed rollouts hold."""
+    import re
+
+    root = with_policy(tmp_path, tiny_model_dir)
+    proc = launch(make_spec(root, num_prompts=4), tmp_path)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    lines = out.splitlines()
+    assert lines[0].startswith("generate: job started (pid "), out
+    assert any(line.startswith("generate stage 0: starting") for line in lines), out
+    final = [
+        m
+        for line in lines
+        if (m := re.match(r"generate stage 0: (\d+) tokens \([\d.]+ tok/s\), (\d+)/4 prompts", line))
+    ]
+    assert final and final[-1].group(2) == "4", out
+    assert int(final[-1].group(1)) == sum(all_rollouts(root)["num_tokens"].to_pylist())

@@ -133,3 +133,16 @@ def test_token_progress_prints_its_first_line_at_once_then_on_every_tick():
     lines = out.getvalue().splitlines()
     assert len(lines) >= 4 and all(line.startswith("generate stage 0: ") for line in lines)
     assert "5 tokens" in lines[-1]
+
+
+def test_a_non_streaming_engine_gets_longer_before_a_stall_warning():
+    from mugrpo.common.progress import NON_STREAMING_STALL_FACTOR, TokenProgress
+
+    clock = _Clock()
+    progress = TokenProgress("generate stage 0", Console(file=io.StringIO()), stall_s=60, clock=clock)
+    progress.streaming = False
+    progress.begin_sampling(prompts_total=4, token_budget=100)
+    clock.now += 61
+    assert progress.stall_warning() is None
+    clock.now += 60 * NON_STREAMING_STALL_FACTOR
+    assert "no token for" in progress.stall_warning()
