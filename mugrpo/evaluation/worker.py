@@ -28,7 +28,7 @@ from mugrpo.coordination.start_gate import StartGate
 from mugrpo.data.datasets import load_problems
 from mugrpo.data.prompts import PromptConfig, encode_prompt, render_prompt
 from mugrpo.engines.base import SamplingParams
-from mugrpo.evaluation.metrics import avg_at_k, mean_pass_at_k
+from mugrpo.evaluation.metrics import avg_at_k, clustered_mean_ci, maj_at_k, mean_pass_at_k
 from mugrpo.policy.adapters import merged_policy_dir
 from mugrpo.rewards import RewardConfig, RewardInput
 from mugrpo.scoring.verifiers import VerifierPoolOwner
@@ -121,12 +121,22 @@ def _bench_rows(spec: EvalSpec, bench: BenchmarkConfig, problems: list, tokenize
 
 
 def bench_metrics(rows: list[dict], k: int) -> dict[str, float]:
-    """avg@k and pass@k of one benchmark's rows (grouped by prompt_id)."""
-    by_prompt: dict[str, list[bool]] = {}
-    for r in rows:
-        by_prompt.setdefault(r["prompt_id"], []).append(bool(r["correct"]))
-    groups = list(by_prompt.values())
-    return {f"avg@{k}": avg_at_k(groups), f"pass@{k}": mean_pass_at_k(groups, k)}
+    """The eval contract of one benchmark's rows (grouped by prompt_id, in sample order): avg@k with its 95% CI
+    clustered by problem (``avg@k_ci95_low`` / ``_high``), the unbiased pass@k, and maj@k
+    (:mod:`mugrpo.evaluation.metrics`)."""
+    by_prompt: dict[str, list[dict]] = {}
+    for r in sorted(rows, key=lambda r: (r["prompt_id"], r["sample_idx"])):
+        by_prompt.setdefault(r["prompt_id"], []).append(r)
+    groups = [[bool(r["correct"]) for r in g] for g in by_prompt.values()]
+    answers = [[r["extracted_answer"] for r in g] for g in by_prompt.values()]
+    ci = clustered_mean_ci([sum(g) / len(g) for g in groups])
+    return {
+        f"avg@{k}": avg_at_k(groups),
+        f"avg@{k}_ci95_low": max(ci.low, 0.0),
+        f"avg@{k}_ci95_high": min(ci.high, 1.0),
+        f"pass@{k}": mean_pass_at_k(groups, k),
+        f"maj@{k}": maj_at_k(answers, groups),
+    }
 
 
 class EvalWorker(VerifierPoolOwner):
@@ -277,9 +287,12 @@ def _eval_manifest(spec: EvalSpec, store: Store, parts: list[JobManifest]) -> Jo
         for key, value in bench_metrics(rows, bench.k).items():
             metrics[f"{name}/{key}"] = value
         counts[f"{name}/samples"] = len(rows)
+        shown = bench_metrics(rows, bench.k)
+        k = bench.k
         console.print(
-            f"eval policy {spec.stage}: {name:<10} n={len(rows) // bench.k:<4} k={bench.k} "
-            + "  ".join(f"{k}={v:.3f}" for k, v in bench_metrics(rows, bench.k).items())
+            f"eval policy {spec.stage}: {name:<10} n={len(rows) // k:<4} k={k} avg@{k}={shown[f'avg@{k}']:.3f} "
+            f"[{shown[f'avg@{k}_ci95_low']:.3f}, {shown[f'avg@{k}_ci95_high']:.3f}]  "
+            f"pass@{k}={shown[f'pass@{k}']:.3f}  maj@{k}={shown[f'maj@{k}']:.3f}"
         )
     return JobManifest(
         run_id=spec.run_id,

@@ -11,6 +11,11 @@ Views (one set per connection, over the files committed when it was opened; :fun
 - ``replay``: with the replay buffer on (``replay.enabled``), one row per rollout used by an update, fresh or
   replayed (``schemas.tables.REPLAY_SCHEMA``): which rollout was used by which update, at what age.
 - ``stages``: one row per committed stage manifest (``schemas.STAGE_VIEW_SCHEMA``).
+- ``eval_problems``: one row per evaluated problem (run, policy stage, benchmark, prompt): its k samples, how many
+  were correct, its score (avg@k of the problem) and whether its majority answer is correct (maj@k's vote).
+- ``eval_scores``: one row per run, policy stage and benchmark: avg@k with its 95% CI clustered by problem
+  (Miller 2024, arXiv 2411.00640), pass@1 and maj@k (:mod:`mugrpo.evaluation.metrics` computes the same figures
+  for the eval manifests).
 - ``runs``: one row per run: ``run.json`` fields (NULL when it is absent) and counts of committed stages and files.
 
 A view over a table with no file yet is empty but has the table's columns, so queries never fail for lack of data.
@@ -59,7 +64,36 @@ RUNS_SCHEMA = pa.schema(
 )
 
 #: Every view a catalog defines, in the order ``.tables`` lists them.
-VIEWS = (*TABLE_FILES, "stages", "runs")
+VIEWS = (*TABLE_FILES, "stages", "runs", "eval_problems", "eval_scores")
+
+#: The eval contract's derived views, over ``evals`` (their definitions are the formulas of
+#: :mod:`mugrpo.evaluation.metrics`: maj@k votes on the stripped extracted answer, ties to the lowest sample index;
+#: the CI is mean +- 1.96 stddev_samp(score) / sqrt(problems)).
+EVAL_VIEWS = {
+    "eval_problems": """
+        WITH votes AS (
+            SELECT run_id, stage, benchmark, prompt_id, trim(extracted_answer) AS answer, count(*) AS n,
+                   min(sample_idx) AS first, bool_or(correct) AS correct
+            FROM evals WHERE coalesce(trim(extracted_answer), '') <> ''
+            GROUP BY ALL
+        ), winners AS (
+            SELECT run_id, stage, benchmark, prompt_id, arg_max(correct, n * 1000000 - first) AS maj_correct
+            FROM votes GROUP BY ALL
+        )
+        SELECT e.run_id, e.stage, e.benchmark, e.prompt_id, count(*) AS k,
+               sum(CASE WHEN e.correct THEN 1 ELSE 0 END) AS num_correct,
+               avg(CASE WHEN e.correct THEN 1.0 ELSE 0.0 END) AS score,
+               coalesce(any_value(w.maj_correct), false) AS maj_correct
+        FROM evals e LEFT JOIN winners w USING (run_id, stage, benchmark, prompt_id)
+        GROUP BY ALL""",
+    "eval_scores": """
+        SELECT run_id, stage, benchmark, count(*) AS problems, max(k) AS k, avg(score) AS avg_at_k,
+               greatest(avg(score) - 1.959963984540054 * stddev_samp(score) / sqrt(count(*)), 0.0) AS ci95_low,
+               least(avg(score) + 1.959963984540054 * stddev_samp(score) / sqrt(count(*)), 1.0) AS ci95_high,
+               avg(CASE WHEN maj_correct THEN 1.0 ELSE 0.0 END) AS maj_at_k,
+               avg(CASE WHEN num_correct > 0 THEN 1.0 ELSE 0.0 END) AS pass_at_k
+        FROM eval_problems GROUP BY ALL""",
+}
 #: Prefix of the registered Arrow tables behind the manifest views and empty placeholders. The database holds no
 #: base table at all, so even a data-modifying CTE (``WITH x AS (INSERT ...) SELECT``) has nothing to write to.
 _INTERNAL = "_mugrpo"
@@ -294,6 +328,8 @@ def connect(target: str, storage_options: dict[str, Any] | None = None) -> RunCa
         con.execute(f"CREATE VIEW stages AS SELECT * FROM {_register(con, 'stages', _stage_rows(tgt))}")
         runs = _register(con, "runs", _run_rows(tgt))
         con.execute(f"CREATE VIEW runs AS SELECT * REPLACE (config::JSON AS config) FROM {runs}")
+        for name, query in EVAL_VIEWS.items():
+            con.execute(f"CREATE VIEW {name} AS {query}")
         lock_down(con, f"{PROTOCOL}://{tgt.scope}/" if tgt.scope else f"{PROTOCOL}://")
     except TargetError:
         con.close()

@@ -5,9 +5,8 @@ SIGKILLed after logging half a run and a resumed one, with one continuous curve 
 
 from __future__ import annotations
 
-import re
-
 import os
+import re
 import shutil
 import signal
 import subprocess

@@ -9,6 +9,7 @@ from math import comb
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 
 from mugrpo.commits.manifest import read_job_manifest
 from mugrpo.commits.tables import read_table, write_table
@@ -55,7 +56,8 @@ def test_eval_job_k_samples_metrics_per_benchmark_resume_and_noop_rerun(tmp_path
     per_prompt = Counter(r["prompt_id"] for r in rows_a)
     assert len(per_prompt) == PROMPTS and set(per_prompt.values()) == {K}
     assert sorted(r["sample_idx"] for r in rows_a) == sorted(list(range(K)) * PROMPTS)
-    assert set(first.metrics) == {f"{A.dataset.name}/avg@{K}", f"{A.dataset.name}/pass@{K}"}
+    keys = (f"avg@{K}", f"avg@{K}_ci95_low", f"avg@{K}_ci95_high", f"pass@{K}", f"maj@{K}")
+    assert set(first.metrics) == {f"{A.dataset.name}/{key}" for key in keys}
 
     # 2. A job killed after A's file, before B's: no job or worker manifest. A's committed verdicts are set by hand
     #    to a known mix (prompt 1: 1 of 4 correct, prompt 2: 0 of 4, prompt 3: 4 of 4) so the metrics are not all
@@ -74,6 +76,13 @@ def test_eval_job_k_samples_metrics_per_benchmark_resume_and_noop_rerun(tmp_path
     assert resumed.metrics[f"{A.dataset.name}/avg@{K}"] == (1 + 0 + 4) / (PROMPTS * K)
     expected_pass = sum(pass_at_k(K, c, K) for c in (1, 0, 4)) / PROMPTS
     assert resumed.metrics[f"{A.dataset.name}/pass@{K}"] == expected_pass == 2 / 3
+    # 95% CI clustered by problem over the per-problem scores 1/4, 0, 1 (arXiv 2411.00640), cut to [0, 1]:
+    # 5/12 -+ 1.96 * 0.3005 = [-0.17, 1.006]
+    scores = [0.25, 0.0, 1.0]
+    se = (sum((x - 5 / 12) ** 2 for x in scores) / (3 * 2)) ** 0.5
+    assert 5 / 12 - 1.959964 * se < 0 and 5 / 12 + 1.959964 * se > 1
+    assert resumed.metrics[f"{A.dataset.name}/avg@{K}_ci95_low"] == 0.0
+    assert resumed.metrics[f"{A.dataset.name}/avg@{K}_ci95_high"] == 1.0
     rows_b = read_table(store, layout.eval_file(0, B.dataset.name), "evals").to_pylist()
     assert len(rows_b) == PROMPTS * K and {r["benchmark"] for r in rows_b} == {B.dataset.name}
     b_correct = Counter(r["prompt_id"] for r in rows_b if r["correct"])
