@@ -91,12 +91,7 @@ def collect(target: str, storage_options: dict | None = None) -> ReportData:
             + ", ".join(HEALTH_COLUMNS)
             + """ FROM train_steps ORDER BY "update" """,
         )
-        evals = _rows(
-            cat,
-            """SELECT stage, benchmark, count(DISTINCT prompt_id) AS problems, max(k) AS k,
-                      avg(CASE WHEN correct THEN 1.0 ELSE 0.0 END) AS avg_at_k
-               FROM evals GROUP BY stage, benchmark ORDER BY stage, benchmark""",
-        )
+        evals = _rows(cat, EVALS_QUERY)
         uri = cat.target.url
     files = _parquet_files(target, storage_options, run_id)
     return ReportData(
@@ -111,6 +106,29 @@ def collect(target: str, storage_options: dict | None = None) -> ReportData:
         examples,
         _audit_rows(target, storage_options, run_id),
     )
+
+
+#: Per policy and benchmark: the eval contract (``eval_scores``: avg@k with its 95% CI clustered by problem, pass@k,
+#: maj@k) and the paired gain over the base policy (stage 0) on the same problems, with its 95% CI (arXiv 2411.00640).
+EVALS_QUERY = """
+    WITH diff AS (
+        SELECT p.stage, p.benchmark, p.score - b.score AS d
+        FROM eval_problems p JOIN eval_problems b USING (run_id, benchmark, prompt_id)
+        WHERE b.stage = 0 AND p.stage > 0
+    ), gains AS (
+        SELECT stage, benchmark, avg(d) AS gain,
+               avg(d) - 1.959963984540054 * stddev_samp(d) / sqrt(count(*)) AS gain_low,
+               avg(d) + 1.959963984540054 * stddev_samp(d) / sqrt(count(*)) AS gain_high
+        FROM diff GROUP BY ALL
+    )
+    SELECT s.stage, s.benchmark, s.problems, s.k, s.avg_at_k, s.ci95_low, s.ci95_high, s.pass_at_k, s.maj_at_k,
+           g.gain, g.gain_low, g.gain_high
+    FROM eval_scores s LEFT JOIN gains g USING (stage, benchmark)
+    ORDER BY s.stage, s.benchmark"""
+
+
+def _ci(low, high) -> str:
+    return f"[{low:.3f}, {high:.3f}]" if low is not None and high is not None else "[-]"
 
 
 def _audit_rows(target: str, storage_options: dict | None, run_id: str) -> list[dict]:
@@ -238,10 +256,13 @@ def _stage_table(ax: _Axes) -> str:
         row = [f"stage {k}" if k in ax.timing else f"final (policy {k})"]
         for b in ax.benches:
             e = ax.acc.get((k, b))
-            row.append(e["avg_at_k"] if e else "-")
+            row.append(f"{e['avg_at_k']:.3f} {_ci(e['ci95_low'], e['ci95_high'])}" if e else "-")
+            gain = e.get("gain") if e else None
+            row.append(f"{gain:+.3f} {_ci(e['gain_low'], e['gain_high'])}" if gain is not None else "-")
         row += [tm.get("t_gen", "-"), tm.get("t_train", "-"), tm.get("t_switch", "-"), tm.get("t_total", "-")]
         rows.append(row)
-    head = ["policy"] + [f"{b} avg@k" for b in ax.benches] + ["T_gen s", "T_train s", "T_switch s", "T_total s"]
+    per_bench = [h for b in ax.benches for h in (f"{b} avg@k [95% CI]", f"{b} gain over stage 0 [paired 95% CI]")]
+    head = ["policy", *per_bench, "T_gen s", "T_train s", "T_switch s", "T_total s"]
     return _table(head, rows)
 
 
@@ -381,8 +402,11 @@ def render(data: ReportData) -> str:
 <p class="muted">Stored at <code>{html.escape(data.uri)}</code>; created {html.escape(str(data.created_at))};
 report generated {now}.</p>
 <h2>Per-stage summary (Mu-GRPO Table 1 style)</h2>
-<p>Accuracy (avg@k) of the behavior policy of each stage and of the final policy; T_gen is the generation wall
-time (the paper's T_roll), T_switch the job start, engine start and weight-load overhead inside all the jobs.</p>
+<p>Held-out accuracy (avg@k) of the behavior policy of each stage (stage 0: the base model) and of the final policy,
+with its 95% confidence interval clustered by problem, and the paired gain over the base policy on the same problems
+with its 95% CI (Miller 2024, arXiv 2411.00640): a gain whose interval excludes 0 is beyond the eval's noise. T_gen
+is the generation wall time (the paper's T_roll), T_switch the job start, engine start and weight-load overhead
+inside all the jobs.</p>
 {_stage_table(ax)}
 <h2>Plots</h2>
 <div class="plots">{"".join(_plots(data, ax))}</div>
@@ -422,18 +446,23 @@ def _audit_section(data: ReportData) -> str:
 def table1_markdown(data: ReportData) -> str:
     """The per-stage summary as a Markdown table (for Prefect artifacts and terminals)."""
     timing = {s["stage"]: s for s in data.stages}
-    acc = {(e["stage"], e["benchmark"]): e["avg_at_k"] for e in data.evals}
+    acc = {(e["stage"], e["benchmark"]): e for e in data.evals}
     benches = sorted({b for _, b in acc})
     rewards = {r["stage"]: r["mean_reward"] for r in data.rollouts_by_stage}
     policies = sorted({k for k, _ in acc} | set(timing))
-    head = ["policy", "train reward", *[f"{b} avg@k" for b in benches], "T_gen s", "T_train s", "T_total s"]
+    head = ["policy", "train reward", *[f"{b} avg@k [95% CI]" for b in benches], "T_gen s", "T_train s", "T_total s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for k in policies:
         t = timing.get(k, {})
         cells = [
             f"stage {k}" if k in timing else f"final ({k})",
             f"{rewards[k]:.3f}" if k in rewards else "-",
-            *(f"{acc[(k, b)]:.3f}" if (k, b) in acc else "-" for b in benches),
+            *(
+                f"{acc[(k, b)]['avg_at_k']:.3f} {_ci(acc[(k, b)]['ci95_low'], acc[(k, b)]['ci95_high'])}"
+                if (k, b) in acc
+                else "-"
+                for b in benches
+            ),
             *(f"{t[c]:.0f}" if t.get(c) is not None else "-" for c in ("t_gen", "t_train", "t_total")),
         ]
         lines.append("| " + " | ".join(cells) + " |")

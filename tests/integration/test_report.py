@@ -57,6 +57,27 @@ def test_report_content(tmp_path: Path):
     ):
         assert heading in page
     assert "rollouts/stage=0/" in page and ".parquet" in page
+    # The eval contract: accuracy with its clustered 95% CI, and the paired gain over the base policy (stage 0), as
+    # mugrpo.evaluation.metrics computes them from the committed rows.
+    import pyarrow.dataset as ds
+
+    from mugrpo.evaluation.metrics import clustered_mean_ci, paired_difference_ci
+
+    rows = ds.dataset(tmp_path / "r1" / "evals", format="parquet", partitioning="hive").to_table().to_pylist()
+    scores: dict[int, dict[str, list[bool]]] = {}
+    for r in rows:
+        scores.setdefault(int(r["stage"]), {}).setdefault(r["prompt_id"], []).append(r["correct"])
+    mean = {k: {p: sum(c) / len(c) for p, c in v.items()} for k, v in scores.items()}
+    by_stage = {e["stage"]: e for e in data.evals}
+    assert by_stage[0]["gain"] is None and len(by_stage) == len(mean) >= 2
+    for k, e in by_stage.items():
+        ci = clustered_mean_ci(list(mean[k].values()))
+        assert e["avg_at_k"] == pytest.approx(ci.mean) and e["ci95_low"] == pytest.approx(max(ci.low, 0.0))
+        if k > 0:
+            gain = paired_difference_ci(mean[k], mean[0])
+            assert (e["gain"], e["gain_low"], e["gain_high"]) == pytest.approx((gain.mean, gain.low, gain.high))
+            assert f"{gain.mean:+.3f} [{gain.low:.3f}, {gain.high:.3f}]" in page
+    assert "gsm8k gain over stage 0 [paired 95% CI]" in page
 
 
 def test_report_renders_in_headless_chromium(tmp_path: Path):
