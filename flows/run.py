@@ -12,6 +12,7 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
 from flows.exclusive import one_flow_run_per_run_id
 from flows.stage import launch_workers, segment_flow, stage_flow
+from mugrpo.algorithms import excluding_columns
 from mugrpo.commits.manifest import read_job_manifest
 from mugrpo.config import Config, config_from_dict
 from mugrpo.config.precision import describe
@@ -96,7 +97,9 @@ def _run_leased(cfg: Config, lease: RunLease) -> dict[str, Any]:
         logger.warning(started.warning)
     results = []
     final = {}
-    with TrackingSession(cfg, store) as tracking:  # live mirror of committed metrics (tracking.sinks)
+    with TrackingSession(
+        cfg, store, excluding_columns()
+    ) as tracking:  # live mirror of committed metrics (tracking.sinks)
         if cfg.orchestration.execution == "warm":  # one job per segment of consecutive stages
             size = cfg.orchestration.segment_stages
             for first in range(0, cfg.run.num_stages, size):

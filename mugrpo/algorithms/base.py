@@ -56,6 +56,7 @@ from typing import Any, ClassVar, Literal, Protocol
 import pyarrow as pa
 from pydantic import BaseModel, Field
 
+from mugrpo.commits.exclusion import excluded as excluded  # the one rule (re-exported)
 from mugrpo.common.registry import Registry
 from mugrpo.data.datasets import Problem
 from mugrpo.engines.base import Sample, SamplingParams
@@ -588,12 +589,6 @@ def declared_columns() -> list[RolloutColumn]:
 def excluding_columns() -> list[str]:
     """The declared columns with ``excludes`` set: a row where one is true is never trained on."""
     return [c.name for c in declared_columns() if c.excludes]
-
-
-def excluded(row: Mapping[str, Any], columns: Sequence[str]) -> bool:
-    """Whether a rollout row is kept out of training: one of the excluding ``columns``
-    (:func:`excluding_columns`) is true on it (NULL, as in files older than the column, is not)."""
-    return any(row.get(name) for name in columns)
 
 
 def provided_inputs(sections: Mapping[str, Any], loss: PolicyLossConfig) -> set[str]:

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import hashlib
 
-from mugrpo.algorithms import ALGORITHMS, sections_of
+from mugrpo.algorithms import ALGORITHMS, excluding_columns, sections_of
 from mugrpo.audit.result import FAIL, NOT_CHECKED, PASS, AuditRun, CheckResult
+from mugrpo.commits.exclusion import training_rows_sql
 
 NAME = "data-order"
 
@@ -44,7 +45,7 @@ def fingerprint(run: AuditRun) -> tuple[str, list[str]]:
                 r["prompt_id"]
                 for r in run.rows(
                     f"SELECT DISTINCT prompt_id FROM rollouts WHERE stage = {int(stage)} "
-                    "AND NOT coalesce(is_probe, false) ORDER BY prompt_id"
+                    f"AND {training_rows_sql(excluding_columns(), run.columns('rollouts'))} ORDER BY prompt_id"
                 )
             ]
             sources.add("rollout prompt ids")

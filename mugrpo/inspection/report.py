@@ -18,6 +18,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from mugrpo.algorithms import excluding_columns  # noqa: E402
+from mugrpo.commits.exclusion import training_rows_sql  # noqa: E402
 from mugrpo.sql import connect  # noqa: E402
 from schemas.tables import TRAIN_STEP_V4_COLUMNS  # noqa: E402
 
@@ -62,6 +64,8 @@ def collect(target: str, storage_options: dict | None = None) -> ReportData:
             raise ValueError(f"{target} holds {len(cat.run_ids)} runs; give one run folder (ROOT/RUN_ID)")
         run_id = cat.run_ids[0]
         runs = _rows(cat, "SELECT * FROM runs")
+        # the training figures count only rows trained on (mugrpo.commits.exclusion: the declared excludes columns)
+        trained = training_rows_sql(excluding_columns(), cat.sql("SELECT * FROM rollouts LIMIT 0").columns)
         stages = _rows(cat, "SELECT stage, t_gen, t_train, t_eval, t_switch, t_total FROM stages ORDER BY stage")
         by_stage = _rows(
             cat,
@@ -74,12 +78,12 @@ def collect(target: str, storage_options: dict | None = None) -> ReportData:
                       avg(CASE WHEN finish_reason = 'length' THEN 1 ELSE 0 END) AS truncated,
                       avg(CASE WHEN zero_variance THEN 1 ELSE 0 END) AS zero_var_frac,
                       min(policy_version) AS policy_version
-               FROM rollouts WHERE is_probe IS NOT TRUE GROUP BY stage ORDER BY stage""",
+               FROM rollouts WHERE {trained} GROUP BY stage ORDER BY stage""",
         )
         examples = _rows(
             cat,
             f"""SELECT stage, prompt_text, response_text, reward, ground_truth, {CORRECTNESS} AS correctness
-               FROM rollouts WHERE is_probe IS NOT TRUE AND sample_idx = 0
+               FROM rollouts WHERE {trained} AND sample_idx = 0
                QUALIFY row_number() OVER (PARTITION BY stage ORDER BY prompt_id) <= {EXAMPLES_PER_STAGE}
                ORDER BY stage, prompt_id""",
         )

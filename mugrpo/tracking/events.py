@@ -10,11 +10,11 @@ sees monotone steps.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from mugrpo.commits.exclusion import training_rows
 from mugrpo.commits.manifest import latest_checkpoint, read_job_manifest, read_manifest
 from mugrpo.commits.tables import part_numbers, read_table
 from mugrpo.storage.layout import RunLayout
@@ -55,29 +55,31 @@ def committed_train_events(store: Store, layout: RunLayout, stage: int, after_up
     return sorted(events, key=lambda e: e.step)
 
 
-def rollout_sample(store: Store, layout: RunLayout, stage: int, rows: int) -> tuple[list[str], list[list]] | None:
-    """The first ``rows`` rollouts of the stage's first shard (by prompt_id, sample_idx), or None if none."""
+def rollout_sample(
+    store: Store, layout: RunLayout, stage: int, rows: int, excluding: Sequence[str] = ()
+) -> tuple[list[str], list[list]] | None:
+    """The first ``rows`` rollouts trained on of the stage (by shard, then prompt_id, sample_idx), or None if none;
+    rows where an ``excluding`` column is true were not trained on and are left out
+    (:func:`mugrpo.commits.exclusion.training_rows`). Shards are read in order until ``rows`` are found."""
     if rows <= 0:
         return None
     shards = sorted(n for n in store.listdir(layout.rollouts_dir(stage)) if n.endswith(".parquet"))
-    if not shards:
-        return None
-    rel = f"{layout.rollouts_dir(stage)}/{shards[0]}"
-    with store.fs.open(store.full(rel), "rb") as f:
-        table = pq.read_table(f)
-    if "is_probe" in table.column_names:  # AGPO's probe responses are not what the policy was trained on
-        table = table.filter(pc.invert(pc.fill_null(table["is_probe"], False)))
-    table = (
-        table.select([*SAMPLE_COLUMNS, "response_text"])
-        .sort_by([("prompt_id", "ascending"), ("sample_idx", "ascending")])
-        .slice(0, rows)
-    )
     columns = [*SAMPLE_COLUMNS, "response_text"]
-    data = [[r[c] if c != "response_text" else r[c][:_TEXT_CHARS] for c in columns] for r in table.to_pylist()]
-    return columns, data
+    data: list[list] = []
+    for name in shards:
+        with store.fs.open(store.full(f"{layout.rollouts_dir(stage)}/{name}"), "rb") as f:
+            table = training_rows(pq.read_table(f), excluding)
+        table = table.select(columns).sort_by([("prompt_id", "ascending"), ("sample_idx", "ascending")])
+        for r in table.slice(0, rows - len(data)).to_pylist():
+            data.append([r[c] if c != "response_text" else r[c][:_TEXT_CHARS] for c in columns])
+        if len(data) >= rows:
+            break
+    return (columns, data) if data else None
 
 
-def stage_event(store: Store, layout: RunLayout, stage: int, step: int, sample_rows: int) -> Event | None:
+def stage_event(
+    store: Store, layout: RunLayout, stage: int, step: int, sample_rows: int, excluding: Sequence[str] = ()
+) -> Event | None:
     """The summary of committed stage ``stage``: T_gen..T_total, counts, generate/train/eval metrics; or None."""
     m = read_manifest(store, layout.run_id, stage)
     if m is None:
@@ -89,7 +91,7 @@ def stage_event(store: Store, layout: RunLayout, stage: int, step: int, sample_r
         job, _, name = key.partition("/")
         values[f"eval/{name}" if job == "eval" else f"stage/{key}"] = float(v)
     values[STAGE_CURSOR_KEY] = float(stage)
-    return Event("stage", step, values, rollout_sample(store, layout, stage, sample_rows), stage=stage)
+    return Event("stage", step, values, rollout_sample(store, layout, stage, sample_rows, excluding), stage=stage)
 
 
 def final_eval_event(store: Store, layout: RunLayout, num_stages: int, step: int) -> Event | None:
@@ -102,8 +104,11 @@ def final_eval_event(store: Store, layout: RunLayout, num_stages: int, step: int
     return Event("stage", step, values, stage=num_stages)
 
 
-def pending_events(store: Store, run_id: str, num_stages: int, cursor: Cursor, sample_rows: int = 8) -> Iterator[Event]:
-    """Every committed event after ``cursor``, in run order (see the module docstring).
+def pending_events(
+    store: Store, run_id: str, num_stages: int, cursor: Cursor, sample_rows: int = 8, excluding: Sequence[str] = ()
+) -> Iterator[Event]:
+    """Every committed event after ``cursor``, in run order (see the module docstring); ``excluding``: the run's
+    excluding columns (:func:`mugrpo.algorithms.excluding_columns`), whose rows the rollout samples leave out.
 
     Stages before ``cursor.stage`` are skipped without reading their train_steps (their updates were logged before
     their summary), so a poll costs one stage's files.
@@ -120,7 +125,7 @@ def pending_events(store: Store, run_id: str, num_stages: int, cursor: Cursor, s
         if m is None:
             return  # later stages cannot have committed anything yet
         step = int(m.counts.get("train/policy_version", train[-1].step if train else step))
-        event = stage_event(store, layout, stage, step, sample_rows)
+        event = stage_event(store, layout, stage, step, sample_rows, excluding)
         if event is not None:
             yield event
     if cursor.stage < num_stages:

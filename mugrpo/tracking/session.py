@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,10 +54,12 @@ class TrackingSession:
             ...  # stages; every poll_s seconds and at exit, newly committed data is logged
 
     A failing tracker never fails the run: its error is logged and the sink is dropped for this session.
+    ``excluding``: the run's excluding rollout columns (:func:`mugrpo.algorithms.excluding_columns`), whose rows the
+    rollout samples leave out.
     """
 
-    def __init__(self, cfg, store: Store):
-        self.cfg, self.store = cfg, store
+    def __init__(self, cfg, store: Store, excluding: Sequence[str] = ()):
+        self.cfg, self.store, self.excluding = cfg, store, tuple(excluding)
         self.sinks: list[TrackerSink] = open_sinks(cfg, store) if cfg.tracking.sinks else []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -75,6 +78,7 @@ class TrackingSession:
                             self.cfg.run.num_stages,
                             sink.cursor(),
                             self.cfg.tracking.rollout_samples,
+                            self.excluding,
                         )
                     )
                     if events:

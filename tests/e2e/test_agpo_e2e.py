@@ -9,6 +9,7 @@ import math
 import pytest
 from _tiny import AGPO_LOSS, generate_spec, train_spec, with_policy
 
+from mugrpo.algorithms import excluding_columns
 from mugrpo.algorithms.agpo import AGPOConfig
 from mugrpo.commits.tables import read_table
 from mugrpo.generation import run_generate
@@ -79,6 +80,13 @@ def test_tiny_agpo_run_two_stages(tmp_path, tiny_model_dir):
     first_prompt = next(r for r in stage1 if not r["is_probe"])
     ema0 = gen_manifests[0].metrics["agpo_u_ema"]
     assert first_prompt["agpo_c"] == pytest.approx((first_prompt["agpo_u"] - ema0) / (ema0 + 1e-8))
-    # the tracker's rollout sample shows training responses only (shard 0: 2 prompts x G=3, probes left out)
-    columns, sample = rollout_sample(store, layout, 0, 50)
-    assert len(sample) == 6
+    # the tracker's rollout sample shows training responses only (the declared excludes columns: probes left out)
+    columns, sample = rollout_sample(store, layout, 0, 50, excluding_columns())
+    stage0 = [
+        r
+        for name in sorted(store.listdir(layout.rollouts_dir(0)))
+        if name.endswith(".parquet")
+        for r in read_table(store, f"{layout.rollouts_dir(0)}/{name}", "rollouts").to_pylist()
+    ]
+    assert any(r["is_probe"] for r in stage0)
+    assert len(sample) == min(50, sum(not r["is_probe"] for r in stage0))

@@ -50,6 +50,11 @@ def test_a_plugin_algorithm_with_its_own_input_and_dynamic_sampling(tmp_path, ti
     assert report["resumed_equal"]  # the re-run rebuilt the kept count from the committed shards
 
     assert report["train_counts"]["rows"] == 8 and report["train_counts"]["excluded_rows"] == 16
+    # One exclusion rule: the report's training figures and the tracker's rollout samples leave the filtered rows
+    # out, as training did: 8 rows trained on, 4 filtered groups, none of which is shown.
+    shown = report["shown"]
+    assert "toy_filtered" in shown["excluding"] and shown["report_rollouts"] == 8
+    assert shown["filtered_prompts"] == 4 and shown["sample_rows"] == 8 and shown["sample_filtered"] == 0
     weights = sorted(g["weight"] for g in kept)
     for step in report["steps"]:
         assert step["num_sequences"] == 4

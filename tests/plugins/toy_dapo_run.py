@@ -84,7 +84,28 @@ def main(root: Path, model_dir: Path, out: Path) -> None:
     report["train_counts"] = trained.counts
     steps = read_steps(store, layout, 0)[0].to_pylist()
     report["steps"] = [{"num_sequences": s["num_sequences"], "loss_metrics": dict(s["loss_metrics"])} for s in steps]
+    report["shown"] = shown_rows(root, store, layout, shards)
     out.write_text(json.dumps(report))
+
+
+def shown_rows(root: Path, store: Store, layout: RunLayout, shards: int) -> dict:
+    """What the run report and the tracker's rollout samples show of stage 0: the one exclusion rule
+    (mugrpo.commits.exclusion over the declared excludes columns) leaves the plugin's filtered rows out."""
+    from mugrpo.algorithms import excluding_columns
+    from mugrpo.inspection.report import collect
+    from mugrpo.tracking.events import rollout_sample
+
+    data = collect(str(root / RUN))
+    columns, sample = rollout_sample(store, layout, 0, 1000, excluding_columns())
+    filtered = {r["prompt_id"] for rows in shard_rows(store, layout, shards) for r in rows if r[FILTERED]}
+    return {
+        "excluding": excluding_columns(),
+        "report_rollouts": data.rollouts_by_stage[0]["rollouts"],
+        "report_example_prompts": sorted({e["prompt_text"] for e in data.examples}),
+        "sample_rows": len(sample),
+        "sample_filtered": sum(row[columns.index("prompt_id")] in filtered for row in sample),
+        "filtered_prompts": len(filtered),
+    }
 
 
 if __name__ == "__main__":

@@ -116,6 +116,32 @@ def test_the_algorithm_homes_do_name_them():  # the check is not vacuous: the ho
     assert named == set(names)
 
 
+def channel_names() -> list[str]:
+    """Every declared rollout column (``Algorithm.columns``) and loss input (``Algorithm.inputs``, the rollout
+    inputs of ``mugrpo.losses.inputs``): is_probe, agpo_u, clip_eps, positive, ..."""
+    from mugrpo.losses.inputs import ROLLOUT_INPUTS
+
+    columns = [c.name for name in ALGORITHMS for c in ALGORITHMS[name].columns]
+    inputs = [i for name in ALGORITHMS for i in ALGORITHMS[name].inputs]
+    return sorted({*columns, *inputs, *ROLLOUT_INPUTS})
+
+
+def test_no_module_outside_the_algorithm_homes_names_a_declared_column_or_loss_input():
+    """The per-rollout channel carries columns and inputs by name: code outside the homes reads them through it
+    (``excluding_columns()``, ``LossContext.inputs``), never by a name of its own."""
+    names = channel_names()
+    assert {"is_probe", "agpo_u", "clip_eps", "positive"} <= set(names)
+    offenders = []
+    for root in ("mugrpo", "flows", "tasks"):
+        for path in sorted((REPO / root).rglob("*.py")):
+            rel = path.relative_to(REPO).as_posix()
+            if not rel.startswith(HOMES):
+                offenders += [f"{rel}:{line}: {tok!r}" for line, tok, _ in code_mentions(path.read_text(), names)]
+    assert not offenders, "declared columns or loss inputs named outside their homes:\n" + "\n".join(offenders)
+    sources = [p.read_text() for home in HOMES for p in (REPO / home).rglob("*.py")]
+    assert {hit for source in sources for _, _, hit in code_mentions(source, names)} == set(names)  # not vacuous
+
+
 def test_config_and_specs_carry_each_algorithm_section():
     for name in ALGORITHMS:
         algorithm = ALGORITHMS[name]
