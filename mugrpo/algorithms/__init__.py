@@ -8,42 +8,36 @@ outside this package. docs/algorithms/adding.md walks through adding one.
 """
 
 from mugrpo.algorithms import agpo, replay  # noqa: F401  (importing registers the built-in algorithms)
-from mugrpo.algorithms.base import (
+from mugrpo.algorithms.auditing import AuditFindings, RunQuery, longest_repeat
+from mugrpo.algorithms.base import Algorithm
+from mugrpo.algorithms.contracts import RolloutColumn, RolloutRef, Settings
+from mugrpo.algorithms.plugins import load_plugins
+from mugrpo.algorithms.registry import (
     ALGORITHMS,
-    Algorithm,
-    AuditFindings,
+    check_sections,
+    declared_columns,
+    excluding_columns,
+    make_generation_hooks,
+    make_train_hooks,
+    provided_inputs,
+    sampled_prompts,
+    section_fields,
+    sections_of,
+)
+from mugrpo.algorithms.sampling import GenerationHooks, GenerationStart, ScoredShard, ShardPlan, ShardToSample
+from mugrpo.algorithms.training import (
     CheckpointAt,
     CommitRecord,
-    GenerationHooks,
-    GenerationStart,
     ResumePoint,
-    RolloutColumn,
-    RolloutRef,
-    RunQuery,
     SavedState,
-    ScoredShard,
-    Settings,
-    ShardPlan,
-    ShardToSample,
     StageCommit,
     StageStart,
     StepRecord,
     TrainHooks,
     UpdateInputs,
     UpdateRows,
-    check_sections,
-    declared_columns,
-    excluded,
-    excluding_columns,
-    longest_repeat,
-    make_generation_hooks,
-    make_train_hooks,
-    provided_inputs,
-    section_fields,
-    sections_of,
-    stage_prompts,
 )
-from mugrpo.algorithms.plugins import load_plugins
+from mugrpo.commits.exclusion import excluded
 
 __all__ = [
     "ALGORITHMS",
@@ -79,7 +73,7 @@ __all__ = [
     "provided_inputs",
     "section_fields",
     "sections_of",
-    "stage_prompts",
+    "sampled_prompts",
 ]
 
 load_plugins()

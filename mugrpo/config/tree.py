@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import Field, create_model, field_validator, model_validator
 
-from mugrpo.algorithms import Settings, check_sections, section_fields, sections_of, stage_prompts
+from mugrpo.algorithms import Settings, check_sections, sampled_prompts, section_fields, sections_of
 from mugrpo.config.base import _Section
 from mugrpo.config.jobs import EvalSection, GenerationSection, TrainSection
 from mugrpo.config.operations import OrchestrationSection, TrackingSection
@@ -88,7 +88,7 @@ class _CoreSections(_Section):
             num_stages=self.run.num_stages,
             prompts_per_stage=self.generation.prompts_per_stage,
             updates_per_stage=self.train.updates_per_stage,
-            sampled_prompts=functools.partial(stage_prompts, sections_of(self)),
+            sampled_prompts=functools.partial(sampled_prompts, sections_of(self)),
         )
 
     def algorithm_settings(self) -> Settings:

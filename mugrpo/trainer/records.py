@@ -58,7 +58,7 @@ def train_step_row(
 ) -> dict:
     """One ``train_steps`` row. Loss metrics missing from ``metrics`` (e.g. kl_ref without a KL term) are null; the
     loss's other metrics go to the ``loss_metrics`` map. ``columns`` holds the values algorithms filled
-    (:meth:`mugrpo.algorithms.base.TrainHooks.after_update`) of the columns the trainer does not fill itself
+    (:meth:`mugrpo.algorithms.training.TrainHooks.after_update`) of the columns the trainer does not fill itself
     (``schemas.tables.TRAIN_STEP_V3_COLUMNS``); the others are null. ``health`` holds the update's health panel
     (``schemas.tables.TRAIN_STEP_V4_COLUMNS``, :mod:`mugrpo.trainer.health`); a missing one is null.
 

@@ -11,7 +11,11 @@ from mugrpo.algorithms.agpo.generation import AGPOGenerationHooks
 from mugrpo.algorithms.agpo.loss import CLIP_EPS
 from mugrpo.algorithms.agpo.probe import COLUMNS
 from mugrpo.algorithms.agpo.trainer import AGPOTrainHooks
-from mugrpo.algorithms.base import ALGORITHMS, Algorithm, GenerationHooks, Settings, TrainHooks
+from mugrpo.algorithms.base import Algorithm
+from mugrpo.algorithms.contracts import Settings
+from mugrpo.algorithms.registry import ALGORITHMS
+from mugrpo.algorithms.sampling import GenerationHooks
+from mugrpo.algorithms.training import TrainHooks
 from mugrpo.losses.config import PolicyLossConfig
 
 #: The policy loss whose per-group clip range AGPO's trainer controller sets (:mod:`.loss`).

@@ -13,7 +13,7 @@ from __future__ import annotations
 from mugrpo.algorithms.agpo.config import AGPOConfig
 from mugrpo.algorithms.agpo.controllers import TemperatureController
 from mugrpo.algorithms.agpo.probe import EMA_METRIC, ShardProbe, plan_prompts, probe_params, replay_uncertainties
-from mugrpo.algorithms.base import GenerationHooks, GenerationStart, ShardPlan, ShardToSample
+from mugrpo.algorithms.sampling import GenerationHooks, GenerationStart, ShardPlan, ShardToSample
 from mugrpo.commits.manifest import read_job_manifest
 from mugrpo.commits.tables import read_table
 from mugrpo.common.seeds import derive_seed

@@ -19,7 +19,8 @@ import pyarrow as pa
 from mugrpo.algorithms.agpo.config import AGPOConfig
 from mugrpo.algorithms.agpo.controllers import TemperatureController
 from mugrpo.algorithms.agpo.stats import DispersionMode, ProbeStats, probe_stats
-from mugrpo.algorithms.base import RolloutColumn, ShardPlan
+from mugrpo.algorithms.contracts import RolloutColumn
+from mugrpo.algorithms.sampling import ShardPlan
 from mugrpo.engines.base import SamplingParams
 
 #: Key of the temperature controller's EMA in the generate job manifest's metrics (its state at stage commit).

@@ -30,7 +30,7 @@ from mugrpo.algorithms.agpo.config import AGPOConfig
 from mugrpo.algorithms.agpo.controllers import ClipRangeController
 from mugrpo.algorithms.agpo.loss import CLIP_EPS
 from mugrpo.algorithms.agpo.probe import PROBE_STATS
-from mugrpo.algorithms.base import (
+from mugrpo.algorithms.training import (
     CheckpointAt,
     CommitRecord,
     SavedState,

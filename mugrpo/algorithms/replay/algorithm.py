@@ -19,22 +19,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mugrpo.algorithms.base import (
-    ALGORITHMS,
-    Algorithm,
-    AuditFindings,
-    CheckpointAt,
-    CommitRecord,
-    RolloutRef,
-    RunQuery,
-    SavedState,
-    Settings,
-    StageCommit,
-    StageStart,
-    StepRecord,
-    TrainHooks,
-    UpdateRows,
-)
+from mugrpo.algorithms.auditing import AuditFindings, RunQuery
+from mugrpo.algorithms.base import Algorithm
+from mugrpo.algorithms.contracts import RolloutRef, Settings
+from mugrpo.algorithms.registry import ALGORITHMS
 from mugrpo.algorithms.replay import audit
 from mugrpo.algorithms.replay.buffer import RolloutKey
 from mugrpo.algorithms.replay.config import ReplayConfig
@@ -46,6 +34,16 @@ from mugrpo.algorithms.replay.state import (
     buffer_to_bytes,
     read_stage_buffer,
     write_stage_buffer,
+)
+from mugrpo.algorithms.training import (
+    CheckpointAt,
+    CommitRecord,
+    SavedState,
+    StageCommit,
+    StageStart,
+    StepRecord,
+    TrainHooks,
+    UpdateRows,
 )
 from mugrpo.common.seeds import derive_seed
 from mugrpo.losses.config import PolicyLossConfig

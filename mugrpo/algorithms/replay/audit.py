@@ -2,7 +2,7 @@
 replay queue served its first batch for 33 updates), read from the ``replay`` table (one row per rollout an update
 used, fresh or replayed, with its age: :mod:`mugrpo.algorithms.replay.records`).
 
-Rules (:class:`mugrpo.algorithms.base.AuditFindings`):
+Rules (:class:`mugrpo.algorithms.auditing.AuditFindings`):
 
 - the set of replayed rollouts an update draws is not the previous update's set more than ``max_repeat`` times in a
   row (the draw's identity is :func:`schemas.tables.batch_identity` of its rollout keys);
@@ -13,7 +13,7 @@ The data-order fingerprint gets one line per update: the keys of every rollout i
 
 from __future__ import annotations
 
-from mugrpo.algorithms.base import AuditFindings, RunQuery, longest_repeat
+from mugrpo.algorithms.auditing import AuditFindings, RunQuery, longest_repeat
 from mugrpo.algorithms.replay.config import ReplayConfig
 from schemas.tables import batch_identity
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mugrpo.algorithms.base import RolloutRef
+from mugrpo.algorithms.contracts import RolloutRef
 from mugrpo.algorithms.replay.buffer import Eviction, ReplayBuffer, ReplayEntry, RolloutKey, num_replayed
 
 
