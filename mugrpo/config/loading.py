@@ -16,6 +16,67 @@ class ConfigError(ValueError):
     """A config key or value is invalid; the message names the dotted key, the value, and what is allowed."""
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses a key repeated in one mapping (PyYAML keeps the last one silently).
+
+    Merge keys (``<<: *anchor``) still work: keys brought in by a merge may be overridden by the mapping's own keys,
+    as YAML specifies; only a key written twice in the same mapping is refused.
+    """
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, yaml.Node] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    earlier = seen.get(key)
+                except TypeError:
+                    continue  # an unhashable key: the base class reports it
+                if earlier is not None:
+                    raise DuplicateKeyError(key, earlier.start_mark.line + 1, key_node.start_mark.line + 1)
+                seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)
+
+
+class DuplicateKeyError(yaml.YAMLError):
+    def __init__(self, key: Any, first_line: int, line: int) -> None:
+        super().__init__(f"duplicate key {key!r} at line {line} (first set at line {first_line})")
+        self.key, self.first_line, self.line = key, first_line, line
+
+
+def _section_of(text: str, line: int) -> str:
+    """The dotted path of the mapping that holds the key at 1-based ``line`` (from the indentation above it)."""
+    lines = text.splitlines()
+    indent = len(lines[line - 1]) - len(lines[line - 1].lstrip())
+    path: list[str] = []
+    for prev in reversed(lines[: line - 1]):
+        stripped = prev.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        ind = len(prev) - len(prev.lstrip())
+        if ind < indent and stripped.endswith(":"):
+            path.insert(0, stripped[:-1].strip().strip("'\""))
+            indent = ind
+            if ind == 0:
+                break
+    return ".".join(path)
+
+
+def load_yaml_unique(path: str | Path, text: str) -> Any:
+    """Parse YAML ``text`` read from ``path``, refusing duplicate keys with the file, line and dotted key."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except DuplicateKeyError as e:
+        section = _section_of(text, e.line)
+        dotted = f"{section}.{e.key}" if section else str(e.key)
+        raise ConfigError(
+            f"{path}:{e.line}: duplicate key {dotted!r} (first set at line {e.first_line}); "
+            "YAML would keep only the last one silently: keep one of them"
+        ) from None
+
+
 def _parse_value(raw: str) -> Any:
     try:
         return yaml.safe_load(raw)
@@ -105,7 +166,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     source = str(path) if path else "defaults"
     if path is not None:
         try:
-            loaded = yaml.safe_load(Path(path).read_text())
+            loaded = load_yaml_unique(path, Path(path).read_text())
         except OSError as e:
             raise ConfigError(f"cannot read config {path}: {e}") from None
         except yaml.YAMLError as e:

@@ -1,0 +1,99 @@
+"""The bad-input corpus (issue 47): every refusal of docs/reliability.md's "Refusals" table and every bad input a
+hostile but fair user tried, replayed through the real ``mugrpo`` command line, one row per case.
+
+For each case: the exit code, one block (no ``Traceback``, one ``Error:``), the file, row or key the block names,
+and a byte-identical snapshot of the run root before and after (a refused start creates no folder at all). Cases
+refused before Prefect starts need no Prefect server; they share one tiny model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from _tiny import REPO_ROOT, RUN, gsm8k_train, tiny_config, write_config
+
+
+def snapshot(root: Path) -> dict[str, bytes] | None:
+    """Every file under ``root`` with its bytes (folders included, as ``name/``); None when ``root`` is absent."""
+    if not root.exists():
+        return None
+    out: dict[str, bytes] = {}
+    for p in sorted(root.rglob("*")):
+        out[str(p.relative_to(root)) + ("/" if p.is_dir() else "")] = b"" if p.is_dir() else p.read_bytes()
+    return out
+
+
+def mugrpo(args: list[str], cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", "MUGRPO_RUN_SLOT": "off"}
+    env.pop("PREFECT_API_URL", None)
+    return subprocess.run(
+        [sys.executable, "-m", "mugrpo.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+def assert_one_block(out: subprocess.CompletedProcess, code: int, needles: list[str]) -> str:
+    text = out.stdout + out.stderr
+    assert out.returncode == code, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    assert text.count("Error") <= 1 and len(text.strip().splitlines()) <= 12, text[-3000:]
+    for needle in needles:
+        assert needle in text, (needle, text[-3000:])
+    return text
+
+
+@dataclass
+class Case:
+    """``prepare(tmp, model_dir)`` writes the bad input and returns the command-line arguments; ``needles(tmp)`` are
+    what the block must name."""
+
+    prepare: Callable[[Path, Path], list[str]]
+    code: int
+    needles: Callable[[Path], list[str]]
+
+
+def config_args(tmp: Path, model_dir: Path, text: str | None = None, **sections) -> list[str]:
+    path = tmp / "run.yaml"
+    if text is None:
+        write_config(path, tiny_config(tmp / "runs", model_dir, **sections))
+    else:
+        path.write_text(text)
+    return ["run", str(path)]
+
+
+def duplicate_key(tmp: Path, model_dir: Path) -> list[str]:
+    return config_args(
+        tmp, model_dir, f"run: {{id: {RUN}, root: {tmp / 'runs'}}}\nmodel: {{source: {model_dir}}}\n"
+        "train:\n  lr: 0.001\n  lr: 0.5\n"
+    )  # fmt: skip
+
+
+def duplicate_section(tmp: Path, model_dir: Path) -> list[str]:
+    return config_args(
+        tmp, model_dir, f"run:\n  id: {RUN}\n  root: {tmp / 'runs'}\nmodel: {{source: {model_dir}}}\n"
+        "run:\n  id: other\n"
+    )  # fmt: skip
+
+
+CASES: dict[str, Case] = {
+    "duplicate key in a section": Case(
+        duplicate_key, 2, lambda tmp: [f"{tmp / 'run.yaml'}:5", "duplicate key 'train.lr'", "line 4"]
+    ),
+    "duplicate section": Case(duplicate_section, 2, lambda tmp: [f"{tmp / 'run.yaml'}:5", "duplicate key 'run'"]),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_bad_input_is_one_block_and_changes_nothing(name, tmp_path, tiny_model_dir):
+    case = CASES[name]
+    args = case.prepare(tmp_path, tiny_model_dir)
+    before = snapshot(tmp_path / "runs")
+    out = mugrpo(args)
+    assert_one_block(out, case.code, case.needles(tmp_path))
+    assert snapshot(tmp_path / "runs") == before
