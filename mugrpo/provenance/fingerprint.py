@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import json
 import os
+import struct
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -32,7 +34,7 @@ from typing import Any, Literal
 import fsspec
 from pydantic import BaseModel, Field
 
-from mugrpo.provenance.refusals import plural
+from mugrpo.provenance.refusals import RunRefused, plural
 
 TRAIN_ROLE = "data.train"
 WEIGHTS_ROLE = "model.weights"
@@ -199,6 +201,88 @@ def model_source_path(source: str) -> Path:
     return Path(source)
 
 
+class BrokenModelError(RunRefused):
+    """The model folder ``model.source`` names cannot be loaded: no weight file, a shard its index names is missing,
+    or a safetensors file whose header is unreadable or points past the end of the file (a truncated copy)."""
+
+
+#: Files that hold weights (a folder with only config.json and a tokenizer has none).
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
+_MAX_HEADER = 100 << 20  # safetensors caps its JSON header at 100 MB
+
+
+def check_safetensors(path: Path) -> None:
+    """Check a safetensors file's header: an 8-byte little-endian length, a JSON header of that many bytes, and
+    every tensor's ``data_offsets`` inside the data that follows (a truncated file fails here, without reading the
+    tensors).
+
+    Raises:
+        ValueError: what is wrong, without the path (the caller names it).
+    """
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{size} bytes, shorter than the 8-byte header length")
+        (n,) = struct.unpack("<Q", head)
+        if n > _MAX_HEADER or 8 + n > size:
+            raise ValueError(f"its header claims {n} bytes but the file holds {size} bytes (truncated?)")
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"its header is not JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise ValueError("its header is not a JSON object")
+    data = size - 8 - n
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+            raise ValueError(f"tensor {name!r} has no valid data_offsets")
+        begin, end = offsets
+        if not 0 <= begin <= end <= data:
+            raise ValueError(
+                f"tensor {name!r} ends at byte {end} of the data but the file holds {data} bytes of data (truncated?)"
+            )
+
+
+def check_model_folder(source: str, folder: Path) -> None:
+    """Refuse a model folder whose weights cannot load: it holds no weight file; its index
+    (``model.safetensors.index.json``) names a shard that is missing; or a safetensors file (every shard the index
+    names, else every ``*.safetensors``) has a broken header or data offsets past the end of the file.
+
+    Raises:
+        BrokenModelError: names ``model.source`` and the file.
+    """
+
+    def refuse(what: str) -> BrokenModelError:
+        return BrokenModelError(
+            f"model.source {source!r} cannot be loaded: {what}. Nothing was written. Point model.source at a "
+            "complete model folder (config, tokenizer and weights), e.g. copy it again."
+        )
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise refuse(f"{index} is not a safetensors index with a weight_map ({e!r})") from None
+        for shard in shards:
+            if not (folder / shard).is_file():
+                raise refuse(f"{folder / shard}, named by {index.name}, does not exist")
+        files = [folder / s for s in shards]
+    else:
+        files = _matching(folder, ("*.safetensors",))
+        if not files and not _matching(folder, WEIGHT_FILES):
+            raise refuse(f"{folder} holds no weight file (model.safetensors or another of {', '.join(WEIGHT_FILES)})")
+    for f in files:
+        try:
+            check_safetensors(f)
+        except (ValueError, OSError) as e:
+            raise refuse(f"{f} is not a complete safetensors file: {e}") from None
+
+
 def _matching(folder: Path, patterns: tuple[str, ...]) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and any(fnmatch.fnmatch(p.name, pat) for pat in patterns))
 
@@ -207,12 +291,15 @@ def model_fingerprints(source: str, previous: dict[str, InputFingerprint] | None
     """The fingerprints of the initial policy named by ``model.source``: its weights and its tokenizer.
 
     Raises:
-        FileNotFoundError: the source does not exist, or a model folder has no weight or no tokenizer file.
+        FileNotFoundError: the source does not exist, or a model folder has no tokenizer file.
+        BrokenModelError: a model folder's weights cannot load (:func:`check_model_folder`).
     """
     path = model_source_path(source)
     previous = previous or {}
     if not path.exists():
         raise FileNotFoundError(f"model.source {source!r}: {path} does not exist")
+    if path.is_dir():
+        check_model_folder(source, path)
     out = []
     for role, patterns in ((WEIGHTS_ROLE, WEIGHT_PATTERNS), (TOKENIZER_ROLE, TOKENIZER_PATTERNS)):
         old = {f.path: f for f in (previous[role].files if role in previous else [])}

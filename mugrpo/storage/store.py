@@ -173,8 +173,7 @@ class Store:
         self.is_local = isinstance(fs, LocalFileSystem)
         if self.url.startswith(_S3_PROTOCOLS):
             fs.retries = 1  # s3fs's own retry loop off: botocore is the one retry layer, so the budget is exact
-        if self.is_local:
-            Path(self.root).mkdir(parents=True, exist_ok=True)
+        if self.is_local:  # created by the first write, not here: a refused run leaves no folder behind
             self.root = os.path.abspath(self.root)
 
     def __repr__(self) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -81,11 +82,57 @@ def duplicate_section(tmp: Path, model_dir: Path) -> list[str]:
     )  # fmt: skip
 
 
+def broken_model(change: Callable[[Path], None]) -> Callable[[Path, Path], list[str]]:
+    """A copy of the tiny model folder broken by ``change(folder)``, as ``model.source``."""
+
+    def prepare(tmp: Path, model_dir: Path) -> list[str]:
+        folder = tmp / "model"
+        shutil.copytree(model_dir, folder)
+        change(folder)
+        return config_args(tmp, model_dir, model={"source": str(folder)})
+
+    return prepare
+
+
+def truncate(path: Path, keep: int | None = None) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: keep if keep is not None else len(data) // 2])
+
+
+def shard_index_missing_shard(folder: Path) -> None:
+    (folder / "model.safetensors").rename(folder / "model-00001-of-00002.safetensors")
+    index = {
+        "metadata": {},
+        "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"},
+    }
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
 CASES: dict[str, Case] = {
     "duplicate key in a section": Case(
         duplicate_key, 2, lambda tmp: [f"{tmp / 'run.yaml'}:5", "duplicate key 'train.lr'", "line 4"]
     ),
     "duplicate section": Case(duplicate_section, 2, lambda tmp: [f"{tmp / 'run.yaml'}:5", "duplicate key 'run'"]),
+    "model folder without weights": Case(
+        broken_model(lambda f: (f / "model.safetensors").unlink()),
+        2,
+        lambda tmp: ["model.source", "holds no weight file"],
+    ),
+    "model folder with truncated weights": Case(
+        broken_model(lambda f: truncate(f / "model.safetensors")),
+        2,
+        lambda tmp: ["model.source", str(tmp / "model" / "model.safetensors"), "truncated"],
+    ),
+    "model folder with a cut header": Case(
+        broken_model(lambda f: truncate(f / "model.safetensors", 100)),
+        2,
+        lambda tmp: ["model.source", str(tmp / "model" / "model.safetensors")],
+    ),
+    "sharded model folder missing a shard": Case(
+        broken_model(shard_index_missing_shard),
+        2,
+        lambda tmp: ["model.source", "model-00002-of-00002.safetensors", "model.safetensors.index.json"],
+    ),
 }
 
 
