@@ -103,11 +103,20 @@ def _prefect_env() -> None:
 
 
 def split_run(run: str, root: str | None) -> tuple[str, str]:
-    """``RUN`` is a run id (with --root, default 'runs') or a run folder/URL ``ROOT/RUN_ID``."""
+    """``RUN`` is a run id (with --root, default 'runs') or a run folder/URL ``ROOT/RUN_ID``. A run id that is not
+    one (``../ref`` with --root) is refused: one block naming it, exit 2."""
+    from mugrpo.storage.layout import validate_run_id
+
     if root is None and "/" in run.rstrip("/"):
         parent, _, run_id = run.rstrip("/").rpartition("/")
-        return parent, run_id
-    return root or "runs", run
+    else:
+        parent, run_id = root or "runs", run
+    try:
+        validate_run_id(run_id)
+    except ValueError as e:
+        given = f"{run!r} with --root {root}" if root is not None else repr(run)
+        _refuse(ValueError(f"{given}: {e}; pass a run id with --root, or the run's folder ROOT/RUN_ID without it"))
+    return parent, run_id
 
 
 def _stored_config(run: str, root: str | None, storage_options: dict | None = None):

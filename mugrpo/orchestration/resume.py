@@ -7,9 +7,9 @@ the code version, and every accepted config change. Re-running a run id (``mugrp
 
 1. **config**: a changed semantic key (:mod:`mugrpo.config_keys`) is refused; changed operational keys are accepted
    and recorded with the stage they take effect at (the first stage not committed);
-2. **inputs**: every input is fingerprinted again (files whose size and mtime are unchanged are not re-read); one
-   whose content changed, or that is gone, is refused, naming the file, the recorded and current sha256 and the way
-   out (restore the file, or start a new run id).
+2. **inputs**: every input is fingerprinted again (every byte is read: size and mtime never decide that a file is
+   unchanged); one whose content changed, or that is gone, is refused, naming the file, the recorded and current
+   sha256 and the way out (restore the file, or start a new run id).
 
 Refusals are :class:`RunRefused` errors: one block of text, nothing written. The command line checks before it
 starts Prefect (:func:`check_resume`), so a refusal is printed once with exit code 2; the run flow checks again
@@ -99,7 +99,7 @@ def check_resume(store: Store, cfg: Any) -> ResumeCheck:
         )
     recorded = {role: InputFingerprint.model_validate(fp) for role, fp in (doc.get("inputs") or {}).items()}
     current = _fingerprints(cfg, recorded, uri, starting=False)
-    changed = [(recorded[r], current[r]) for r in recorded if r in current and recorded[r].sha256 != current[r].sha256]
+    changed = [(recorded[r], current[r]) for r in recorded if r in current and _differs(recorded[r], current[r])]
     if changed:
         raise InputChangedError(changed_inputs_message(cfg.run.id, uri, changed))
     return ResumeCheck(
@@ -107,9 +107,22 @@ def check_resume(store: Store, cfg: Any) -> ResumeCheck:
     )
 
 
+def _differs(old: InputFingerprint, new: InputFingerprint) -> bool:
+    """The input's bytes differ, or (the training set) the problems it yields do."""
+    if old.sha256 != new.sha256:
+        return True
+    return None not in (old.problems_sha256, new.problems_sha256) and old.problems_sha256 != new.problems_sha256
+
+
 def _fingerprints(cfg: Any, recorded: dict[str, InputFingerprint], uri: str, *, starting: bool):
+    from mugrpo.data.datasets import DatasetError
+
     try:
         return run_inputs(cfg, recorded)
+    except DatasetError as e:  # a bad training row: names the file and line
+        raise RunRefused(
+            f"{'cannot start' if starting else 'cannot continue'} run {cfg.run.id!r} at {uri}: {e}"
+        ) from None
     except FileNotFoundError as e:
         if starting:
             raise InputChangedError(f"cannot start run {cfg.run.id!r} at {uri}: an input is missing: {e}") from None

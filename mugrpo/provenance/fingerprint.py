@@ -14,8 +14,12 @@ digest** (sha256):
   tokenizer files (``tokenizer.json``, ``tokenizer_config.json``, the chat template...), each set digested as the
   sorted list of (file name, sha256); a GGUF file holds both, so both roles fingerprint that file.
 
-Hashing is paid once: each file's size and mtime are kept beside its sha256, and a file whose path, size and mtime
-(nanoseconds) are unchanged is not read again. A generated dataset has no mtime, so it is regenerated to be checked.
+Every check reads every byte: a file's size and mtime are kept beside its sha256 to describe it, never to decide that
+it is unchanged (an edit that keeps the size, with its mtime set back, is a same-size reorder of the training set).
+Within one process a file is hashed once while its path, size, mtime, ctime and inode stay the same (the command line
+checks a run's inputs before it starts the run flow, which checks them again; ctime cannot be set back). The training
+set also records the digest of the problems it yields (``problems_sha256``, :func:`problems_digest`), which every new
+prompt plan compares with the problems it read (:mod:`mugrpo.provenance.prompt_plan`).
 The process that starts or resumes the run (the flow) must be able to read every input: use an fsspec URL
 (``s3://...``) or a path that exists where the flow runs.
 """
@@ -67,9 +71,9 @@ TOKENIZER_PATTERNS = (
     "chat_template.json",
 )
 _CHUNK = 1 << 20
-#: sha256 of the local files this process hashed, by (path, size, mtime_ns): the command line checks a run's inputs
-#: before it starts the run flow in the same process, which checks them again.
-_HASHED: dict[tuple[str, int, int], str] = {}
+#: sha256 of the local files this process hashed, by (path, size, mtime_ns, ctime_ns, inode): the command line checks
+#: a run's inputs before it starts the run flow in the same process, which checks them again.
+_HASHED: dict[tuple[str, int, int, int, int], str] = {}
 
 
 class FileStamp(BaseModel):
@@ -92,6 +96,11 @@ class InputFingerprint(BaseModel):
     recipe: dict[str, Any] = Field(default_factory=dict, description="What produces the input (its config).")
     sha256: str = Field(description="Content digest (see the module docstring).")
     files: list[FileStamp] = Field(default_factory=list)
+    problems_sha256: str | None = Field(
+        None,
+        description="The training set only: the digest of the problems it yields (problems_digest), which every new "
+        "prompt plan checks; None in runs started before it was recorded.",
+    )
 
     @property
     def where(self) -> str:
@@ -113,32 +122,33 @@ def _is_local(fs) -> bool:
 
 
 def stamp_file(path: str, previous: FileStamp | None = None) -> FileStamp:
-    """The stamp of the file at ``path`` (local path or fsspec URL). When ``previous`` names the same file with the
-    same size and mtime, it is returned as is without reading the file.
+    """The stamp of the file at ``path`` (local path or fsspec URL), its sha256 computed from its bytes. ``previous``
+    (the recorded stamp) is accepted for callers' convenience but never trusted: size and mtime do not decide that a
+    file is unchanged.
 
     Raises:
         FileNotFoundError: no file at ``path``.
     """
+    del previous
     fs, inner = fsspec.core.url_to_fs(path)
     where = os.path.abspath(inner) if _is_local(fs) else path
+    key: tuple[str, int, int, int, int] | None = None
     if _is_local(fs):
         st = os.stat(where)  # FileNotFoundError names the path
         size, mtime = st.st_size, st.st_mtime_ns
+        key = (where, size, mtime, st.st_ctime_ns, st.st_ino)
     else:
         info = fs.info(inner)
         size, mtime = int(info.get("size") or 0), None
-    if mtime is not None and previous is not None:
-        if (previous.path, previous.bytes, previous.mtime_ns) == (where, size, mtime):
-            return previous
-    sha = _HASHED.get((where, size, mtime)) if mtime is not None else None
+    sha = _HASHED.get(key) if key is not None else None
     if sha is None:
         digest = hashlib.sha256()
         with fs.open(inner, "rb") as f:
             while chunk := f.read(_CHUNK):
                 digest.update(chunk)
         sha = digest.hexdigest()
-        if mtime is not None:  # a remote file without an mtime is hashed every time
-            _HASHED[where, size, mtime] = sha
+        if key is not None:  # a remote file is hashed every time
+            _HASHED[key] = sha
     return FileStamp(path=where, bytes=size, mtime_ns=mtime, sha256=sha)
 
 
@@ -332,6 +342,7 @@ def run_inputs(cfg: Any, previous: dict[str, InputFingerprint] | None = None) ->
     """
     previous = previous or {}
     out = {TRAIN_ROLE: _named(cfg.data.train, TRAIN_ROLE, previous, "data.train.path")}
+    out[TRAIN_ROLE].problems_sha256 = training_problems_digest(cfg.data.train)
     for i, bench in enumerate(cfg.eval.benchmarks):
         role = eval_role(bench.dataset.name)
         out[role] = _named(bench.dataset, role, previous, f"eval.benchmarks[{i}].dataset.path")
@@ -346,6 +357,18 @@ def _named(dataset: Any, role: str, previous: dict[str, InputFingerprint], key: 
         return dataset_fingerprint(dataset, role, previous.get(role))
     except FileNotFoundError as e:
         raise FileNotFoundError(f"{key} = {getattr(dataset, 'path', None)!r}: no such file ({e.strerror or e})") from e
+
+
+def training_problems_digest(dataset: Any) -> str:
+    """:func:`problems_digest` of the problems ``dataset`` yields.
+
+    Raises:
+        mugrpo.data.datasets.DatasetError: a bad row (``on_bad_row: error``) or an empty training set.
+    """
+    from mugrpo.data.datasets import load_problems
+
+    problems, _ = load_problems(dataset)
+    return problems_digest(problems)
 
 
 def changed_inputs_message(run_id: str, uri: str, changed: list[tuple[InputFingerprint, InputFingerprint]]) -> str:

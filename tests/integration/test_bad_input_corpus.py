@@ -108,7 +108,66 @@ def shard_index_missing_shard(folder: Path) -> None:
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
 
 
+def started_run(tmp: Path, model_dir: Path) -> Path:
+    """A run killed as soon as run.json existed: run.json and the initial policy, no prompt plan yet (what the run
+    flow writes first, :func:`mugrpo.orchestration.runs.init_run`). Its training file is a copy in ``tmp``."""
+    from mugrpo.config import config_from_dict
+    from mugrpo.orchestration.resume import check_resume, record_resume
+    from mugrpo.orchestration.runs import ensure_initial_policy
+    from mugrpo.storage.store import Store
+
+    train = tmp / "train.jsonl"
+    shutil.copy(gsm8k_train()["path"], train)
+    cfg = config_from_dict(tiny_config(tmp / "runs", model_dir, data={"train": {**gsm8k_train(), "path": str(train)}}))
+    store = Store(str(tmp / "runs"))
+    record_resume(store, cfg, check_resume(store, cfg))
+    ensure_initial_policy(cfg, store)
+    return tmp / "runs" / RUN
+
+
+def drift_before_the_first_plan(tmp: Path, model_dir: Path) -> list[str]:
+    run = started_run(tmp, model_dir)
+    train = tmp / "train.jsonl"
+    st = train.stat()
+    lines = train.read_bytes().splitlines(keepends=True)
+    lines[0], lines[1] = lines[1], lines[0]
+    train.write_bytes(b"".join(lines))
+    os.utime(train, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert train.stat().st_size == st.st_size
+    return ["resume", str(run)]
+
+
+def training_file(content: bytes, name: str = "train.jsonl") -> Callable[[Path, Path], list[str]]:
+    def prepare(tmp: Path, model_dir: Path) -> list[str]:
+        (tmp / name).write_bytes(content)
+        return config_args(tmp, model_dir, data={"train": {**gsm8k_train(), "path": str(tmp / name)}})
+
+    return prepare
+
+
+def relative_run_id(command: str) -> Callable[[Path, Path], list[str]]:
+    def prepare(tmp: Path, model_dir: Path) -> list[str]:
+        return [command, "../ref", "--root", str(tmp / "runs")]
+
+    return prepare
+
+
 CASES: dict[str, Case] = {
+    "training set reordered before the first plan (same size, mtime set back)": Case(
+        drift_before_the_first_plan, 2, lambda tmp: [str(tmp / "train.jsonl"), "recorded sha256", "current  sha256"]
+    ),
+    "empty training file": Case(
+        training_file(b""), 2, lambda tmp: [str(tmp / "train.jsonl"), "holds no problems", "data.train"]
+    ),
+    "training file named .parquet that is not Parquet": Case(
+        training_file(b'{"question": "1+1?", "answer": "#### 2"}\n', "train.parquet"),
+        2,
+        lambda tmp: [str(tmp / "train.parquet"), "is not a readable Parquet file"],
+    ),
+    **{
+        f"`mugrpo {command}` of a run id with a slash": Case(relative_run_id(command), 2, lambda tmp: ["'../ref'"])
+        for command in ("resume", "verify", "status")
+    },
     "duplicate key in a section": Case(
         duplicate_key, 2, lambda tmp: [f"{tmp / 'run.yaml'}:5", "duplicate key 'train.lr'", "line 4"]
     ),
