@@ -48,7 +48,7 @@ def _load(config: Path | None, overrides: list[str] | None):
     try:
         return load_config(config, overrides or [])
     except ConfigError as e:
-        err.print(str(e), style="red", markup=False, highlight=False)  # "[gym]" in a pip command is no markup
+        err.print(f"Error: {e}", style="red", markup=False, highlight=False)  # "[gym]" in a pip command: no markup
         raise typer.Exit(2) from None
 
 
@@ -176,6 +176,7 @@ def _execute(cfg) -> None:
     from mugrpo.inspection.verify import CorruptedRunError, refuse_corrupted
     from mugrpo.orchestration.runs import open_store
     from mugrpo.storage.errors import check_store, check_writable
+    from mugrpo.storage.store import StorageError
 
     try:  # reasoning-gym benchmarks of the training task: no question text shared with training
         check_heldout_disjoint(cfg.data.train, [b.dataset for b in cfg.eval.benchmarks])
@@ -211,6 +212,9 @@ def _execute(cfg) -> None:
             lease.acquire()
     except RunLeaseHeld as e:
         _refuse_state(str(e))
+    except StorageError as e:  # e.g. the disk filled between the probe and the lease: no temporary file is left
+        err.print(f"Error: cannot take the run lease of {uri}: {e}", style="red", markup=False, highlight=False)
+        raise typer.Exit(2) from None
     try:
         _run_flow(cfg, uri)
     finally:
@@ -238,11 +242,52 @@ def _check_epoch(cfg) -> None:
         _refuse(e)
 
 
+def _quiet_clean_failures(*classes: type[BaseException]) -> None:
+    """Keep Prefect from logging a traceback (and its "Finished in state Failed" lines) for a failure this command
+    prints itself as one block: a refusal, a lost lease, corrupted data, a storage write that failed, a failed job.
+    Any other exception is logged by Prefect as before."""
+    import logging
+
+    names: set[str] = set()
+    todo = list(classes)
+    while todo:
+        cls = todo.pop()
+        if cls.__name__ not in names:
+            names.add(cls.__name__)
+            todo.extend(cls.__subclasses__())
+
+    def clean(exc: BaseException | None) -> bool:
+        while exc is not None:
+            if type(exc).__name__ in names:
+                return True
+            exc = exc.__cause__ or exc.__context__
+        return False
+
+    class _Filter(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            if record.exc_info and clean(record.exc_info[1]):
+                return False
+            if record.levelno < logging.INFO or not record.name.startswith("prefect"):
+                return True
+            text = record.getMessage()
+            failure = any(
+                m in text for m in ("Encountered exception", "Finished in state Failed", "failed with exception")
+            )
+            return not (failure and any(f"{n}(" in text or f"{n}:" in text for n in names))
+
+    quiet = _Filter()
+    for logger in [logging.getLogger(), *map(logging.getLogger, list(logging.root.manager.loggerDict))]:
+        for handler in getattr(logger, "handlers", []):
+            if quiet not in handler.filters:
+                handler.addFilter(quiet)
+
+
 def _run_flow(cfg, uri: str) -> None:
     from flows.run import run_flow
     from mugrpo.coordination.lease import LeaseFenced, RunLeaseHeld
     from mugrpo.inspection.verify import CorruptedRunError
     from mugrpo.orchestration.resume import RunRefused
+    from mugrpo.storage.store import StorageError
     from tasks.launchers.errors import JobError
 
     console.print(f"[bold]run {cfg.run.id}[/bold] lives at {uri}")
@@ -250,7 +295,9 @@ def _run_flow(cfg, uri: str) -> None:
     console.print("  (for the Prefect UI, start `prefect server start` and set PREFECT_API_URL before `mugrpo run`)")
     console.print(f'  query it:  mugrpo sql {uri} "SELECT stage, avg(reward) FROM rollouts GROUP BY ALL"')
     from mugrpo.common.progress import quiet_library_bars
+    from mugrpo.provenance.refusals import RunRefused as Refused
 
+    _quiet_clean_failures(Refused, RunLeaseHeld, LeaseFenced, CorruptedRunError, StorageError, JobError)
     quiet_library_bars()  # the flow process converts the initial policy (GGUF -> HF): no bar frames in a log
     signal.signal(signal.SIGTERM, _interrupt)  # preemption: stop like Ctrl-C, so Prefect's temporary server stops too
     try:
@@ -267,6 +314,15 @@ def _run_flow(cfg, uri: str) -> None:
     except JobError as e:
         err.print(f"run {cfg.run.id} stopped: {e}", style="red", markup=False, highlight=False)
         err.print(f"committed work is kept; after fixing the cause, continue with `mugrpo resume {uri}`.")
+        raise typer.Exit(1) from None
+    except StorageError as e:  # a write of the flow itself failed (a full disk): it names the file
+        err.print(
+            f"Error: run {cfg.run.id} stopped: {e}\ncommitted work is kept and no temporary file is left; after "
+            f"fixing the cause (free space), continue with `mugrpo resume {uri}`.",
+            style="red",
+            markup=False,
+            highlight=False,
+        )
         raise typer.Exit(1) from None
     console.print(f"[green]run {cfg.run.id} complete[/green] in {result['seconds']:.0f} s: {uri}")
     if result["final_eval"]:
