@@ -266,3 +266,13 @@ def test_a_disk_that_fills_mid_run_is_one_block_with_the_resume_command_and_no_s
         text = assert_one_block(out, 1, [f"could not write {run}/policies/stage=0/", f"mugrpo resume {run}"])
         assert "No space left on device" in text or "File too large" in text
         assert strays(tmp_path / "disk") == []
+
+
+def test_a_sql_query_that_starts_with_a_comment_is_a_query_not_an_option(tmp_path, tiny_model_dir):
+    """docs/sql.md's recipes start with ``--`` comments; pasted as the query they used to be parsed as an option."""
+    run = started_run(tmp_path, tiny_model_dir)
+    out = mugrpo(["sql", str(run), "-- a comment\nSELECT 41 + 1 AS answer", "--format", "csv"])
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.split() == ["answer", "42"]
+    out = mugrpo(["sql", str(run), "SELECT 1", "--no-such-option"])
+    assert out.returncode == 2 and "--no-such-option" in out.stderr  # a real unknown option is still refused
