@@ -247,6 +247,7 @@ def _quiet_clean_failures(*classes: type[BaseException]) -> None:
     prints itself as one block: a refusal, a lost lease, corrupted data, a storage write that failed, a failed job.
     Any other exception is logged by Prefect as before."""
     import logging
+    import re
 
     names: set[str] = set()
     todo = list(classes)
@@ -263,6 +264,8 @@ def _quiet_clean_failures(*classes: type[BaseException]) -> None:
             exc = exc.__cause__ or exc.__context__
         return False
 
+    in_error: set[str] = set()
+
     class _Filter(logging.Filter):
         def filter(self, record: logging.LogRecord) -> bool:
             if record.exc_info and clean(record.exc_info[1]):
@@ -270,6 +273,11 @@ def _quiet_clean_failures(*classes: type[BaseException]) -> None:
             if record.levelno < logging.INFO or not record.name.startswith("prefect"):
                 return True
             text = record.getMessage()
+            job = re.match(r"\[(\w+)\] ", text)
+            if job and text.startswith("error: ", job.end()):  # a job's own error block: this command prints it
+                in_error.add(job.group(1))  # once; the job exits right after it, so its next lines are that block
+            if job and job.group(1) in in_error:
+                return False
             failure = any(
                 m in text for m in ("Encountered exception", "Finished in state Failed", "failed with exception")
             )
@@ -277,9 +285,42 @@ def _quiet_clean_failures(*classes: type[BaseException]) -> None:
 
     quiet = _Filter()
     for logger in [logging.getLogger(), *map(logging.getLogger, list(logging.root.manager.loggerDict))]:
-        for handler in getattr(logger, "handlers", []):
-            if quiet not in handler.filters:
+        for handler in getattr(logger, "handlers", []):  # the console only: Prefect's API keeps every record
+            if isinstance(handler, logging.StreamHandler) and quiet not in handler.filters:
                 handler.addFilter(quiet)
+
+
+#: What a fenced job's refusal says (mugrpo.coordination.lease.check_fence).
+_FENCED = "refusing to commit"
+
+
+def _taken_over(cfg, uri: str, detail: str) -> None:
+    """Print, as one block with exit code 3, that this writer's run was taken over: by whom (the lease's holder
+    now) and whether the run is already complete; never advise a resume of a run another writer holds or finished."""
+    from mugrpo.coordination.lease import LeaseRecord
+    from mugrpo.orchestration.runs import open_store, run_status
+    from mugrpo.storage.layout import RunLayout
+
+    store = open_store(cfg)
+    try:
+        current = store.read_versioned(RunLayout(cfg.run.id).lease)
+        holder = LeaseRecord.from_bytes(current[0], uri).owner if current else "another writer (its lease is gone)"
+        complete = run_status(store, cfg).complete
+    except Exception:  # noqa: BLE001 - the message below stands without these details
+        holder, complete = "another writer", False
+    state = (
+        "the run is complete: nothing is left to do"
+        if complete
+        else f"it continues the run; watch it with `mugrpo status {uri}`"
+    )
+    err.print(
+        f"Error: run {cfg.run.id} at {uri} was taken over by {holder} while this writer ran; {state}. This writer "
+        f"stopped and committed nothing more. ({detail.splitlines()[0]})",
+        style="red",
+        markup=False,
+        highlight=False,
+    )
+    raise typer.Exit(3)
 
 
 def _run_flow(cfg, uri: str) -> None:
@@ -304,7 +345,9 @@ def _run_flow(cfg, uri: str) -> None:
         result = run_flow(config=cfg.to_json_dict())
     except RunRefused as e:
         _refuse(e)
-    except (RunLeaseHeld, LeaseFenced, CorruptedRunError) as e:
+    except LeaseFenced as e:
+        _taken_over(cfg, uri, str(e))
+    except (RunLeaseHeld, CorruptedRunError) as e:
         err.print(f"Error: {e}", style="red", markup=False, highlight=False)
         raise typer.Exit(3) from None
     except KeyboardInterrupt:
@@ -312,6 +355,12 @@ def _run_flow(cfg, uri: str) -> None:
         err.print(f"[yellow]interrupted[/yellow]: committed work is kept. Continue with `mugrpo resume {uri}`.")
         raise typer.Exit(130) from None
     except JobError as e:
+        refusal = getattr(e, "refusal", None)
+        if refusal is not None and _FENCED in refusal:  # a job of this writer was fenced: the run was taken over
+            _taken_over(cfg, uri, refusal)
+        if refusal is not None:  # the job refused (a changed input, a plan): its block, once, with the table's code
+            err.print(f"Error: run {cfg.run.id} stopped: {e.kind} job refused: {refusal}", style="red", markup=False)
+            raise typer.Exit(2) from None
         err.print(f"run {cfg.run.id} stopped: {e}", style="red", markup=False, highlight=False)
         err.print(f"committed work is kept; after fixing the cause, continue with `mugrpo resume {uri}`.")
         raise typer.Exit(1) from None

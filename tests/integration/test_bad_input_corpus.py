@@ -276,3 +276,47 @@ def test_a_sql_query_that_starts_with_a_comment_is_a_query_not_an_option(tmp_pat
     assert out.stdout.split() == ["answer", "42"]
     out = mugrpo(["sql", str(run), "SELECT 1", "--no-such-option"])
     assert out.returncode == 2 and "--no-such-option" in out.stderr  # a real unknown option is still refused
+
+
+# ---------------------------------------------------------------------------------------------- on the job path
+
+
+def swap_first_lines_keeping_size_and_mtime(path: Path) -> None:
+    st = path.stat()
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines[0], lines[1] = lines[1], lines[0]
+    path.write_bytes(b"".join(lines))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.mark.slow
+def test_a_training_set_changed_mid_run_is_refused_by_the_job_as_one_block(tmp_path, tiny_model_dir):
+    """Stage 0's generation job pauses as it writes its prompt plan (``MUGRPO_FAULT_PAUSE``); the training file is
+    reordered then, keeping its size and mtime. Stage 1's generation job refuses its plan (exit 2, not retried) and
+    the command prints that refusal once, exit code 2, with no Prefect traceback."""
+    train = tmp_path / "train.jsonl"
+    shutil.copy(gsm8k_train()["path"], train)
+    args = config_args(tmp_path, tiny_model_dir, data={"train": {**gsm8k_train(), "path": str(train)}})
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", "MUGRPO_RUN_SLOT": "off"}
+    env.pop("PREFECT_API_URL", None)
+    env["MUGRPO_FAULT_PAUSE"] = "stage=0/generate.plan.json:4"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mugrpo.cli", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    seen: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        seen.append(line)
+        if "MUGRPO_FAULT_PAUSE" in line:
+            swap_first_lines_keeping_size_and_mtime(train)
+            break
+    seen.append(proc.stdout.read())
+    out = subprocess.CompletedProcess(proc.args, proc.wait(timeout=600), "".join(seen), "")
+    text = assert_one_block(out, 2, [str(train), "generate job refused", "recorded sha256"])
+    assert text.count("current  sha256") == 1, text
+    assert not (tmp_path / "runs" / RUN / "jobs" / "stage=1" / "generate.plan.json").exists()
