@@ -170,7 +170,82 @@ def relative_run_id(command: str) -> Callable[[Path, Path], list[str]]:
     return prepare
 
 
+def resume_with(*overrides: str) -> Callable[[Path, Path], list[str]]:
+    def prepare(tmp: Path, model_dir: Path) -> list[str]:
+        return ["resume", str(started_run(tmp, model_dir)), *overrides]
+
+    return prepare
+
+
+def changed_weights(tmp: Path, model_dir: Path) -> list[str]:
+    folder = tmp / "model"
+    shutil.copytree(model_dir, folder)
+    from mugrpo.config import config_from_dict
+    from mugrpo.orchestration.resume import check_resume, record_resume
+    from mugrpo.storage.store import Store
+
+    cfg = config_from_dict(tiny_config(tmp / "runs", model_dir, model={"source": str(folder)}))
+    store = Store(str(tmp / "runs"))
+    record_resume(store, cfg, check_resume(store, cfg))
+    config = folder / "generation_config.json"
+    config.write_text(config.read_text().replace("}", ' , "note": 1}', 1))
+    return ["resume", str(tmp / "runs" / RUN)]
+
+
+def live_writer(tmp: Path, model_dir: Path) -> list[str]:
+    """A started run whose lease a live foreign writer holds (another host: never taken over while live)."""
+    import time
+
+    run = started_run(tmp, model_dir)
+    now = time.time()
+    lease = {
+        "owner": "preempted-pod-7:42", "token": "t" * 32, "host": "preempted-pod-7", "pid": 42, "pid_start": "0",
+        "acquired_at": now,
+        "heartbeat_at": now, "expires_at": now + 3600, "released": False,
+    }  # fmt: skip
+    (run / "_lease.json").write_text(json.dumps(lease))
+    return ["resume", str(run)]
+
+
+def corrupted_policy(tmp: Path, model_dir: Path) -> list[str]:
+    run = started_run(tmp, model_dir)
+    weights = run / "policies" / "stage=0" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    return ["resume", str(run)]
+
+
 CASES: dict[str, Case] = {
+    "unknown config key": Case(
+        lambda tmp, m: [*config_args(tmp, m), "train.lrr=1e-5"], 2, lambda tmp: ["unknown key 'train.lrr'", "train.lr"]
+    ),
+    "config value out of range": Case(
+        lambda tmp, m: [*config_args(tmp, m), "run.num_stages=0"], 2, lambda tmp: ["run.num_stages = 0"]
+    ),
+    "semantic key changed on resume": Case(
+        resume_with("train.lr=0.5"), 2, lambda tmp: ["train.lr: 0.001 -> 0.5", "semantic"]
+    ),
+    "initial weights changed since the start": Case(
+        changed_weights, 2, lambda tmp: ["model.weights", "recorded sha256", "current  sha256"]
+    ),
+    "missing training file": Case(
+        lambda tmp, m: config_args(tmp, m, data={"train": {**gsm8k_train(), "path": str(tmp / "gone.jsonl")}}),
+        2,
+        lambda tmp: ["data.train.path", str(tmp / "gone.jsonl"), "an input is missing"],
+    ),
+    "bad training row": Case(
+        training_file(b'{"question": "What is 2+2?", "answer": "#### 4"}\n{oops\n'),
+        2,
+        lambda tmp: [f"{tmp / 'train.jsonl'}:2: invalid JSON"],
+    ),
+    "stage larger than the training set": Case(
+        lambda tmp, m: config_args(tmp, m, data={"train": gsm8k_train(limit=3)}),
+        2,
+        lambda tmp: ["asks for 4 prompts but the training set", "holds 3", "generation.prompts_per_stage"],
+    ),
+    "another live writer": Case(live_writer, 3, lambda tmp: ["is being written by", "preempted-pod-7:42"]),
+    "corrupted committed file": Case(corrupted_policy, 3, lambda tmp: ["policies/stage=0/model.safetensors"]),
     "training set reordered before the first plan (same size, mtime set back)": Case(
         drift_before_the_first_plan, 2, lambda tmp: [str(tmp / "train.jsonl"), "recorded sha256", "current  sha256"]
     ),
