@@ -273,6 +273,9 @@ def _quiet_clean_failures(*classes: type[BaseException]) -> None:
             if record.levelno < logging.INFO or not record.name.startswith("prefect"):
                 return True
             text = record.getMessage()
+            launched = re.match(r"launching (\w+) job", text)
+            if launched:  # a new attempt (a retry after an error that exit code 1 allowed): its lines are shown
+                in_error.discard(launched.group(1))
             job = re.match(r"\[(\w+)\] ", text)
             if job and text.startswith("error: ", job.end()):  # a job's own error block: this command prints it
                 in_error.add(job.group(1))  # once; the job exits right after it, so its next lines are that block

@@ -16,65 +16,57 @@ class ConfigError(ValueError):
     """A config key or value is invalid; the message names the dotted key, the value, and what is allowed."""
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """A SafeLoader that refuses a key repeated in one mapping (PyYAML keeps the last one silently).
+def _duplicate_key(node: yaml.Node, path: list[str], seen_nodes: set[int]) -> tuple[str, int, int] | None:
+    """The first key written twice in one mapping under ``node``: (dotted key, its line, the first line), 1-based.
 
-    Merge keys (``<<: *anchor``) still work: keys brought in by a merge may be overridden by the mapping's own keys,
-    as YAML specifies; only a key written twice in the same mapping is refused.
+    Keys brought in by a merge (``<<: *anchor``) may be overridden by the mapping's own keys, as YAML specifies;
+    only a key written twice in the same mapping counts.
     """
-
-    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
-        if isinstance(node, yaml.MappingNode):
-            seen: dict[Any, yaml.Node] = {}
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    earlier = seen.get(key)
-                except TypeError:
-                    continue  # an unhashable key: the base class reports it
-                if earlier is not None:
-                    raise DuplicateKeyError(key, earlier.start_mark.line + 1, key_node.start_mark.line + 1)
-                seen[key] = key_node
-        return super().construct_mapping(node, deep=deep)
-
-
-class DuplicateKeyError(yaml.YAMLError):
-    def __init__(self, key: Any, first_line: int, line: int) -> None:
-        super().__init__(f"duplicate key {key!r} at line {line} (first set at line {first_line})")
-        self.key, self.first_line, self.line = key, first_line, line
-
-
-def _section_of(text: str, line: int) -> str:
-    """The dotted path of the mapping that holds the key at 1-based ``line`` (from the indentation above it)."""
-    lines = text.splitlines()
-    indent = len(lines[line - 1]) - len(lines[line - 1].lstrip())
-    path: list[str] = []
-    for prev in reversed(lines[: line - 1]):
-        stripped = prev.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        ind = len(prev) - len(prev.lstrip())
-        if ind < indent and stripped.endswith(":"):
-            path.insert(0, stripped[:-1].strip().strip("'\""))
-            indent = ind
-            if ind == 0:
-                break
-    return ".".join(path)
+    if id(node) in seen_nodes:  # an alias of a node already checked
+        return None
+    seen_nodes.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        first: dict[tuple[str, str], int] = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            name = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else None
+            if name is not None:
+                line = key_node.start_mark.line + 1
+                if (key_node.tag, name) in first:
+                    return ".".join([*path, name]), line, first[key_node.tag, name]
+                first[key_node.tag, name] = line
+            found = _duplicate_key(value_node, [*path, name or "?"], seen_nodes)
+            if found:
+                return found
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            found = _duplicate_key(item, [*path[:-1], f"{path[-1] if path else ''}[{i}]"], seen_nodes)
+            if found:
+                return found
+    return None
 
 
 def load_yaml_unique(path: str | Path, text: str) -> Any:
-    """Parse YAML ``text`` read from ``path``, refusing duplicate keys with the file, line and dotted key."""
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-    except DuplicateKeyError as e:
-        section = _section_of(text, e.line)
-        dotted = f"{section}.{e.key}" if section else str(e.key)
+    """Parse YAML ``text`` read from ``path`` (safe: no arbitrary objects), refusing a key written twice in one
+    mapping with the file, the line and the dotted key (PyYAML would keep the last one silently). Anchors, aliases
+    and merge keys (``<<``) work as usual.
+
+    Raises:
+        ConfigError: a duplicate key.
+        yaml.YAMLError: text that is not YAML.
+    """
+    node = yaml.compose(text, Loader=yaml.SafeLoader)
+    if node is None:
+        return None
+    found = _duplicate_key(node, [], set())
+    if found:
+        key, line, first = found
         raise ConfigError(
-            f"{path}:{e.line}: duplicate key {dotted!r} (first set at line {e.first_line}); "
+            f"{path}:{line}: duplicate key {key!r} (first set at line {first}); "
             "YAML would keep only the last one silently: keep one of them"
-        ) from None
+        )
+    return yaml.safe_load(text)
 
 
 def _parse_value(raw: str) -> Any:

@@ -292,6 +292,9 @@ def test_a_duplicate_yaml_key_is_refused_naming_the_file_line_and_key_and_merge_
     with pytest.raises(ConfigError) as err:
         load_config(dup)
     assert f"{dup}:5: duplicate key 'train.lr' (first set at line 3)" in str(err.value)
+    dup.write_text("train: {lr: 0.001, lr: 0.5}\n")  # flow style
+    with pytest.raises(ConfigError, match=r"dup.yaml:1: duplicate key 'train.lr'"):
+        load_config(dup)
     from mugrpo.config.loading import load_yaml_unique
 
     text = "base: &b\n  lr: 0.001\n  checkpoint_every: 2\ntrain:\n  <<: *b\n  lr: 0.5\n"
