@@ -280,3 +280,25 @@ def test_the_command_line_refuses_once_with_exit_2(inputs):
     assert out.returncode == 2, text
     assert text.count("changed since the run started") == 1 and "Traceback" not in text
     assert f"data.train: {inputs['train']}" in text
+
+
+def test_a_sharded_model_folder_passes_the_weights_check_and_a_truncated_shard_does_not(tmp_path):
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    from mugrpo.provenance.fingerprint import BrokenModelError, check_model_folder
+
+    save_file({"a": torch.zeros(4, 4)}, str(tmp_path / "model-00001-of-00002.safetensors"), metadata={"format": "pt"})
+    save_file({"b": torch.ones(8)}, str(tmp_path / "model-00002-of-00002.safetensors"))
+    index = {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": index}))
+    check_model_folder("m", tmp_path)
+    shard = tmp_path / "model-00002-of-00002.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-4])
+    with pytest.raises(BrokenModelError, match="model-00002-of-00002.safetensors is not a complete safetensors file"):
+        check_model_folder("m", tmp_path)
+    (tmp_path / "model.safetensors.index.json").write_text("{not json")
+    with pytest.raises(BrokenModelError, match="model.safetensors.index.json is not a safetensors index"):
+        check_model_folder("m", tmp_path)
