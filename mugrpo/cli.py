@@ -362,7 +362,12 @@ def _run_flow(cfg, uri: str) -> None:
         if refusal is not None and _FENCED in refusal:  # a job of this writer was fenced: the run was taken over
             _taken_over(cfg, uri, refusal)
         if refusal is not None:  # the job refused (a changed input, a plan): its block, once, with the table's code
-            err.print(f"Error: run {cfg.run.id} stopped: {e.kind} job refused: {refusal}", style="red", markup=False)
+            err.print(
+                f"Error: run {cfg.run.id} stopped: {e.kind} job refused: {refusal}",
+                style="red",
+                markup=False,
+                highlight=False,
+            )
             raise typer.Exit(2) from None
         err.print(f"run {cfg.run.id} stopped: {e}", style="red", markup=False, highlight=False)
         err.print(f"committed work is kept; after fixing the cause, continue with `mugrpo resume {uri}`.")
