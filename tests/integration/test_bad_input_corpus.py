@@ -398,3 +398,17 @@ def test_a_training_set_changed_mid_run_is_refused_by_the_job_as_one_block(tmp_p
     text = assert_one_block(out, 2, [str(train), "generate job refused", "recorded sha256"])
     assert text.count("current  sha256") == 1, text
     assert not (tmp_path / "runs" / RUN / "jobs" / "stage=1" / "generate.plan.json").exists()
+
+
+def test_taking_the_run_lease_on_a_full_disk_names_the_file_and_leaves_no_temporary_file(tmp_path):
+    from mugrpo.coordination.lease import RunLease
+    from mugrpo.storage.store import StorageError, Store
+
+    with small_disk(tmp_path / "disk", 0) as extra:
+        if extra:
+            pytest.skip("no tmpfs (mount not allowed)")
+        (tmp_path / "disk" / "runs" / RUN).mkdir(parents=True)
+        store = Store(str(tmp_path / "disk" / "runs"))
+        with pytest.raises(StorageError, match=f"could not write {tmp_path / 'disk' / 'runs' / RUN}/_lease.json"):
+            RunLease(store, RUN, ttl_s=60).acquire()
+        assert strays(tmp_path / "disk") == []
