@@ -412,3 +412,17 @@ def test_taking_the_run_lease_on_a_full_disk_names_the_file_and_leaves_no_tempor
         with pytest.raises(StorageError, match=f"could not write {tmp_path / 'disk' / 'runs' / RUN}/_lease.json"):
             RunLease(store, RUN, ttl_s=60).acquire()
         assert strays(tmp_path / "disk") == []
+
+
+def test_a_read_only_run_root_is_one_block_and_changes_nothing(tmp_path, tiny_model_dir):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip("no tmpfs (mount not allowed); permission denied is tests/integration/test_bad_inputs.py's")
+    try:
+        out = mugrpo(config_args(tmp_path, tiny_model_dir, run={"root": str(folder)}))
+        assert_one_block(out, 2, [f"cannot write to {folder / RUN}", "read-only"])
+        assert list(folder.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
