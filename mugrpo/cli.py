@@ -48,7 +48,7 @@ def _load(config: Path | None, overrides: list[str] | None):
     try:
         return load_config(config, overrides or [])
     except ConfigError as e:
-        err.print(str(e), style="red", markup=False, highlight=False)  # "[gym]" in a pip command is no markup
+        err.print(f"Error: {e}", style="red", markup=False, highlight=False)  # "[gym]" in a pip command: no markup
         raise typer.Exit(2) from None
 
 
@@ -103,11 +103,20 @@ def _prefect_env() -> None:
 
 
 def split_run(run: str, root: str | None) -> tuple[str, str]:
-    """``RUN`` is a run id (with --root, default 'runs') or a run folder/URL ``ROOT/RUN_ID``."""
+    """``RUN`` is a run id (with --root, default 'runs') or a run folder/URL ``ROOT/RUN_ID``. A run id that is not
+    one (``../ref`` with --root) is refused: one block naming it, exit 2."""
+    from mugrpo.storage.layout import validate_run_id
+
     if root is None and "/" in run.rstrip("/"):
         parent, _, run_id = run.rstrip("/").rpartition("/")
-        return parent, run_id
-    return root or "runs", run
+    else:
+        parent, run_id = root or "runs", run
+    try:
+        validate_run_id(run_id)
+    except ValueError as e:
+        given = f"{run!r} with --root {root}" if root is not None else repr(run)
+        _refuse(ValueError(f"{given}: {e}; pass a run id with --root, or the run's folder ROOT/RUN_ID without it"))
+    return parent, run_id
 
 
 def _stored_config(run: str, root: str | None, storage_options: dict | None = None):
@@ -167,6 +176,7 @@ def _execute(cfg) -> None:
     from mugrpo.inspection.verify import CorruptedRunError, refuse_corrupted
     from mugrpo.orchestration.runs import open_store
     from mugrpo.storage.errors import check_store, check_writable
+    from mugrpo.storage.store import StorageError
 
     try:  # reasoning-gym benchmarks of the training task: no question text shared with training
         check_heldout_disjoint(cfg.data.train, [b.dataset for b in cfg.eval.benchmarks])
@@ -202,6 +212,9 @@ def _execute(cfg) -> None:
             lease.acquire()
     except RunLeaseHeld as e:
         _refuse_state(str(e))
+    except StorageError as e:  # e.g. the disk filled between the probe and the lease: no temporary file is left
+        err.print(f"Error: cannot take the run lease of {uri}: {e}", style="red", markup=False, highlight=False)
+        raise typer.Exit(2) from None
     try:
         _run_flow(cfg, uri)
     finally:
@@ -229,11 +242,96 @@ def _check_epoch(cfg) -> None:
         _refuse(e)
 
 
+def _quiet_clean_failures(*classes: type[BaseException]) -> None:
+    """Keep Prefect from logging a traceback (and its "Finished in state Failed" lines) for a failure this command
+    prints itself as one block: a refusal, a lost lease, corrupted data, a storage write that failed, a failed job.
+    Any other exception is logged by Prefect as before."""
+    import logging
+    import re
+
+    names: set[str] = set()
+    todo = list(classes)
+    while todo:
+        cls = todo.pop()
+        if cls.__name__ not in names:
+            names.add(cls.__name__)
+            todo.extend(cls.__subclasses__())
+
+    def clean(exc: BaseException | None) -> bool:
+        while exc is not None:
+            if type(exc).__name__ in names:
+                return True
+            exc = exc.__cause__ or exc.__context__
+        return False
+
+    in_error: set[str] = set()
+
+    class _Filter(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            if record.exc_info and clean(record.exc_info[1]):
+                return False
+            if record.levelno < logging.INFO or not record.name.startswith("prefect"):
+                return True
+            text = record.getMessage()
+            launched = re.match(r"launching (\w+) job", text)
+            if launched:  # a new attempt (a retry after an error that exit code 1 allowed): its lines are shown
+                in_error.discard(launched.group(1))
+            job = re.match(r"\[(\w+)\] ", text)
+            if job and text.startswith("error: ", job.end()):  # a job's own error block: this command prints it
+                in_error.add(job.group(1))  # once; the job exits right after it, so its next lines are that block
+            if job and job.group(1) in in_error:
+                return False
+            failure = any(
+                m in text for m in ("Encountered exception", "Finished in state Failed", "failed with exception")
+            )
+            return not (failure and any(f"{n}(" in text or f"{n}:" in text for n in names))
+
+    quiet = _Filter()
+    for logger in [logging.getLogger(), *map(logging.getLogger, list(logging.root.manager.loggerDict))]:
+        for handler in getattr(logger, "handlers", []):  # the console only: Prefect's API keeps every record
+            if isinstance(handler, logging.StreamHandler) and quiet not in handler.filters:
+                handler.addFilter(quiet)
+
+
+#: What a fenced job's refusal says (mugrpo.coordination.lease.check_fence).
+_FENCED = "refusing to commit"
+
+
+def _taken_over(cfg, uri: str, detail: str) -> None:
+    """Print, as one block with exit code 3, that this writer's run was taken over: by whom (the lease's holder
+    now) and whether the run is already complete; never advise a resume of a run another writer holds or finished."""
+    from mugrpo.coordination.lease import LeaseRecord
+    from mugrpo.orchestration.runs import open_store, run_status
+    from mugrpo.storage.layout import RunLayout
+
+    store = open_store(cfg)
+    try:
+        current = store.read_versioned(RunLayout(cfg.run.id).lease)
+        holder = LeaseRecord.from_bytes(current[0], uri).owner if current else "another writer (its lease is gone)"
+        complete = run_status(store, cfg).complete
+    except Exception:  # noqa: BLE001 - the message below stands without these details
+        holder, complete = "another writer", False
+    state = (
+        "the run is complete: nothing is left to do"
+        if complete
+        else f"it continues the run; watch it with `mugrpo status {uri}`"
+    )
+    err.print(
+        f"Error: run {cfg.run.id} at {uri} was taken over by {holder} while this writer ran; {state}. This writer "
+        f"stopped and committed nothing more. ({detail.splitlines()[0]})",
+        style="red",
+        markup=False,
+        highlight=False,
+    )
+    raise typer.Exit(3)
+
+
 def _run_flow(cfg, uri: str) -> None:
     from flows.run import run_flow
     from mugrpo.coordination.lease import LeaseFenced, RunLeaseHeld
     from mugrpo.inspection.verify import CorruptedRunError
     from mugrpo.orchestration.resume import RunRefused
+    from mugrpo.storage.store import StorageError
     from tasks.launchers.errors import JobError
 
     console.print(f"[bold]run {cfg.run.id}[/bold] lives at {uri}")
@@ -241,14 +339,18 @@ def _run_flow(cfg, uri: str) -> None:
     console.print("  (for the Prefect UI, start `prefect server start` and set PREFECT_API_URL before `mugrpo run`)")
     console.print(f'  query it:  mugrpo sql {uri} "SELECT stage, avg(reward) FROM rollouts GROUP BY ALL"')
     from mugrpo.common.progress import quiet_library_bars
+    from mugrpo.provenance.refusals import RunRefused as Refused
 
+    _quiet_clean_failures(Refused, RunLeaseHeld, LeaseFenced, CorruptedRunError, StorageError, JobError)
     quiet_library_bars()  # the flow process converts the initial policy (GGUF -> HF): no bar frames in a log
     signal.signal(signal.SIGTERM, _interrupt)  # preemption: stop like Ctrl-C, so Prefect's temporary server stops too
     try:
         result = run_flow(config=cfg.to_json_dict())
     except RunRefused as e:
         _refuse(e)
-    except (RunLeaseHeld, LeaseFenced, CorruptedRunError) as e:
+    except LeaseFenced as e:
+        _taken_over(cfg, uri, str(e))
+    except (RunLeaseHeld, CorruptedRunError) as e:
         err.print(f"Error: {e}", style="red", markup=False, highlight=False)
         raise typer.Exit(3) from None
     except KeyboardInterrupt:
@@ -256,8 +358,28 @@ def _run_flow(cfg, uri: str) -> None:
         err.print(f"[yellow]interrupted[/yellow]: committed work is kept. Continue with `mugrpo resume {uri}`.")
         raise typer.Exit(130) from None
     except JobError as e:
+        refusal = getattr(e, "refusal", None)
+        if refusal is not None and _FENCED in refusal:  # a job of this writer was fenced: the run was taken over
+            _taken_over(cfg, uri, refusal)
+        if refusal is not None:  # the job refused (a changed input, a plan): its block, once, with the table's code
+            err.print(
+                f"Error: run {cfg.run.id} stopped: {e.kind} job refused: {refusal}",
+                style="red",
+                markup=False,
+                highlight=False,
+            )
+            raise typer.Exit(2) from None
         err.print(f"run {cfg.run.id} stopped: {e}", style="red", markup=False, highlight=False)
         err.print(f"committed work is kept; after fixing the cause, continue with `mugrpo resume {uri}`.")
+        raise typer.Exit(1) from None
+    except StorageError as e:  # a write of the flow itself failed (a full disk): it names the file
+        err.print(
+            f"Error: run {cfg.run.id} stopped: {e}\ncommitted work is kept and no temporary file is left; after "
+            f"fixing the cause (free space), continue with `mugrpo resume {uri}`.",
+            style="red",
+            markup=False,
+            highlight=False,
+        )
         raise typer.Exit(1) from None
     console.print(f"[green]run {cfg.run.id} complete[/green] in {result['seconds']:.0f} s: {uri}")
     if result["final_eval"]:

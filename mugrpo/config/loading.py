@@ -16,6 +16,59 @@ class ConfigError(ValueError):
     """A config key or value is invalid; the message names the dotted key, the value, and what is allowed."""
 
 
+def _duplicate_key(node: yaml.Node, path: list[str], seen_nodes: set[int]) -> tuple[str, int, int] | None:
+    """The first key written twice in one mapping under ``node``: (dotted key, its line, the first line), 1-based.
+
+    Keys brought in by a merge (``<<: *anchor``) may be overridden by the mapping's own keys, as YAML specifies;
+    only a key written twice in the same mapping counts.
+    """
+    if id(node) in seen_nodes:  # an alias of a node already checked
+        return None
+    seen_nodes.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        first: dict[tuple[str, str], int] = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            name = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else None
+            if name is not None:
+                line = key_node.start_mark.line + 1
+                if (key_node.tag, name) in first:
+                    return ".".join([*path, name]), line, first[key_node.tag, name]
+                first[key_node.tag, name] = line
+            found = _duplicate_key(value_node, [*path, name or "?"], seen_nodes)
+            if found:
+                return found
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            found = _duplicate_key(item, [*path[:-1], f"{path[-1] if path else ''}[{i}]"], seen_nodes)
+            if found:
+                return found
+    return None
+
+
+def load_yaml_unique(path: str | Path, text: str) -> Any:
+    """Parse YAML ``text`` read from ``path`` (safe: no arbitrary objects), refusing a key written twice in one
+    mapping with the file, the line and the dotted key (PyYAML would keep the last one silently). Anchors, aliases
+    and merge keys (``<<``) work as usual.
+
+    Raises:
+        ConfigError: a duplicate key.
+        yaml.YAMLError: text that is not YAML.
+    """
+    node = yaml.compose(text, Loader=yaml.SafeLoader)
+    if node is None:
+        return None
+    found = _duplicate_key(node, [], set())
+    if found:
+        key, line, first = found
+        raise ConfigError(
+            f"{path}:{line}: duplicate key {key!r} (first set at line {first}); "
+            "YAML would keep only the last one silently: keep one of them"
+        )
+    return yaml.safe_load(text)
+
+
 def _parse_value(raw: str) -> Any:
     try:
         return yaml.safe_load(raw)
@@ -105,7 +158,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     source = str(path) if path else "defaults"
     if path is not None:
         try:
-            loaded = yaml.safe_load(Path(path).read_text())
+            loaded = load_yaml_unique(path, Path(path).read_text())
         except OSError as e:
             raise ConfigError(f"cannot read config {path}: {e}") from None
         except yaml.YAMLError as e:

@@ -144,7 +144,14 @@ def _iter_rows(cfg: DatasetConfig):
     except FileNotFoundError as e:
         raise DatasetError(f"dataset {cfg.name!r}: file {cfg.path} does not exist") from e
     if fmt == "parquet":
-        for i, row in enumerate(pq.read_table(io.BytesIO(data)).to_pylist()):
+        try:
+            table = pq.read_table(io.BytesIO(data))
+        except Exception as e:  # noqa: BLE001 - ArrowInvalid and its kin name no file: this message does
+            raise DatasetError(
+                f"dataset {cfg.name!r}: {cfg.path} is not a readable Parquet file ({type(e).__name__}: {e}); "
+                "give a Parquet file, or a .jsonl file (or set the dataset's format)"
+            ) from None
+        for i, row in enumerate(table.to_pylist()):
             yield f"{cfg.path}:row {i}", row, None
         return
     for lineno, raw in enumerate(data.splitlines(), start=1):

@@ -95,5 +95,5 @@ def since_start() -> float:
 
 def fail(message: str, code: int = 1) -> None:
     """Print a clear error and exit the job with ``code``."""
-    console.print(f"[red]error:[/red] {message}")
+    console.print(f"error: {message}", style="red", markup=False, highlight=False)
     sys.exit(code)

@@ -9,9 +9,9 @@ the code version, and every accepted config change. Re-running a run id (``mugrp
    and recorded with the stage they take effect at (the first stage not committed);
    ``auto`` precision keys take the run's recorded values (:mod:`mugrpo.config.precision`), so a run keeps the
    precision it started with on any machine; a new run resolves them on this machine;
-2. **inputs**: every input is fingerprinted again (files whose size and mtime are unchanged are not re-read); one
-   whose content changed, or that is gone, is refused, naming the file, the recorded and current sha256 and the way
-   out (restore the file, or start a new run id).
+2. **inputs**: every input is fingerprinted again (every byte is read: size and mtime never decide that a file is
+   unchanged); one whose content changed, or that is gone, is refused, naming the file, the recorded and current
+   sha256 and the way out (restore the file, or start a new run id).
 
 Refusals are :class:`RunRefused` errors: one block of text, nothing written. The command line checks before it
 starts Prefect (:func:`check_resume`), so a refusal is printed once with exit code 2; the run flow checks again
@@ -124,16 +124,29 @@ def check_resume(store: Store, cfg: Any) -> ResumeCheck:
         )
     recorded = {role: InputFingerprint.model_validate(fp) for role, fp in (doc.get("inputs") or {}).items()}
     current = _fingerprints(cfg, recorded, uri, starting=False)
-    changed = [(recorded[r], current[r]) for r in recorded if r in current and recorded[r].sha256 != current[r].sha256]
+    changed = [(recorded[r], current[r]) for r in recorded if r in current and _differs(recorded[r], current[r])]
     if changed:
         raise InputChangedError(changed_inputs_message(cfg.run.id, uri, changed))
     stage = first_open_stage(store, cfg.run.id, cfg.run.num_stages)
     return ResumeCheck(doc=doc, changes=changes, inputs=current, stage=stage, precision=precision)
 
 
+def _differs(old: InputFingerprint, new: InputFingerprint) -> bool:
+    """The input's bytes differ, or (the training set) the problems it yields do."""
+    if old.sha256 != new.sha256:
+        return True
+    return None not in (old.problems_sha256, new.problems_sha256) and old.problems_sha256 != new.problems_sha256
+
+
 def _fingerprints(cfg: Any, recorded: dict[str, InputFingerprint], uri: str, *, starting: bool):
+    from mugrpo.data.datasets import DatasetError
+
     try:
         return run_inputs(cfg, recorded)
+    except DatasetError as e:  # a bad training row: names the file and line
+        raise RunRefused(
+            f"{'cannot start' if starting else 'cannot continue'} run {cfg.run.id!r} at {uri}: {e}"
+        ) from None
     except FileNotFoundError as e:
         if starting:
             raise InputChangedError(f"cannot start run {cfg.run.id!r} at {uri}: an input is missing: {e}") from None
@@ -147,7 +160,7 @@ def _fingerprints(cfg: Any, recorded: dict[str, InputFingerprint], uri: str, *, 
 def record_resume(store: Store, cfg: Any, check: ResumeCheck) -> dict[str, Any]:
     """Write run.json after a passed :func:`check_resume`: a new run's document (config, code version, input
     fingerprints, a ``start`` history entry), or, for an existing run, the config with the accepted operational
-    changes, refreshed file stamps (a touched but unchanged file is not re-hashed next time) and a ``resume``
+    changes, the inputs' current fingerprints and a ``resume``
     history entry with the stage it begins at and the changes. The config written is the concrete one (``auto``
     precision resolved); a new run also records the ``precision`` block (choice, reason, probe figures), and each
     resume records the resuming machine's verdict in its history entry. Returns the document."""

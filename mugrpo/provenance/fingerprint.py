@@ -14,8 +14,12 @@ digest** (sha256):
   tokenizer files (``tokenizer.json``, ``tokenizer_config.json``, the chat template...), each set digested as the
   sorted list of (file name, sha256); a GGUF file holds both, so both roles fingerprint that file.
 
-Hashing is paid once: each file's size and mtime are kept beside its sha256, and a file whose path, size and mtime
-(nanoseconds) are unchanged is not read again. A generated dataset has no mtime, so it is regenerated to be checked.
+Every check reads every byte: a file's size and mtime are kept beside its sha256 to describe it, never to decide that
+it is unchanged (an edit that keeps the size, with its mtime set back, is a same-size reorder of the training set).
+Within one process a file is hashed once while its path, size, mtime, ctime and inode stay the same (the command line
+checks a run's inputs before it starts the run flow, which checks them again; ctime cannot be set back). The training
+set also records the digest of the problems it yields (``problems_sha256``, :func:`problems_digest`), which every new
+prompt plan compares with the problems it read (:mod:`mugrpo.provenance.prompt_plan`).
 The process that starts or resumes the run (the flow) must be able to read every input: use an fsspec URL
 (``s3://...``) or a path that exists where the flow runs.
 """
@@ -24,7 +28,9 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import json
 import os
+import struct
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -32,7 +38,7 @@ from typing import Any, Literal
 import fsspec
 from pydantic import BaseModel, Field
 
-from mugrpo.provenance.refusals import plural
+from mugrpo.provenance.refusals import RunRefused, plural
 
 TRAIN_ROLE = "data.train"
 WEIGHTS_ROLE = "model.weights"
@@ -65,9 +71,9 @@ TOKENIZER_PATTERNS = (
     "chat_template.json",
 )
 _CHUNK = 1 << 20
-#: sha256 of the local files this process hashed, by (path, size, mtime_ns): the command line checks a run's inputs
-#: before it starts the run flow in the same process, which checks them again.
-_HASHED: dict[tuple[str, int, int], str] = {}
+#: sha256 of the local files this process hashed, by (path, size, mtime_ns, ctime_ns, inode): the command line checks
+#: a run's inputs before it starts the run flow in the same process, which checks them again.
+_HASHED: dict[tuple[str, int, int, int, int], str] = {}
 
 
 class FileStamp(BaseModel):
@@ -90,6 +96,11 @@ class InputFingerprint(BaseModel):
     recipe: dict[str, Any] = Field(default_factory=dict, description="What produces the input (its config).")
     sha256: str = Field(description="Content digest (see the module docstring).")
     files: list[FileStamp] = Field(default_factory=list)
+    problems_sha256: str | None = Field(
+        None,
+        description="The training set only: the digest of the problems it yields (problems_digest), which every new "
+        "prompt plan checks; None in runs started before it was recorded.",
+    )
 
     @property
     def where(self) -> str:
@@ -111,32 +122,33 @@ def _is_local(fs) -> bool:
 
 
 def stamp_file(path: str, previous: FileStamp | None = None) -> FileStamp:
-    """The stamp of the file at ``path`` (local path or fsspec URL). When ``previous`` names the same file with the
-    same size and mtime, it is returned as is without reading the file.
+    """The stamp of the file at ``path`` (local path or fsspec URL), its sha256 computed from its bytes. ``previous``
+    (the recorded stamp) is accepted for callers' convenience but never trusted: size and mtime do not decide that a
+    file is unchanged.
 
     Raises:
         FileNotFoundError: no file at ``path``.
     """
+    del previous
     fs, inner = fsspec.core.url_to_fs(path)
     where = os.path.abspath(inner) if _is_local(fs) else path
+    key: tuple[str, int, int, int, int] | None = None
     if _is_local(fs):
         st = os.stat(where)  # FileNotFoundError names the path
         size, mtime = st.st_size, st.st_mtime_ns
+        key = (where, size, mtime, st.st_ctime_ns, st.st_ino)
     else:
         info = fs.info(inner)
         size, mtime = int(info.get("size") or 0), None
-    if mtime is not None and previous is not None:
-        if (previous.path, previous.bytes, previous.mtime_ns) == (where, size, mtime):
-            return previous
-    sha = _HASHED.get((where, size, mtime)) if mtime is not None else None
+    sha = _HASHED.get(key) if key is not None else None
     if sha is None:
         digest = hashlib.sha256()
         with fs.open(inner, "rb") as f:
             while chunk := f.read(_CHUNK):
                 digest.update(chunk)
         sha = digest.hexdigest()
-        if mtime is not None:  # a remote file without an mtime is hashed every time
-            _HASHED[where, size, mtime] = sha
+        if key is not None:  # a remote file is hashed every time
+            _HASHED[key] = sha
     return FileStamp(path=where, bytes=size, mtime_ns=mtime, sha256=sha)
 
 
@@ -199,6 +211,88 @@ def model_source_path(source: str) -> Path:
     return Path(source)
 
 
+class BrokenModelError(RunRefused):
+    """The model folder ``model.source`` names cannot be loaded: no weight file, a shard its index names is missing,
+    or a safetensors file whose header is unreadable or points past the end of the file (a truncated copy)."""
+
+
+#: Files that hold weights (a folder with only config.json and a tokenizer has none).
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
+_MAX_HEADER = 100 << 20  # safetensors caps its JSON header at 100 MB
+
+
+def check_safetensors(path: Path) -> None:
+    """Check a safetensors file's header: an 8-byte little-endian length, a JSON header of that many bytes, and
+    every tensor's ``data_offsets`` inside the data that follows (a truncated file fails here, without reading the
+    tensors).
+
+    Raises:
+        ValueError: what is wrong, without the path (the caller names it).
+    """
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{size} bytes, shorter than the 8-byte header length")
+        (n,) = struct.unpack("<Q", head)
+        if n > _MAX_HEADER or 8 + n > size:
+            raise ValueError(f"its header claims {n} bytes but the file holds {size} bytes (truncated?)")
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"its header is not JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise ValueError("its header is not a JSON object")
+    data = size - 8 - n
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+            raise ValueError(f"tensor {name!r} has no valid data_offsets")
+        begin, end = offsets
+        if not 0 <= begin <= end <= data:
+            raise ValueError(
+                f"tensor {name!r} ends at byte {end} of the data but the file holds {data} bytes of data (truncated?)"
+            )
+
+
+def check_model_folder(source: str, folder: Path) -> None:
+    """Refuse a model folder whose weights cannot load: it holds no weight file; its index
+    (``model.safetensors.index.json``) names a shard that is missing; or a safetensors file (every shard the index
+    names, else every ``*.safetensors``) has a broken header or data offsets past the end of the file.
+
+    Raises:
+        BrokenModelError: names ``model.source`` and the file.
+    """
+
+    def refuse(what: str) -> BrokenModelError:
+        return BrokenModelError(
+            f"model.source {source!r} cannot be loaded: {what}. Nothing was written. Point model.source at a "
+            "complete model folder (config, tokenizer and weights), e.g. copy it again."
+        )
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise refuse(f"{index} is not a safetensors index with a weight_map ({e!r})") from None
+        for shard in shards:
+            if not (folder / shard).is_file():
+                raise refuse(f"{folder / shard}, named by {index.name}, does not exist")
+        files = [folder / s for s in shards]
+    else:
+        files = _matching(folder, ("*.safetensors",))
+        if not files and not _matching(folder, WEIGHT_FILES):
+            raise refuse(f"{folder} holds no weight file (model.safetensors or another of {', '.join(WEIGHT_FILES)})")
+    for f in files:
+        try:
+            check_safetensors(f)
+        except (ValueError, OSError) as e:
+            raise refuse(f"{f} is not a complete safetensors file: {e}") from None
+
+
 def _matching(folder: Path, patterns: tuple[str, ...]) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and any(fnmatch.fnmatch(p.name, pat) for pat in patterns))
 
@@ -207,12 +301,15 @@ def model_fingerprints(source: str, previous: dict[str, InputFingerprint] | None
     """The fingerprints of the initial policy named by ``model.source``: its weights and its tokenizer.
 
     Raises:
-        FileNotFoundError: the source does not exist, or a model folder has no weight or no tokenizer file.
+        FileNotFoundError: the source does not exist, or a model folder has no tokenizer file.
+        BrokenModelError: a model folder's weights cannot load (:func:`check_model_folder`).
     """
     path = model_source_path(source)
     previous = previous or {}
     if not path.exists():
         raise FileNotFoundError(f"model.source {source!r}: {path} does not exist")
+    if path.is_dir():
+        check_model_folder(source, path)
     out = []
     for role, patterns in ((WEIGHTS_ROLE, WEIGHT_PATTERNS), (TOKENIZER_ROLE, TOKENIZER_PATTERNS)):
         old = {f.path: f for f in (previous[role].files if role in previous else [])}
@@ -245,6 +342,7 @@ def run_inputs(cfg: Any, previous: dict[str, InputFingerprint] | None = None) ->
     """
     previous = previous or {}
     out = {TRAIN_ROLE: _named(cfg.data.train, TRAIN_ROLE, previous, "data.train.path")}
+    out[TRAIN_ROLE].problems_sha256 = training_problems_digest(cfg.data.train)
     for i, bench in enumerate(cfg.eval.benchmarks):
         role = eval_role(bench.dataset.name)
         out[role] = _named(bench.dataset, role, previous, f"eval.benchmarks[{i}].dataset.path")
@@ -259,6 +357,18 @@ def _named(dataset: Any, role: str, previous: dict[str, InputFingerprint], key: 
         return dataset_fingerprint(dataset, role, previous.get(role))
     except FileNotFoundError as e:
         raise FileNotFoundError(f"{key} = {getattr(dataset, 'path', None)!r}: no such file ({e.strerror or e})") from e
+
+
+def training_problems_digest(dataset: Any) -> str:
+    """:func:`problems_digest` of the problems ``dataset`` yields.
+
+    Raises:
+        mugrpo.data.datasets.DatasetError: a bad row (``on_bad_row: error``) or an empty training set.
+    """
+    from mugrpo.data.datasets import load_problems
+
+    problems, _ = load_problems(dataset)
+    return problems_digest(problems)
 
 
 def changed_inputs_message(run_id: str, uri: str, changed: list[tuple[InputFingerprint, InputFingerprint]]) -> str:

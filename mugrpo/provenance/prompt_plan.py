@@ -10,9 +10,10 @@ So the first time a stage generates, its generation job records the chosen promp
 - a stage whose plan exists samples exactly those prompts, looked up by prompt id (a content hash of question and
   gold answer, :func:`mugrpo.data.datasets.prompt_id_for`) whatever the order of the file now; a planned prompt that is
   no longer in the training set is refused (:class:`PlanError`);
-- a new plan is refused when the training set's content differs from the fingerprint run.json recorded when the
-  run started (:mod:`mugrpo.provenance.fingerprint`), or when it schedules a prompt that an earlier stage of the same
-  epoch already scheduled (an epoch is one pass over the training set: position // dataset size);
+- every new plan, the first included, is refused when the training set's bytes (re-read in full) or the problems
+  the stage read differ from what run.json recorded when the run started (:mod:`mugrpo.provenance.fingerprint`), or
+  when it schedules a prompt that an earlier stage of the same epoch already scheduled (an epoch is one pass over
+  the training set: position // dataset size);
 - the generation commit refuses rollouts of prompts outside the plan (:func:`check_rollouts_follow_plan`), and the
   stage manifest lists the plan with its sha256, so ``mugrpo verify`` covers it.
 
@@ -89,9 +90,11 @@ def epoch_overlaps(plans: Iterable[PromptPlan]) -> list[str]:
     return problems
 
 
-def _training_set_changed(store: Store, spec: Any) -> str | None:
-    """A message when the training set's content differs from run.json's fingerprint of it, else None (also
-    when there is no run.json or it has no fingerprints: a run of an older version, or a job run on its own)."""
+def _training_set_changed(store: Store, spec: Any, problems: list[Problem]) -> str | None:
+    """A message when the training set differs from run.json's record of it (the sha256 of its bytes, re-read in
+    full, and the digest of the problems recorded at the start against ``problems``, those this stage read), else
+    None (also when there is no run.json or it has no fingerprints: a run of an older version, or a job run on its
+    own)."""
     rel = RunLayout(spec.run_id).run_json
     if not store.exists(rel):
         return None
@@ -103,9 +106,16 @@ def _training_set_changed(store: Store, spec: Any) -> str | None:
         new = dataset_fingerprint(spec.dataset, TRAIN_ROLE, old)
     except FileNotFoundError as e:
         return f"stage {spec.stage}: the training set is missing: {e}"
-    if new.sha256 == old.sha256:
+    new.problems_sha256 = problems_digest(problems)
+    if new.sha256 == old.sha256 and old.problems_sha256 in (None, new.problems_sha256):
         return None
-    return changed_inputs_message(spec.run_id, store.uri(RunLayout(spec.run_id).run_dir), [(old, new)])
+    message = changed_inputs_message(spec.run_id, store.uri(RunLayout(spec.run_id).run_dir), [(old, new)])
+    if old.problems_sha256 not in (None, new.problems_sha256):
+        message += (
+            f"\n  stage {spec.stage} read problems with digest {new.problems_sha256}; the run started on "
+            f"{old.problems_sha256}. Nothing was sampled."
+        )
+    return message
 
 
 def check_stage_prompts(num_prompts: int, dataset_size: int, stage: int, dataset: Any) -> None:
@@ -115,6 +125,12 @@ def check_stage_prompts(num_prompts: int, dataset_size: int, stage: int, dataset
     Raises:
         PlanError: names the stage, both numbers, the training set and the config keys that set them.
     """
+    if dataset_size == 0:
+        where = getattr(dataset, "path", None) or getattr(dataset, "name", "the training set")
+        raise PlanError(
+            f"the training set {where} (data.train) holds no problems: the file is empty, or every row was skipped "
+            "(data.train.on_bad_row: skip) or filtered out. Check it with `mugrpo data check CONFIG`."
+        )
     if num_prompts > dataset_size:
         where = getattr(dataset, "path", None) or getattr(dataset, "name", "the training set")
         raise PlanError(
@@ -166,7 +182,7 @@ def stage_prompts(store: Store, spec: Any, problems: list[Problem]) -> list[Prob
                 "run started with, or start a new run id"
             )
         return [by_id[pid] for pid in plan.prompt_ids]
-    changed = _training_set_changed(store, spec)
+    changed = _training_set_changed(store, spec, problems)
     if changed is not None:
         raise PlanError(changed)
     digest = problems_digest(problems)

@@ -196,4 +196,5 @@ def sql_command(
 
 def register_cli(app: typer.Typer) -> None:
     """Add the ``sql`` command to ``app``."""
-    app.command("sql")(sql_command)
+    # A query that starts with a comment ("-- ...") is not an option: unknown "options" are kept as arguments
+    app.command("sql", context_settings={"ignore_unknown_options": True})(sql_command)

@@ -10,6 +10,7 @@ and print that line instead of a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Iterator
@@ -131,10 +132,28 @@ def check_store(store: Store, url: str | None = None) -> None:
         raise StorageUnavailable(message) from e
 
 
+#: Bytes the writability probe writes and fsyncs: a real block, so a disk with almost no space left is refused at
+#: the start rather than in the middle of the run lease or the first policy.
+PROBE_BYTES = 1 << 20
+
+
+def _missing_folders(path: str) -> list[str]:
+    """``path`` and its ancestors that do not exist yet, innermost first."""
+    out = []
+    while path and not os.path.exists(path):
+        out.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return out
+
+
 def check_writable(store: Store, rel: str, url: str | None = None) -> None:
-    """Write and delete one empty probe object in the store's root (beside the run folder ``rel``, which it does
-    not create), so a run root the process may not write to fails with one line before any work starts, not in the
-    first job after Prefect's server started.
+    """Write, fsync and delete one probe object of :data:`PROBE_BYTES` in the store's root (beside the run folder
+    ``rel``, which it does not create), so a run root the process may not write to, or a disk without room for a
+    block, fails with one line before any work starts, not in the first job after Prefect's server started. A local
+    root folder the probe had to create is removed again, so a refused start leaves no folder behind.
 
     The probe is a real write (``os.access`` answers yes to root whatever the mode, and says nothing about S3
     policies or read-only mounts); it is named ``.mugrpo-write-probe-*`` and removed at once.
@@ -148,9 +167,15 @@ def check_writable(store: Store, rel: str, url: str | None = None) -> None:
     url = url or store.uri(rel)
     # beside the run folder, not in it: a refused run leaves no folder behind (and a probe is not a commit)
     probe = f".mugrpo-write-probe-{uuid.uuid4().hex}"
+    created = _missing_folders(store.root) if store.is_local else []
     try:
-        store.write_bytes(probe, b"")
-        store.delete(probe)
+        try:
+            store.write_bytes(probe, bytes(PROBE_BYTES))
+        finally:
+            store.delete(probe)
+            for folder in created:  # innermost first; only folders the probe created, and only if still empty
+                with contextlib.suppress(OSError):
+                    os.rmdir(folder)
     except Exception as e:  # noqa: BLE001 - re-raised as is unless we can explain it
         os_error = next((c for c in _chain(e) if isinstance(c, OSError) and c.errno is not None), None)
         if store.is_local and os_error is not None:
@@ -158,7 +183,11 @@ def check_writable(store: Store, rel: str, url: str | None = None) -> None:
                 errno.EACCES: "give this user write access to the folder (owner or mode), or choose another run.root",
                 errno.EPERM: "give this user write access to the folder (owner or mode), or choose another run.root",
                 errno.EROFS: "the filesystem is mounted read-only: choose another run.root",
-                errno.ENOSPC: "the disk is full: free space, or choose another run.root",
+                errno.ENOSPC: f"the disk is full (no room for a {PROBE_BYTES >> 20} MiB block): free space, or choose "
+                "another run.root",
+                errno.EDQUOT: "the disk quota is exhausted: free space, or choose another run.root",
+                errno.EFBIG: f"a file size limit (ulimit -f) forbids a {PROBE_BYTES >> 20} MiB file: raise it, or "
+                "run elsewhere",
             }.get(os_error.errno, "fix the folder, or choose another run.root")
             raise StorageUnavailable(
                 f"cannot write to {url}: {os_error.strerror} ({os_error.filename or url}); {hint}"

@@ -173,8 +173,7 @@ class Store:
         self.is_local = isinstance(fs, LocalFileSystem)
         if self.url.startswith(_S3_PROTOCOLS):
             fs.retries = 1  # s3fs's own retry loop off: botocore is the one retry layer, so the budget is exact
-        if self.is_local:
-            Path(self.root).mkdir(parents=True, exist_ok=True)
+        if self.is_local:  # created by the first write, not here: a refused run leaves no folder behind
             self.root = os.path.abspath(self.root)
 
     def __repr__(self) -> str:
@@ -479,13 +478,26 @@ class Store:
         return self._conditional_put(rel, data, IfMatch=version)
 
     def _local_tmp(self, rel: str, data: bytes) -> str:
+        """A fsynced temporary file beside ``rel`` holding ``data``; on a failed write (a full disk) it is removed
+        and the error names ``rel``.
+
+        Raises:
+            StorageError: the write failed; names the object and the cause.
+        """
         path = self.full(rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}{TMP_TAG}{uuid.uuid4().hex}")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        except BaseException as e:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            if isinstance(e, OSError):
+                raise self._failed("write", rel, e) from e
+            raise
         return tmp
 
     @contextlib.contextmanager

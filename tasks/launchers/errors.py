@@ -30,6 +30,19 @@ class JobFailedError(JobError):
         self.transient = exit_code not in NON_RETRYABLE_EXIT_CODES
         super().__init__(message, kind=kind, last_lines=last_lines)
 
+    @property
+    def refusal(self) -> str | None:
+        """The job's own one-block refusal (exit code 2, its ``error: ...`` line and what follows it,
+        :func:`mugrpo.jobs.common.fail`), or None when the job failed otherwise."""
+        if self.exit_code not in NON_RETRYABLE_EXIT_CODES:
+            return None
+        starts = [i for i, line in enumerate(self.last_lines) if line.startswith("error: ")]
+        if not starts:
+            return None
+        block = [self.last_lines[starts[-1]].removeprefix("error: ")]
+        block += [line for line in self.last_lines[starts[-1] + 1 :] if line.strip()]
+        return "\n".join(block)
+
 
 class JobTimeoutError(JobError):
     """The job ran longer than its timeout and was killed (its whole process group, or its Kubernetes Job)."""

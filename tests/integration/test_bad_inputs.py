@@ -284,3 +284,18 @@ def test_yaml_no_is_taken_as_the_mixed_precision_setting_no():
     assert load_config(None, ["train.mixed_precision=no"]).train.mixed_precision == "no"
     with pytest.raises(ConfigError, match="train.mixed_precision = True"):
         load_config(None, ["train.mixed_precision=yes"])
+
+
+def test_a_duplicate_yaml_key_is_refused_naming_the_file_line_and_key_and_merge_keys_still_work(tmp_path):
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("run: {num_stages: 2}\ntrain:\n  lr: 0.001\n  checkpoint_every: 2\n  lr: 0.5\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(dup)
+    assert f"{dup}:5: duplicate key 'train.lr' (first set at line 3)" in str(err.value)
+    dup.write_text("train: {lr: 0.001, lr: 0.5}\n")  # flow style
+    with pytest.raises(ConfigError, match=r"dup.yaml:1: duplicate key 'train.lr'"):
+        load_config(dup)
+    from mugrpo.config.loading import load_yaml_unique
+
+    text = "base: &b\n  lr: 0.001\n  checkpoint_every: 2\ntrain:\n  <<: *b\n  lr: 0.5\n"
+    assert load_yaml_unique("m.yaml", text)["train"] == {"lr": 0.5, "checkpoint_every": 2}

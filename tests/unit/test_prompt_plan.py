@@ -188,9 +188,8 @@ def test_the_generation_job_writes_and_follows_the_plan(tmp_path, train, tiny_mo
 
 
 def test_an_edit_that_keeps_size_and_mtime_is_refused_at_the_next_plan(tmp_path, train):
-    """Issue 42: the fingerprint's quick check (size and mtime unchanged: not re-hashed) lets a same-size edit with
-    its mtime set back through; the next stage's plan compares its problems' digest with the earlier plans' and
-    refuses, naming the training set and both digests. Nothing is written."""
+    """Issues 42 and 47: a same-size edit with its mtime set back is refused by the next stage's plan (the file is
+    re-read in full against run.json's sha256), naming the training set and both sha256. Nothing is written."""
     import os
 
     store = Store(str(tmp_path / "runs"))
@@ -208,10 +207,41 @@ def test_an_edit_that_keeps_size_and_mtime_is_refused_at_the_next_plan(tmp_path,
     os.utime(train, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # mtime set back
     assert dataset_fingerprint(s1.dataset, TRAIN_ROLE, dataset_fingerprint(s0.dataset, TRAIN_ROLE)).sha256
     changed, _ = load_problems(s1.dataset)
+    with pytest.raises(PlanError, match="1 input changed since the run started") as e:
+        stage_prompts(store, s1, changed)
+    assert str(train) in str(e.value)
+    assert read_plan(store, RUN, 1) is None
+    # a run.json without the record (an older run): the earlier plans' problem digest still refuses it
+    store.write_json(RunLayout(RUN).run_json, {})
     with pytest.raises(PlanError, match="is not the one stage 0 was planned on") as e:
         stage_prompts(store, s1, changed)
     assert problems_digest(problems) in str(e.value) and problems_digest(changed) in str(e.value)
     assert read_plan(store, RUN, 1) is None
+
+
+def test_the_first_plan_checks_the_problems_it_read_against_the_record_at_the_start(tmp_path, train):
+    """Issue 47: run.json exists, no plan yet, two lines of the training file swapped (same size) and its mtime set
+    back. Stage 0's plan, the first, is refused: the bytes and the problems it read are not those recorded."""
+    import os
+
+    from mugrpo.provenance.fingerprint import training_problems_digest
+
+    store = Store(str(tmp_path / "runs"))
+    s0 = spec(tmp_path / "runs", train, 0)
+    fp = dataset_fingerprint(s0.dataset, TRAIN_ROLE)
+    fp.problems_sha256 = training_problems_digest(s0.dataset)
+    store.write_json(RunLayout(RUN).run_json, {"inputs": {TRAIN_ROLE: fp.model_dump()}})
+    stat = os.stat(train)
+    lines = train.read_bytes().splitlines(keepends=True)
+    lines[0], lines[1] = lines[1], lines[0]
+    train.write_bytes(b"".join(lines))
+    os.utime(train, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    swapped, _ = load_problems(s0.dataset)
+    with pytest.raises(PlanError) as e:
+        stage_prompts(store, s0, swapped)
+    assert str(train) in str(e.value) and fp.sha256 in str(e.value)
+    assert fp.problems_sha256 in str(e.value) and problems_digest(swapped) in str(e.value)
+    assert read_plan(store, RUN, 0) is None
 
 
 def test_a_stage_of_more_prompts_than_the_training_set_holds_is_refused(tmp_path, train):
