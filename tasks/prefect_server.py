@@ -5,7 +5,8 @@ the terminal (SIGINT to the foreground group) or a SIGTERM to the group (``timeo
 once, while the flow still needed it to report its state and drain its events, so the flow hung in the client's
 retries. This one runs the same ASGI app (``prefect.server.api.server:create_app`` under uvicorn, UI off) in a
 session of its own, so a signal to the CLI's group never reaches it; the CLI stops it explicitly (its whole
-session: SIGTERM, then SIGKILL) after the flow is done with it, at a clean exit or a stop (:mod:`tasks.stops`).
+session: SIGTERM, then SIGKILL) after the flow is done with it, at a clean exit or a stop (:mod:`tasks.stops`);
+a CLI killed hard takes it along (the kernel's parent-death signal, Linux).
 
 Prefect is not imported here: the API URL has to be in the environment before Prefect reads its settings.
 """
@@ -25,6 +26,8 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+
+from tasks.launchers.processes import _parent_death_signal
 
 #: Set (to the API URL) in the CLI's environment while it runs on a server it started: the flow holds no
 #: Prefect global-concurrency slot there (flows/exclusive.py; the run lease in storage still fences writers).
@@ -68,6 +71,7 @@ class TemporaryPrefectServer:
                 env=env,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # a signal to the CLI's process group does not reach it
+                preexec_fn=_parent_death_signal(),  # a CLI killed hard (SIGKILL) leaves no server behind
             )  # fmt: skip
         atexit.register(self.stop)  # registered before Prefect's own exit handlers: runs after their event drain
         timeout_s = timeout_s or float(

@@ -54,7 +54,7 @@ def kill_jobs(wait_s: float) -> None:
     signal_jobs(signal.SIGTERM)
     deadline = time.monotonic() + max(wait_s, 0.0)
     while time.monotonic() < deadline and any(_group_alive(g) for g in live_groups()):
-        time.sleep(0.05)
+        time.sleep(0.1)
     signal_jobs(signal.SIGKILL)
     with contextlib.suppress(Exception):
         discard_prestarted(None)
@@ -63,13 +63,26 @@ def kill_jobs(wait_s: float) -> None:
 
 
 def _group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (a zombie waiting for its parent to reap it does not)."""
     try:
         os.killpg(pgid, 0)
-        return True
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:  # no /proc: the group exists, count it as running
+        return True
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
 
 
 class StopController:

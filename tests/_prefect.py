@@ -85,6 +85,40 @@ def _stop(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
         pass
 
 
+#: The reaper: blocks on its stdin (a pipe whose only writer is this pytest process) and, at EOF (pytest exited by
+#: any means: a clean end, an internal error, SIGTERM, SIGKILL, a lost xdist worker), kills the process group
+#: given as argument. Runs in its own session, so a signal to pytest's group does not end it first.
+_REAPER = (
+    "import os, signal, sys\n"
+    "sys.stdin.buffer.read()\n"
+    "for sig in (signal.SIGTERM, signal.SIGKILL):\n"
+    "    try:\n"
+    "        os.killpg(int(sys.argv[1]), sig)\n"
+    "    except ProcessLookupError:\n"
+    "        break\n"
+    "    if sig == signal.SIGTERM:\n"
+    "        import time; time.sleep(5)\n"
+)
+
+
+def _reap_at_exit(stack: ExitStack, proc: subprocess.Popen) -> None:
+    """Kill the process group (session) of ``proc`` when this pytest process ends, even abnormally: the
+    fixtures' cleanup (:func:`_stop`) does not run when pytest is killed, and a server left behind holds its port
+    and its SQLite database (the orphaned ``prefect server`` processes seen after test runs)."""
+    read, write = os.pipe()  # non-inheritable: only the reaper (its stdin) holds the read end
+    try:
+        subprocess.Popen(
+            [sys.executable, "-c", _REAPER, str(proc.pid)],
+            stdin=read,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    finally:
+        os.close(read)
+    stack.callback(os.close, write)  # after _stop: the reaper finds nothing left and exits
+
+
 def _base_env(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env.update(
@@ -161,6 +195,7 @@ def _start_server(stack: ExitStack, home: Path) -> PrefectServer:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    _reap_at_exit(stack, proc)
     stack.callback(_stop, proc)
     api_url = f"http://127.0.0.1:{port}/api"
     deadline = time.monotonic() + SERVER_START_TIMEOUT_S
@@ -220,6 +255,7 @@ def _start_worker(stack: ExitStack, api_url: str, home: Path) -> ProcessWorker:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    _reap_at_exit(stack, proc)
     stack.callback(_stop, proc)
     worker = ProcessWorker(pool=pool, name=name, process=proc, log_path=log_path)
     deadline = time.monotonic() + WORKER_START_TIMEOUT_S
