@@ -111,7 +111,7 @@ class StopController:
         self.first_at: float | None = None
         self._cleanups: list[tuple[str, Callable[[], None]]] = []
         self._counts = {"handler": 0, "wakeup": 0}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a signal handler may run while the main thread holds it
         self._finishing = threading.Lock()
         self._previous: dict[int, object] = {}
         self._wakeup_read: int | None = None
