@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import sys
 from pathlib import Path
@@ -203,19 +204,17 @@ def _execute(cfg) -> None:
             _refuse_state(str(e))
         stops.add_cleanup("run lease", lease.release)  # fenced: a lease taken over meanwhile is left alone
         try:
-            _start_prefect_server(stops)
-            _run_flow(cfg, uri)
+            with _prefect_server(stops):
+                _run_flow(cfg, uri)
         finally:
             if not stops.stopping:
                 lease.release()
-    except typer.Exit:
-        if stops.stopping:
-            stops.finish()
-        raise
     except BaseException:
         if stops.stopping:  # the flow unwound after Ctrl-C / SIGTERM (KeyboardInterrupt, Prefect's TerminationSignal)
-            stops.finish()
+            stops.finish()  # (never returns)
         raise
+    finally:
+        stops.uninstall()  # the run ended (done, failed or refused): signals are this process's again
 
 
 def _stop_controller(cfg, uri: str):
@@ -245,22 +244,40 @@ def _stop_controller(cfg, uri: str):
     ).install()
 
 
-def _start_prefect_server(stops) -> None:
+@contextlib.contextmanager
+def _prefect_server(stops):
     """Without ``PREFECT_API_URL``: start the temporary Prefect server in a session of its own
     (:mod:`tasks.prefect_server`: a Ctrl-C to this process group must not kill it under the flow) and point
-    Prefect at it; it is stopped at exit, after Prefect's own exit handlers, or by a stop."""
+    Prefect at it for the block; it is stopped at exit, after Prefect's own exit handlers, or by a stop."""
     import os
 
     from tasks.prefect_server import TEMPORARY_SERVER_ENV, TemporaryPrefectServer
 
     if os.environ.get("PREFECT_API_URL"):
+        yield
         return
     server = TemporaryPrefectServer()
     stops.add_cleanup("temporary Prefect server", server.stop)
     console.print("starting the temporary Prefect server (set PREFECT_API_URL to use a running one)")
     url = server.start(stopping=lambda: stops.stopping)
-    os.environ["PREFECT_API_URL"] = url
+    in_process = "prefect" in sys.modules  # imported already (the CLI invoked in a test's process): settings read
+    saved = {k: os.environ.get(k) for k in ("PREFECT_API_URL", TEMPORARY_SERVER_ENV)}
+    os.environ["PREFECT_API_URL"] = url  # read by Prefect when the flow imports it (and kept for its exit handlers)
     os.environ[TEMPORARY_SERVER_ENV] = url
+    with contextlib.ExitStack() as stack:
+        if in_process:
+            from prefect.settings import PREFECT_API_URL, temporary_settings
+
+            stack.enter_context(temporary_settings(updates={PREFECT_API_URL: url}))
+        try:
+            yield
+        finally:
+            if in_process:  # the caller's process goes on: its environment as it was
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
 
 
 def _refuse_state(message: str) -> None:

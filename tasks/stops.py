@@ -114,7 +114,8 @@ class StopController:
         self._lock = threading.RLock()  # a signal handler may run while the main thread holds it
         self._finishing = threading.Lock()
         self._previous: dict[int, object] = {}
-        self._wakeup_read: int | None = None
+        self._wakeup_write: int | None = None
+        self._previous_wakeup = -1
 
     # ---------------------------------------------------------------------------------------------------- setup
     def install(self) -> StopController:
@@ -123,11 +124,27 @@ class StopController:
             self._previous[sig] = signal.signal(sig, self._handler)
         r, w = os.pipe()
         os.set_blocking(w, False)
-        with contextlib.suppress(ValueError):
-            signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-            self._wakeup_read = r
-            threading.Thread(target=self._watch_wakeup, args=(r,), name="stop-signals", daemon=True).start()
+        try:
+            self._previous_wakeup = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        except ValueError:
+            os.close(r)
+            os.close(w)
+            return self
+        self._wakeup_write = w
+        threading.Thread(target=self._watch_wakeup, args=(r,), name="stop-signals", daemon=True).start()
         return self
+
+    def uninstall(self) -> None:
+        """Give the signals back (the run ended without a stop): the previous handlers and wakeup fd."""
+        for sig, previous in self._previous.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(sig, previous)
+        self._previous.clear()
+        if self._wakeup_write is not None:
+            with contextlib.suppress(ValueError):
+                signal.set_wakeup_fd(self._previous_wakeup)
+            os.close(self._wakeup_write)  # the reader thread sees EOF and closes its end
+            self._wakeup_write = None
 
     def add_cleanup(self, name: str, fn: Callable[[], None]) -> None:
         """Run ``fn`` at a stop, after the jobs are gone (in the order added)."""
@@ -154,6 +171,7 @@ class StopController:
             except OSError:
                 return
             if not data:
+                os.close(fd)
                 return
             for signum in data:
                 if signum in STOP_SIGNALS:
