@@ -24,6 +24,7 @@ assertion messages.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -101,7 +102,7 @@ _REAPER = (
 )
 
 
-def _reap_at_exit(stack: ExitStack, proc: subprocess.Popen) -> None:
+def _reap_at_exit(stack: ExitStack | None, proc: subprocess.Popen) -> None:
     """Kill the process group (session) of ``proc`` when this pytest process ends, even abnormally: the
     fixtures' cleanup (:func:`_stop`) does not run when pytest is killed, and a server left behind holds its port
     and its SQLite database (the orphaned ``prefect server`` processes seen after test runs)."""
@@ -116,7 +117,9 @@ def _reap_at_exit(stack: ExitStack, proc: subprocess.Popen) -> None:
         )
     finally:
         os.close(read)
-    stack.callback(os.close, write)  # after _stop: the reaper finds nothing left and exits
+    if stack is not None:
+        stack.callback(os.close, write)  # after _stop: the reaper finds nothing left and exits
+    # (else the write end closes when this process exits, whatever way it does)
 
 
 def _base_env(home: Path) -> dict[str, str]:
@@ -195,8 +198,10 @@ def _start_server(stack: ExitStack, home: Path) -> PrefectServer:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    _reap_at_exit(stack, proc)
-    stack.callback(_stop, proc)
+    _reap_at_exit(None, proc)
+    # Stopped at interpreter exit, after Prefect's own exit handlers (registered later, run earlier) have shipped
+    # this process's queued logs and events to it: stopped with the fixtures, it left them retrying a dead server.
+    atexit.register(_stop, proc)
     api_url = f"http://127.0.0.1:{port}/api"
     deadline = time.monotonic() + SERVER_START_TIMEOUT_S
     while True:
