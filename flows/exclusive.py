@@ -54,7 +54,11 @@ def one_flow_run_per_run_id(run_id: str, *, wait_s: float = WAIT_S, lease_s: flo
     # Only with a Prefect server that outlives the flow (deployments, PREFECT_API_URL). The temporary server of a
     # local `mugrpo run` dies with the flow process and keeps slot leases in memory: a slot held at a hard kill
     # would stay taken in its database with no lease left to expire.
-    if os.environ.get(SLOT_ENV, "").lower() == "off" or not get_current_settings().api.url:
+    # The CLI's own temporary server (tasks/prefect_server.py) is the same case: it lives as long as the CLI.
+    from tasks.prefect_server import TEMPORARY_SERVER_ENV
+
+    temporary = os.environ.get(TEMPORARY_SERVER_ENV)
+    if os.environ.get(SLOT_ENV, "").lower() == "off" or not get_current_settings().api.url or temporary:
         yield
         return
     name = run_limit_name(run_id)

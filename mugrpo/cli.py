@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import signal
+import contextlib
+import shlex
+import sys
 from pathlib import Path
 
 import typer
@@ -165,10 +167,6 @@ def _check_resume(store, cfg) -> None:
         _refuse(e)
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
 def _execute(cfg) -> None:
     _prefect_env()
     from mugrpo.coordination.lease import RunLease, RunLeaseHeld, live_holder
@@ -207,18 +205,92 @@ def _execute(cfg) -> None:
     lease = RunLease(
         store, cfg.run.id, ttl_s=cfg.orchestration.lease_ttl_s, wait_s=cfg.orchestration.lease_wait_s
     )  # taken here, so two `mugrpo run` started together never both reach Prefect (the flow runs under it)
+    stops = _stop_controller(cfg, uri)  # Ctrl-C / SIGTERM from here on: bounded, clean stop (tasks/stops.py)
     try:
-        with storage_guard(uri, cfg.run.storage_options):
-            lease.acquire()
-    except RunLeaseHeld as e:
-        _refuse_state(str(e))
-    except StorageError as e:  # e.g. the disk filled between the probe and the lease: no temporary file is left
-        err.print(f"Error: cannot take the run lease of {uri}: {e}", style="red", markup=False, highlight=False)
-        raise typer.Exit(2) from None
-    try:
-        _run_flow(cfg, uri)
+        try:
+            with storage_guard(uri, cfg.run.storage_options):
+                lease.acquire()
+        except RunLeaseHeld as e:
+            _refuse_state(str(e))
+        except StorageError as e:  # e.g. the disk filled between the probe and the lease: no temporary file is left
+            err.print(f"Error: cannot take the run lease of {uri}: {e}", style="red", markup=False, highlight=False)
+            raise typer.Exit(2) from None
+        stops.add_cleanup("run lease", lease.release)  # fenced: a lease taken over meanwhile is left alone
+        try:
+            with _prefect_server(stops):
+                _run_flow(cfg, uri)
+        finally:
+            if not stops.stopping:
+                lease.release()
+    except BaseException:
+        if stops.stopping:  # the flow unwound after Ctrl-C / SIGTERM (KeyboardInterrupt, Prefect's TerminationSignal)
+            stops.finish()  # (never returns)
+        raise
     finally:
-        lease.release()
+        stops.uninstall()  # the run ended (done, failed or refused): signals are this process's again
+
+
+def _stop_controller(cfg, uri: str):
+    """The run's :class:`tasks.stops.StopController`, installed: its grace is ``orchestration.stop_grace_s``."""
+    from tasks.stops import StopController
+
+    options = "".join(
+        f" -o {k}={v}" for k, v in sorted(cfg.run.storage_options.items()) if k in ("endpoint_url", "anon")
+    )
+
+    def hint() -> str:
+        """The command that continues the run, as it stands at the stop."""
+        from mugrpo.orchestration.runs import open_store
+        from mugrpo.storage.layout import RunLayout
+
+        try:
+            started = open_store(cfg).exists(RunLayout(cfg.run.id).run_json)
+        except Exception:  # storage unreachable: the run may well exist
+            started = True
+        if started:
+            return f"stopped: committed work is kept. Continue with: mugrpo resume {uri}{options}"
+        again = shlex.join(["mugrpo", *sys.argv[1:]])
+        return f"stopped before run {cfg.run.id} wrote anything. Start it again with: {again}"
+
+    return StopController(
+        cfg.orchestration.stop_grace_s, lambda line: err.print(line, markup=False, highlight=False), hint
+    ).install()
+
+
+@contextlib.contextmanager
+def _prefect_server(stops):
+    """Without ``PREFECT_API_URL``: start the temporary Prefect server in a session of its own
+    (:mod:`tasks.prefect_server`: a Ctrl-C to this process group must not kill it under the flow) and point
+    Prefect at it for the block; it is stopped at exit, after Prefect's own exit handlers, or by a stop."""
+    import os
+
+    from tasks.prefect_server import TEMPORARY_SERVER_ENV, TemporaryPrefectServer
+
+    if os.environ.get("PREFECT_API_URL"):
+        yield
+        return
+    server = TemporaryPrefectServer()
+    stops.add_cleanup("temporary Prefect server", server.stop)
+    console.print("starting the temporary Prefect server (set PREFECT_API_URL to use a running one)")
+    url = server.start(stopping=lambda: stops.stopping)
+    in_process = "prefect" in sys.modules  # imported already (the CLI invoked in a test's process): settings read
+    saved = {k: os.environ.get(k) for k in ("PREFECT_API_URL", TEMPORARY_SERVER_ENV)}
+    os.environ["PREFECT_API_URL"] = url  # read by Prefect when the flow imports it (and kept for its exit handlers)
+    os.environ[TEMPORARY_SERVER_ENV] = url
+    with contextlib.ExitStack() as stack:
+        if in_process:
+            from prefect.settings import PREFECT_API_URL, temporary_settings
+
+            stack.enter_context(temporary_settings(updates={PREFECT_API_URL: url}))
+        try:
+            yield
+        finally:
+            if in_process:  # the caller's process goes on: its environment as it was
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
 
 
 def _refuse_state(message: str) -> None:
@@ -343,7 +415,6 @@ def _run_flow(cfg, uri: str) -> None:
 
     _quiet_clean_failures(Refused, RunLeaseHeld, LeaseFenced, CorruptedRunError, StorageError, JobError)
     quiet_library_bars()  # the flow process converts the initial policy (GGUF -> HF): no bar frames in a log
-    signal.signal(signal.SIGTERM, _interrupt)  # preemption: stop like Ctrl-C, so Prefect's temporary server stops too
     try:
         result = run_flow(config=cfg.to_json_dict())
     except RunRefused as e:
@@ -353,10 +424,6 @@ def _run_flow(cfg, uri: str) -> None:
     except (RunLeaseHeld, CorruptedRunError) as e:
         err.print(f"Error: {e}", style="red", markup=False, highlight=False)
         raise typer.Exit(3) from None
-    except KeyboardInterrupt:
-        # The launcher has already killed the running job's process group; everything committed is kept.
-        err.print(f"[yellow]interrupted[/yellow]: committed work is kept. Continue with `mugrpo resume {uri}`.")
-        raise typer.Exit(130) from None
     except JobError as e:
         refusal = getattr(e, "refusal", None)
         if refusal is not None and _FENCED in refusal:  # a job of this writer was fenced: the run was taken over

@@ -24,6 +24,7 @@ assertion messages.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -83,6 +84,42 @@ def _stop(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+#: The reaper: blocks on its stdin (a pipe whose only writer is this pytest process) and, at EOF (pytest exited by
+#: any means: a clean end, an internal error, SIGTERM, SIGKILL, a lost xdist worker), kills the process group
+#: given as argument. Runs in its own session, so a signal to pytest's group does not end it first.
+_REAPER = (
+    "import os, signal, sys\n"
+    "sys.stdin.buffer.read()\n"
+    "for sig in (signal.SIGTERM, signal.SIGKILL):\n"
+    "    try:\n"
+    "        os.killpg(int(sys.argv[1]), sig)\n"
+    "    except ProcessLookupError:\n"
+    "        break\n"
+    "    if sig == signal.SIGTERM:\n"
+    "        import time; time.sleep(5)\n"
+)
+
+
+def _reap_at_exit(stack: ExitStack | None, proc: subprocess.Popen) -> None:
+    """Kill the process group (session) of ``proc`` when this pytest process ends, even abnormally: the
+    fixtures' cleanup (:func:`_stop`) does not run when pytest is killed, and a server left behind holds its port
+    and its SQLite database (the orphaned ``prefect server`` processes seen after test runs)."""
+    read, write = os.pipe()  # non-inheritable: only the reaper (its stdin) holds the read end
+    try:
+        subprocess.Popen(
+            [sys.executable, "-c", _REAPER, str(proc.pid)],
+            stdin=read,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    finally:
+        os.close(read)
+    if stack is not None:
+        stack.callback(os.close, write)  # after _stop: the reaper finds nothing left and exits
+    # (else the write end closes when this process exits, whatever way it does)
 
 
 def _base_env(home: Path) -> dict[str, str]:
@@ -161,7 +198,10 @@ def _start_server(stack: ExitStack, home: Path) -> PrefectServer:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    stack.callback(_stop, proc)
+    _reap_at_exit(None, proc)
+    # Stopped at interpreter exit, after Prefect's own exit handlers (registered later, run earlier) have shipped
+    # this process's queued logs and events to it: stopped with the fixtures, it left them retrying a dead server.
+    atexit.register(_stop, proc)
     api_url = f"http://127.0.0.1:{port}/api"
     deadline = time.monotonic() + SERVER_START_TIMEOUT_S
     while True:
@@ -220,6 +260,7 @@ def _start_worker(stack: ExitStack, api_url: str, home: Path) -> ProcessWorker:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    _reap_at_exit(stack, proc)
     stack.callback(_stop, proc)
     worker = ProcessWorker(pool=pool, name=name, process=proc, log_path=log_path)
     deadline = time.monotonic() + WORKER_START_TIMEOUT_S

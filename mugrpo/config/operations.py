@@ -31,6 +31,15 @@ class OrchestrationSection(_Section):
         description="Seconds a new writer waits for a live holder's lease to expire before it is refused (0: refuse "
         "at once, naming the holder). Set it > lease_ttl_s on a scheduler that restarts a preempted flow.",
     )
+    stop_grace_s: float = Field(
+        25.0,
+        ge=1,
+        description="Seconds `mugrpo run` / `resume` takes to stop after Ctrl-C or SIGTERM (to its process group or "
+        "its pid): running jobs get SIGTERM, then SIGKILL; the run lease is released, the temporary Prefect server "
+        "stopped and the resume command printed; past this grace the process exits anyway (exit code 130 for "
+        "SIGINT, 143 for SIGTERM). A second Ctrl-C stops at once. Under Kubernetes' default 30 s "
+        "terminationGracePeriodSeconds.",
+    )
     verify_on_resume: bool = Field(
         True,
         description="Before continuing a run, re-hash every committed file against its manifest (`mugrpo verify`) "

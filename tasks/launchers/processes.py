@@ -24,6 +24,8 @@ _EOF = object()
 #: Process groups of running subprocess jobs; killed at interpreter exit so a dying flow leaves no job behind.
 _LIVE_GROUPS: set[int] = set()
 _LIVE_LOCK = threading.Lock()
+#: Set once this process is stopping (Ctrl-C, SIGTERM: :mod:`tasks.stops`): the launcher starts no new job.
+STOPPING = threading.Event()
 
 
 def _kill_live_groups() -> None:
@@ -35,6 +37,12 @@ def _kill_live_groups() -> None:
 
 atexit.register(_kill_live_groups)
 atexit.register(forkserver.close_servers)
+
+
+def live_groups() -> list[int]:
+    """The process groups of the subprocess jobs of this process that run or wait (pre-started)."""
+    with _LIVE_LOCK:
+        return sorted(_LIVE_GROUPS)
 
 
 def _signal_group(pgid: int, sig: int) -> bool:

@@ -27,6 +27,7 @@ from tasks.launchers.processes import (
     _EOF,
     _LIVE_GROUPS,
     _LIVE_LOCK,
+    STOPPING,
     _JobProcess,
     _parent_death_signal,
     _pump,
@@ -75,6 +76,10 @@ class SubprocessLauncher(Launcher):
         Raises:
             JobLaunchError: the process could not be started.
         """
+        if STOPPING.is_set():  # a retry or the next job after Ctrl-C / SIGTERM: the run is stopping
+            err = JobLaunchError(f"not starting the {request.kind} job: this run is stopping", kind=request.kind)
+            err.transient = False
+            raise err
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **request.env}
         pdeath = _parent_death_signal() if self.kill_with_parent else None
         if self.fork and forkserver.supported():

@@ -78,7 +78,8 @@ def test_the_slot_of_a_sigkilled_flow_frees_after_its_lease(prefect_api):
 
 
 def test_no_slot_without_a_prefect_server_url(monkeypatch):
-    """Local `mugrpo run` (a temporary server that dies with the flow) takes no slot: no server is contacted."""
+    """Local `mugrpo run` (a temporary server that lives only as long as the CLI) takes no slot: no server is
+    contacted."""
     import prefect
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -93,3 +94,9 @@ def test_no_slot_without_a_prefect_server_url(monkeypatch):
         with pytest.raises(AssertionError, match="contacted"):
             with one_flow_run_per_run_id("local-run", wait_s=0.1):
                 pass
+        # ... unless it is the CLI's own temporary server (tasks/prefect_server.py), which lives as long as the CLI
+        from tasks.prefect_server import TEMPORARY_SERVER_ENV
+
+        monkeypatch.setenv(TEMPORARY_SERVER_ENV, "http://127.0.0.1:9/api")
+        with one_flow_run_per_run_id("local-run", wait_s=0.1):
+            pass
