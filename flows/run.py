@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from pathlib import Path
@@ -14,10 +15,10 @@ from flows.exclusive import one_flow_run_per_run_id
 from flows.stage import launch_workers, segment_flow, stage_flow
 from mugrpo.algorithms import excluding_columns
 from mugrpo.commits.manifest import read_job_manifest
+from mugrpo.commits.verify import refuse_corrupted
 from mugrpo.config import Config, config_from_dict
-from mugrpo.config.precision import describe
+from mugrpo.config.precision import SHOWN_ENV, describe
 from mugrpo.coordination.lease import RunLease, held_lease
-from mugrpo.inspection.verify import refuse_corrupted
 from mugrpo.orchestration.runs import open_store, start_run, write_final_eval_spec
 from mugrpo.tracking.session import TrackingSession
 
@@ -63,7 +64,7 @@ def run_flow(config: dict[str, Any]) -> dict[str, Any]:
         TimeoutError: another flow run of the run id held its slot for 15 minutes.
         mugrpo.coordination.lease.RunLeaseHeld: another live writer holds the run lease in object storage (names it).
         mugrpo.coordination.lease.LeaseFenced: this writer's lease was taken over while it ran.
-        mugrpo.inspection.verify.CorruptedRunError: a committed file is corrupted or missing (names it and the
+        mugrpo.commits.verify.CorruptedRunError: a committed file is corrupted or missing (names it and the
             recovery).
     """
     cfg = config_from_dict(config, source="run_flow(config)")
@@ -85,16 +86,17 @@ def _run(cfg: Config) -> dict[str, Any]:
 def _run_leased(cfg: Config, lease: RunLease) -> dict[str, Any]:
     logger = get_run_logger()
     t0 = time.monotonic()
-    if cfg.orchestration.verify_on_resume:  # never build on a corrupted committed stage (mugrpo.inspection.verify), and
+    if cfg.orchestration.verify_on_resume:  # never build on a corrupted committed stage (mugrpo.commits.verify), and
         store = open_store(cfg)  # refuse before init_run records the resume in run.json's history
         checked = refuse_corrupted(store, cfg.run.id, cfg.run.num_stages)
         logger.info("verified %d committed files (%.1f MiB)", checked.total_files, checked.total_bytes / 2**20)
     started = start_run(cfg)
     store, cfg = started.store, started.config  # the concrete config: auto precision resolved once, at run start
     logger.info("run %s lives at %s", cfg.run.id, store.uri(cfg.run.id))
-    logger.info(describe(started.precision))
-    if started.warning:
-        logger.warning(started.warning)
+    if os.environ.get(SHOWN_ENV) != "1":  # not already printed by the command line that started this flow
+        logger.info(describe(started.precision))
+        if started.warning:
+            logger.warning(started.warning)
     results = []
     final = {}
     with TrackingSession(

@@ -16,8 +16,8 @@ import pytest
 from _tiny import DEFAULT, REPO_ROOT, job_env, train_spec, write_spec
 
 from bench.support.synthetic import commit_synthetic_stage
+from mugrpo.commits.verify import CorruptedRunError, refuse_corrupted, verify_run
 from mugrpo.config import config_from_dict
-from mugrpo.inspection.verify import CorruptedRunError, refuse_corrupted, verify_run
 from mugrpo.orchestration.runs import init_run
 from mugrpo.storage.layout import RunLayout
 from mugrpo.storage.store import Store

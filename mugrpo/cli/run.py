@@ -1,0 +1,203 @@
+"""``mugrpo run`` and ``mugrpo resume``: preflight (:mod:`mugrpo.orchestration.preflight`), the run lease, the stop
+controller and the temporary Prefect server around the run flow, and one block for each way it can end."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+
+from mugrpo.cli.app import (
+    OverridesArg,
+    StorageOptionsOpt,
+    app,
+    console,
+    err,
+    load_or_exit,
+    refuse,
+    refuse_state,
+    storage_options,
+    stored_config,
+)
+from mugrpo.cli.lifecycle import prefect_env, prefect_server, quiet_clean_failures, stop_controller
+from mugrpo.storage.cli_support import storage_guard
+
+
+def _execute(cfg) -> None:
+    """Preflight, then the run flow under the run lease, the stop controller and the temporary Prefect server."""
+    prefect_env()
+    from mugrpo.config.precision import SHOWN_ENV, describe
+    from mugrpo.coordination.lease import RunLease, RunLeaseHeld
+    from mugrpo.orchestration.preflight import Refusal, preflight
+    from mugrpo.storage.store import StorageError
+
+    # Every refusal happens here, before Prefect starts and before anything is written (docs/reliability.md,
+    # "Refusals"): one block, printed once, exit 2 (what was asked is wrong) or 3 (the run's state refuses it).
+    try:
+        cleared = preflight(cfg)
+    except Refusal as e:
+        err.print(f"Error: {e.message}", style="red", markup=False, highlight=False)
+        raise typer.Exit(e.exit_code) from None
+    store, uri, precision = cleared.store, cleared.uri, cleared.check.precision
+    if precision is not None:  # what the run computes in, and why (resolved once; kept on resume)
+        console.print(describe(precision.record), markup=False, highlight=False)
+        if precision.warning:
+            err.print(precision.warning, style="bold yellow", markup=False, highlight=False)
+        os.environ[SHOWN_ENV] = "1"  # the flow, in this process, does not repeat them
+    lease = RunLease(
+        store, cfg.run.id, ttl_s=cfg.orchestration.lease_ttl_s, wait_s=cfg.orchestration.lease_wait_s
+    )  # taken here, so two `mugrpo run` started together never both reach Prefect (the flow runs under it)
+    stops = stop_controller(cfg, uri)  # Ctrl-C / SIGTERM from here on: bounded, clean stop (tasks/stops.py)
+    try:
+        try:
+            with storage_guard(uri, cfg.run.storage_options):
+                lease.acquire()
+        except RunLeaseHeld as e:
+            refuse_state(str(e))
+        except StorageError as e:  # e.g. the disk filled between the probe and the lease: no temporary file is left
+            err.print(f"Error: cannot take the run lease of {uri}: {e}", style="red", markup=False, highlight=False)
+            raise typer.Exit(2) from None
+        stops.add_cleanup("run lease", lease.release)  # fenced: a lease taken over meanwhile is left alone
+        try:
+            with prefect_server(stops):
+                _run_flow(cfg, uri)
+        finally:
+            if not stops.stopping:
+                lease.release()
+    except BaseException:
+        if stops.stopping:  # the flow unwound after Ctrl-C / SIGTERM (KeyboardInterrupt, Prefect's TerminationSignal)
+            stops.finish()  # (never returns)
+        raise
+    finally:
+        stops.uninstall()  # the run ended (done, failed or refused): signals are this process's again
+
+
+#: What a fenced job's refusal says (mugrpo.coordination.lease.check_fence).
+_FENCED = "refusing to commit"
+
+
+def _taken_over(cfg, uri: str, detail: str) -> None:
+    """Print, as one block with exit code 3, that this writer's run was taken over: by whom (the lease's holder
+    now) and whether the run is already complete; never advise a resume of a run another writer holds or finished."""
+    from mugrpo.coordination.lease import LeaseRecord
+    from mugrpo.orchestration.runs import open_store, run_status
+    from mugrpo.storage.layout import RunLayout
+
+    store = open_store(cfg)
+    try:
+        current = store.read_versioned(RunLayout(cfg.run.id).lease)
+        holder = LeaseRecord.from_bytes(current[0], uri).owner if current else "another writer (its lease is gone)"
+        complete = run_status(store, cfg).complete
+    except Exception:  # noqa: BLE001 - the message below stands without these details
+        holder, complete = "another writer", False
+    state = (
+        "the run is complete: nothing is left to do"
+        if complete
+        else f"it continues the run; watch it with `mugrpo status {uri}`"
+    )
+    err.print(
+        f"Error: run {cfg.run.id} at {uri} was taken over by {holder} while this writer ran; {state}. This writer "
+        f"stopped and committed nothing more. ({detail.splitlines()[0]})",
+        style="red",
+        markup=False,
+        highlight=False,
+    )
+    raise typer.Exit(3)
+
+
+def _run_flow(cfg, uri: str) -> None:
+    from flows.run import run_flow
+    from mugrpo.commits.verify import CorruptedRunError
+    from mugrpo.coordination.lease import LeaseFenced, RunLeaseHeld
+    from mugrpo.orchestration.resume import RunRefused
+    from mugrpo.storage.store import StorageError
+    from tasks.launchers.errors import JobError
+
+    console.print(f"[bold]run {cfg.run.id}[/bold] lives at {uri}")
+    console.print(f"  watch it:  mugrpo status {uri}")
+    console.print("  (for the Prefect UI, start `prefect server start` and set PREFECT_API_URL before `mugrpo run`)")
+    console.print(f'  query it:  mugrpo sql {uri} "SELECT stage, avg(reward) FROM rollouts GROUP BY ALL"')
+    from mugrpo.common.progress import quiet_library_bars
+    from mugrpo.provenance.refusals import RunRefused as Refused
+
+    quiet_clean_failures(Refused, RunLeaseHeld, LeaseFenced, CorruptedRunError, StorageError, JobError)
+    quiet_library_bars()  # the flow process converts the initial policy (GGUF -> HF): no bar frames in a log
+    try:
+        result = run_flow(config=cfg.to_json_dict())
+    except RunRefused as e:
+        refuse(e)
+    except LeaseFenced as e:
+        _taken_over(cfg, uri, str(e))
+    except (RunLeaseHeld, CorruptedRunError) as e:
+        err.print(f"Error: {e}", style="red", markup=False, highlight=False)
+        raise typer.Exit(3) from None
+    except JobError as e:
+        refusal = getattr(e, "refusal", None)
+        if refusal is not None and _FENCED in refusal:  # a job of this writer was fenced: the run was taken over
+            _taken_over(cfg, uri, refusal)
+        if refusal is not None:  # the job refused (a changed input, a plan): its block, once, with the table's code
+            err.print(
+                f"Error: run {cfg.run.id} stopped: {e.kind} job refused: {refusal}",
+                style="red",
+                markup=False,
+                highlight=False,
+            )
+            raise typer.Exit(2) from None
+        err.print(f"run {cfg.run.id} stopped: {e}", style="red", markup=False, highlight=False)
+        err.print(f"committed work is kept; after fixing the cause, continue with `mugrpo resume {uri}`.")
+        raise typer.Exit(1) from None
+    except StorageError as e:  # a write of the flow itself failed (a full disk): it names the file
+        err.print(
+            f"Error: run {cfg.run.id} stopped: {e}\ncommitted work is kept and no temporary file is left; after "
+            f"fixing the cause (free space), continue with `mugrpo resume {uri}`.",
+            style="red",
+            markup=False,
+            highlight=False,
+        )
+        raise typer.Exit(1) from None
+    console.print(f"[green]run {cfg.run.id} complete[/green] in {result['seconds']:.0f} s: {uri}")
+    if result["final_eval"]:
+        console.print("  final policy: " + "  ".join(f"{k}={v:.3f}" for k, v in sorted(result["final_eval"].items())))
+    console.print(f"  report:    {result['report']}")
+
+
+@app.command("run")
+def run_cmd(
+    config: Path = typer.Argument(..., help="YAML config, e.g. configs/gsm8k-smollm2.yaml."),
+    overrides: list[str] | None = OverridesArg,
+):
+    """Start a run, or continue it if its run.id already exists (committed work is skipped).
+
+    Each stage is a Prefect flow: generate -> train -> eval -> manifest. Prefect's temporary local server starts by
+    itself unless PREFECT_API_URL points at a server.
+    """
+    _execute(load_or_exit(config, overrides))
+
+
+@app.command("resume")
+def resume_cmd(
+    run: str = typer.Argument(..., help="Run id (with --root) or run folder/URL ROOT/RUN_ID."),
+    overrides: list[str] | None = typer.Argument(
+        None, help="Operational key=value overrides, e.g. generation.workers=2 (semantic keys are refused)."
+    ),
+    root: str | None = typer.Option(None, help="Storage root holding the run (default: runs)."),
+    storage_option: list[str] | None = StorageOptionsOpt,
+):
+    """Continue a run with the config stored in its run.json.
+
+    Operational settings (where and how it runs: workers, interpreters, timeouts, retries, storage, lease,
+    tracking) may be changed with key=value overrides; each change is recorded in run.json's history with the
+    stage it took effect. Semantic settings (model, data, seeds, algorithm, sizes) are fixed for the life of a run:
+    an override of one is refused (exit 2). `mugrpo config reference` shows each key's class.
+    """
+    from mugrpo.config import ConfigError
+    from mugrpo.orchestration.resume import RunRefused, resume_config
+    from mugrpo.orchestration.runs import open_store
+
+    stored = stored_config(run, root, storage_options(storage_option))
+    try:
+        cfg = resume_config(stored, overrides or [], open_store(stored).uri(stored.run.id))
+    except (RunRefused, ConfigError) as e:
+        refuse(e)
+    _execute(cfg)

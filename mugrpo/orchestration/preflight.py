@@ -1,0 +1,135 @@
+"""Preflight: every check that can refuse a run, made before Prefect starts and before anything is written.
+
+:func:`preflight` runs them in this order and raises the first :class:`Refusal`, one block of text with the exit
+code of docs/reliability.md's refusal table (2: what was asked is wrong; 3: the run's state refuses it):
+
+1. held-out benchmarks of the training task share no question text with training (2);
+2. the store is reachable and the run root can be read (2: a storage fault a user can fix, explained);
+3. no other live writer holds the run lease, when ``orchestration.lease_wait_s`` is 0 (3);
+4. the run may start or continue with this config and these inputs (:func:`mugrpo.orchestration.resume.check_resume`:
+   a changed semantic key, a changed or missing input, precision fixed for the run's life) (2);
+5. no stage asks for more prompts than the training set holds (2);
+6. no committed file is corrupted, with ``orchestration.verify_on_resume`` (3);
+7. the run root is writable: a real 1 MiB block written, fsynced and removed (2: permission, read-only, full).
+
+The command line calls it, prints a refusal and exits with its code; the run flow checks the resume again under the
+run lease (:func:`mugrpo.orchestration.runs.start_run`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from mugrpo.config import ConfigError
+from mugrpo.orchestration.resume import ResumeCheck, RunRefused, check_resume
+from mugrpo.orchestration.runs import open_store
+from mugrpo.storage.store import Store
+
+#: Exit codes of the refusal table (docs/reliability.md).
+ASKED_WRONG, STATE_REFUSES = 2, 3
+
+
+class Refusal(Exception):
+    """A run refused before it started: ``message`` is one block for the user, ``exit_code`` its exit code."""
+
+    def __init__(self, message: str, exit_code: int = ASKED_WRONG) -> None:
+        super().__init__(message)
+        self.message, self.exit_code = message, exit_code
+
+
+@dataclass(frozen=True)
+class Cleared:
+    """A run that passed preflight: its store, its URL and what the resume check found (the concrete config with
+    its precision, the stage it begins at)."""
+
+    store: Store
+    uri: str
+    check: ResumeCheck
+
+
+@contextmanager
+def _storage(url: str, storage_options: dict | None) -> Iterator[None]:
+    """A storage fault a user can fix (endpoint, credentials, bucket, permissions, a full disk) as a Refusal."""
+    from mugrpo.storage.errors import StorageUnavailable, explain_storage_error
+
+    try:
+        yield
+    except StorageUnavailable as e:
+        raise Refusal(str(e)) from None
+    except Refusal:
+        raise
+    except Exception as e:
+        message = explain_storage_error(e, url, storage_options)
+        if message is None:
+            raise
+        raise Refusal(message) from None
+
+
+def preflight(cfg: Any) -> Cleared:
+    """Run every refusal check of a run start or resume (module docstring), in order; reads only.
+
+    Args:
+        cfg: the run config (a :class:`mugrpo.config.Config`).
+
+    Returns:
+        The store, the run's URL and the resume check.
+
+    Raises:
+        Refusal: the first check that refuses, with its message and exit code.
+    """
+    from mugrpo.commits.verify import CorruptedRunError, refuse_corrupted
+    from mugrpo.coordination.lease import live_holder
+    from mugrpo.data.datasets import check_heldout_disjoint
+    from mugrpo.storage.errors import check_store, check_writable
+
+    try:  # reasoning-gym benchmarks of the training task: no question text shared with training
+        check_heldout_disjoint(cfg.data.train, [b.dataset for b in cfg.eval.benchmarks])
+    except ValueError as e:
+        raise Refusal(str(e)) from None
+    store = open_store(cfg)
+    uri = store.uri(cfg.run.id)
+    options = cfg.run.storage_options
+    with _storage(uri, options):
+        check_store(store, uri)
+        holder = live_holder(store, cfg.run.id)
+    if holder is not None and cfg.orchestration.lease_wait_s == 0:  # the flow takes the lease; refuse early here
+        raise Refusal(
+            f"run {cfg.run.id} at {uri} is being written by {holder}; two writers would commit over each other. "
+            "Wait for it to finish or stop it (a dead writer's lease expires after orchestration.lease_ttl_s).",
+            STATE_REFUSES,
+        )
+    with _storage(uri, options):
+        try:
+            check = check_resume(store, cfg)
+        except (RunRefused, ConfigError) as e:
+            raise Refusal(str(e)) from None
+        check_stage_sizes(cfg)
+        if cfg.orchestration.verify_on_resume:
+            try:
+                refuse_corrupted(store, cfg.run.id, cfg.run.num_stages)
+            except CorruptedRunError as e:
+                raise Refusal(str(e), STATE_REFUSES) from None
+        check_writable(store, cfg.run.id, uri)
+    return Cleared(store, uri, check)
+
+
+def check_stage_sizes(cfg: Any) -> None:
+    """Refuse a stage that asks for more prompts than the training set holds: it would sample some prompt twice in
+    one stage (:func:`mugrpo.provenance.prompt_plan.check_stage_prompts`).
+
+    Raises:
+        Refusal: names the stage, the prompts asked and the training set's size (or the dataset's error).
+    """
+    from mugrpo.data.datasets import DatasetError, load_problems
+    from mugrpo.provenance.prompt_plan import PlanError, check_stage_prompts
+    from mugrpo.schedules.stages import stage_plan
+
+    try:
+        problems, _ = load_problems(cfg.data.train)
+        for k in range(cfg.run.num_stages):
+            check_stage_prompts(stage_plan(cfg, k).num_prompts, len(problems), k, cfg.data.train)
+    except (PlanError, DatasetError) as e:
+        raise Refusal(str(e)) from None
