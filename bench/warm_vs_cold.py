@@ -113,7 +113,7 @@ class _Process:
 
 
 class ProcessLauncher:
-    """The stage schedule's launcher (:class:`mugrpo.execution.pipeline.Launcher`) without Prefect: each job one process
+    """The stage schedule's jobs (:class:`mugrpo.execution.pipeline.StageJobs`) without Prefect: each job one process
     of its interpreter (``flows.stage.job_python``) on the flows' own subprocess launcher
     (:class:`tasks.launchers.subprocess_launcher.SubprocessLauncher`, pre-started jobs included), output appended
     to ``log``. In process (:data:`JOBS_ENV`) a submitted job runs to its end first, so nothing overlaps, and nothing

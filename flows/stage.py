@@ -93,7 +93,7 @@ class _SubmittedTask:
 
 
 class PrefectLauncher:
-    """The stage schedule's launcher (:class:`mugrpo.execution.pipeline.Launcher`) in a flow: every job a launcher task
+    """The stage schedule's launcher (:class:`mugrpo.execution.pipeline.StageJobs`) in a flow: every job a launcher task
     run, fan-out jobs (generate, eval) as their N workers (:func:`launch_workers`)."""
 
     def __init__(self, cfg: Config) -> None:

@@ -17,7 +17,6 @@ import atexit
 import importlib.util
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -27,7 +26,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from tasks.launchers.processes import _parent_death_signal
+from tasks.launchers.processes import parent_death_signal, stop_group
 
 #: Set (to the API URL) in the CLI's environment while it runs on a server it started: the flow holds no
 #: Prefect global-concurrency slot there (flows/exclusive.py; the run lease in storage still fences writers).
@@ -71,7 +70,7 @@ class TemporaryPrefectServer:
                 env=env,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # a signal to the CLI's process group does not reach it
-                preexec_fn=_parent_death_signal(),  # a CLI killed hard (SIGKILL) leaves no server behind
+                preexec_fn=parent_death_signal(),  # a CLI killed hard (SIGKILL) leaves no server behind
             )  # fmt: skip
         atexit.register(self.stop)  # registered before Prefect's own exit handlers: runs after their event drain
         timeout_s = timeout_s or float(
@@ -100,17 +99,4 @@ class TemporaryPrefectServer:
             proc, self.proc = self.proc, None
         if proc is None:
             return
-        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(timeout=wait_s)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        try:  # anything the server left in its session's group
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        stop_group(proc, grace_s)

@@ -3,10 +3,11 @@
 
 The CLI process owns one :class:`StopController` for a run:
 
-- **First signal** (SIGINT or SIGTERM): the launcher starts no new job (:data:`tasks.launchers.processes.STOPPING`:
-  no retry, no next job), every job process group of this process (running or pre-started) gets SIGTERM, and the
-  flow gets ``KeyboardInterrupt`` in the main thread, where it unwinds from wherever it is (every commit is a
-  temporary file renamed into place, so an interrupted write leaves only a temporary file, which resume ignores).
+- **First signal** (SIGINT or SIGTERM): the launcher starts no new job
+  (:attr:`tasks.launchers.processes.ProcessTable.stopping`: no retry, no next job), every job process group of this
+  process (running or pre-started) gets SIGTERM, and the flow gets ``KeyboardInterrupt`` in the main thread, where
+  it unwinds from wherever it is (every commit is a temporary file renamed into place, so an interrupted write
+  leaves only a temporary file, which resume ignores).
   The CLI then calls :meth:`StopController.finish`: job groups that are still there are SIGKILLed, the fork
   servers stopped, the cleanups run (the run lease released, fenced by its token: a lease someone else took over
   is left alone; the temporary Prefect server's session stopped), the resume command printed, and the process
@@ -32,8 +33,7 @@ import time
 from collections.abc import Callable
 
 from tasks import forkserver
-from tasks.launchers.prestart import discard_prestarted
-from tasks.launchers.processes import STOPPING, _signal_group, live_groups
+from tasks.launchers.processes import PROCESSES, signal_group
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -45,7 +45,7 @@ def exit_code(signum: int) -> int:
 
 def signal_jobs(sig: int) -> int:
     """Send ``sig`` to every job process group of this process (running or pre-started); returns how many."""
-    return sum(_signal_group(pgid, sig) for pgid in live_groups())
+    return sum(signal_group(pgid, sig) for pgid in PROCESSES.groups())
 
 
 def kill_jobs(wait_s: float) -> None:
@@ -53,11 +53,11 @@ def kill_jobs(wait_s: float) -> None:
     jobs and the fork servers."""
     signal_jobs(signal.SIGTERM)
     deadline = time.monotonic() + max(wait_s, 0.0)
-    while time.monotonic() < deadline and any(_group_alive(g) for g in live_groups()):
+    while time.monotonic() < deadline and any(_group_alive(g) for g in PROCESSES.groups()):
         time.sleep(0.1)
     signal_jobs(signal.SIGKILL)
     with contextlib.suppress(Exception):
-        discard_prestarted(None)
+        PROCESSES.discard_prestarted(None)
     with contextlib.suppress(Exception):
         forkserver.close_servers()
 
@@ -195,7 +195,7 @@ class StopController:
         return first
 
     def _begin(self) -> None:
-        STOPPING.set()
+        PROCESSES.stopping.set()
         name = signal.Signals(self.signum).name
         self._print(
             f"{name}: stopping at a safe point (at most {self.grace_s:.0f} s, orchestration.stop_grace_s); "
@@ -223,7 +223,7 @@ class StopController:
             with self._lock:
                 if self.signum is None:
                     self.signum, self.first_at = signal.SIGINT, time.monotonic()
-                    STOPPING.set()
+                    PROCESSES.stopping.set()
         if not self._finishing.acquire(blocking=True, timeout=self.grace_s + 5):
             os._exit(self.code)
         assert self.first_at is not None

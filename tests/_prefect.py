@@ -42,6 +42,8 @@ from typing import Any
 
 import pytest
 
+from tasks.launchers.processes import stop_group
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 #: Seconds allowed for `prefect server start` to answer /api/health (2 shared cores: starts take 20-60 s).
 SERVER_START_TIMEOUT_S = 120.0
@@ -70,20 +72,7 @@ def _tail(path: Path, n: int = 40) -> str:
 
 def _stop(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
     """SIGTERM the process group of ``proc`` (started with start_new_session), then SIGKILL after ``grace_s``."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=wait_s)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    try:  # anything the process left in its group
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    stop_group(proc, grace_s, kill_wait_s=10.0)
 
 
 #: The reaper: blocks on its stdin (a pipe whose only writer is this pytest process) and, at EOF (pytest exited by

@@ -37,7 +37,7 @@ clock is their sum. The next stage's generation, when this stage started it, run
 still writing its checkpoint (checkpoint time hidden behind generation, counted once).
 
 The Prefect stage flow (flows/stage.py) and the benches' Prefect-free runner (bench/warm_vs_cold.py) both run a
-stage with :func:`run_stage`; they differ only in their :class:`Launcher`.
+stage with :func:`run_stage`; they differ only in their :class:`StageJobs`.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class RunningJob(Protocol):
         ...
 
 
-class Launcher(Protocol):
+class StageJobs(Protocol):
     """How a stage's jobs are launched (Prefect tasks in the stage flow, plain processes in the benches)."""
 
     def run(self, job: str, stage: int, spec_url: str) -> float:
@@ -109,7 +109,7 @@ def switch_seconds(cfg: Config, stage: int, job: str, wall: float) -> float:
     return max(wall - work, 0.0)
 
 
-def run_stage(cfg: Config, stage: int, launcher: Launcher, say: Callable[[str], None] = print) -> StageManifest:
+def run_stage(cfg: Config, stage: int, launcher: StageJobs, say: Callable[[str], None] = print) -> StageManifest:
     """Run (or resume) cold stage ``stage``: its generate, train and eval jobs, each skipped when committed, the
     next stage's generation overlapped with the train job's checkpoint (:func:`overlaps_next_generation`), each
     job pre-started while the one before it runs (:func:`prestart_next`), then the stage manifest. A committed
@@ -160,7 +160,7 @@ def run_stage(cfg: Config, stage: int, launcher: Launcher, say: Callable[[str], 
     return commit_stage(cfg, stage, timings)
 
 
-def prestart_next(cfg: Config, stage: int, job: str, launcher: Launcher, say: Callable[[str], None]) -> None:
+def prestart_next(cfg: Config, stage: int, job: str, launcher: StageJobs, say: Callable[[str], None]) -> None:
     """Before job ``job`` of ``stage`` is launched, pre-start the jobs that follow it (``orchestration.
     prestart_jobs``; each waits for its markers, :func:`mugrpo.orchestration.runs.start_markers`):
 
@@ -189,7 +189,7 @@ def prestart_next(cfg: Config, stage: int, job: str, launcher: Launcher, say: Ca
 
 
 def _train_beside_next_generation(
-    cfg: Config, stage: int, url: str, launcher: Launcher, say: Callable[[str], None]
+    cfg: Config, stage: int, url: str, launcher: StageJobs, say: Callable[[str], None]
 ) -> tuple[float, float, float]:
     """Run stage ``stage``'s train job; once it has committed the policy of stage ``stage + 1``, run that stage's
     generation beside the rest of it (its checkpoint and manifest). Returns (train wall seconds, seconds of the

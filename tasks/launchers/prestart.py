@@ -1,60 +1,19 @@
-"""Subprocess jobs started ahead (pre-started) until a run follows them: the table of them, the one thread that
-starts them, stopping those no run followed, and their priority while they wait (autogroup and nice values)."""
+"""Subprocess jobs started ahead (pre-started): stopping those no run followed, and their priority while they wait
+(autogroup and nice values). The table of them is :class:`tasks.launchers.processes.ProcessTable`."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import os
-import signal
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
-from tasks.launchers.processes import _LIVE_GROUPS, _LIVE_LOCK, _JobProcess, _signal_group
-
-#: Jobs started ahead by :meth:`SubprocessLauncher.prestart`, by :attr:`JobRequest.identity`, until a run follows.
-_PRESTARTED: dict[tuple, _JobProcess] = {}
-_prestart_pool: concurrent.futures.ThreadPoolExecutor | None = None
-
-
-def _prestarter() -> concurrent.futures.ThreadPoolExecutor:
-    """The one long-lived thread that starts pre-started jobs: a job's parent-death signal fires when the thread
-    that started it ends (``PR_SET_PDEATHSIG``), so it must not be a task's thread, which ends before the job's
-    run follows it."""
-    global _prestart_pool
-    with _LIVE_LOCK:
-        if _prestart_pool is None:
-            _prestart_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="job-prestart")
-        return _prestart_pool
-
-
-def _on_prestarter(fn: Callable, *args):
-    """``fn(*args)`` on the prestart thread (:func:`_prestarter`), from any thread, that one included."""
-    if threading.current_thread().name.startswith("job-prestart"):
-        return fn(*args)
-    return _prestarter().submit(fn, *args).result()
+from tasks.launchers.processes import PROCESSES
 
 
 def discard_prestarted(labels: Mapping[str, str] | None = None) -> int:
-    """SIGKILL the process groups of the subprocess jobs pre-started and not followed yet whose labels include
-    ``labels`` (all when None). Returns how many were stopped. A waiting job has read nothing of the run and
-    written nothing, so stopping it loses no work."""
-    with _LIVE_LOCK:
-        doomed = [
-            key
-            for key, job in _PRESTARTED.items()
-            if labels is None or all(job.request.labels.get(k) == v for k, v in labels.items())
-        ]
-        jobs = [_PRESTARTED.pop(key) for key in doomed]
-    for job in jobs:
-        _signal_group(job.pgid, signal.SIGKILL)
-        job.proc.wait()
-        with _LIVE_LOCK:
-            _LIVE_GROUPS.discard(job.pgid)
-        if job.proc.stdout is not None:
-            with contextlib.suppress(OSError, ValueError):
-                job.proc.stdout.close()
-    return len(jobs)
+    """SIGKILL this process's pre-started subprocess jobs not followed yet whose labels include ``labels`` (all when
+    None); returns how many (:meth:`tasks.launchers.processes.ProcessTable.discard_prestarted`)."""
+    return PROCESSES.discard_prestarted(labels)
 
 
 def autogroup_nice(pid: int | str = "self") -> int | None:

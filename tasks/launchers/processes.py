@@ -1,9 +1,12 @@
-"""The processes of subprocess jobs: each job's process group (killed at interpreter exit), the thread moving its
-output lines to a queue, and the kernel's parent-death signal that stops a job when the flow process dies."""
+"""The processes of subprocess jobs: the table that owns them (:class:`ProcessTable`: running and pre-started jobs,
+the prestart thread, the stop flag), the thread moving a job's output lines to a queue, and the kernel's parent-death
+signal that stops a job when the flow process dies."""
 
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
+import contextlib
 import ctypes
 import os
 import queue
@@ -11,7 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import IO
 
@@ -19,39 +22,31 @@ from tasks import forkserver
 from tasks.launchers.protocol import clip_line
 from tasks.launchers.request import JobRequest
 
-# --------------------------------------------------------------------------------------------------- subprocess
-_EOF = object()
-#: Process groups of running subprocess jobs; killed at interpreter exit so a dying flow leaves no job behind.
-_LIVE_GROUPS: set[int] = set()
-_LIVE_LOCK = threading.Lock()
-#: Set once this process is stopping (Ctrl-C, SIGTERM: :mod:`tasks.stops`): the launcher starts no new job.
-STOPPING = threading.Event()
+#: What the output thread puts in a job's queue after its last line.
+EOF = object()
 
 
-def _kill_live_groups() -> None:
-    with _LIVE_LOCK:
-        groups = list(_LIVE_GROUPS)
-    for pgid in groups:
-        _signal_group(pgid, signal.SIGKILL)
-
-
-atexit.register(_kill_live_groups)
-atexit.register(forkserver.close_servers)
-
-
-def live_groups() -> list[int]:
-    """The process groups of the subprocess jobs of this process that run or wait (pre-started)."""
-    with _LIVE_LOCK:
-        return sorted(_LIVE_GROUPS)
-
-
-def _signal_group(pgid: int, sig: int) -> bool:
+def signal_group(pgid: int, sig: int) -> bool:
     """Send ``sig`` to process group ``pgid``; False when no process of the group is left."""
     try:
         os.killpg(pgid, sig)
         return True
     except ProcessLookupError:
         return False
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float, kill_wait_s: float = 5.0) -> None:
+    """Stop the process group ``proc`` leads (started with ``start_new_session``): SIGTERM, SIGKILL after ``grace_s``
+    seconds, then SIGKILL to whatever it left in its group."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, kill_wait_s)):
+        if not signal_group(proc.pid, sig):
+            break
+        try:
+            proc.wait(timeout=wait_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    signal_group(proc.pid, signal.SIGKILL)
 
 
 def _pump(stream: IO[str], lines: queue.Queue) -> None:
@@ -62,10 +57,10 @@ def _pump(stream: IO[str], lines: queue.Queue) -> None:
     except (OSError, ValueError):  # the pipe was closed under us after a kill
         pass
     finally:
-        lines.put(_EOF)
+        lines.put(EOF)
 
 
-def _parent_death_signal() -> Callable[[], None] | None:
+def parent_death_signal() -> Callable[[], None] | None:
     """A ``preexec_fn`` that makes the kernel SIGKILL the job when the thread that started it ends (Linux
     ``prctl(PR_SET_PDEATHSIG)``). The launcher waits for the job in that thread, so this fires when the flow
     process dies, even by SIGKILL: a dead flow cannot leave a job running. None off Linux."""
@@ -84,7 +79,7 @@ def _parent_death_signal() -> Callable[[], None] | None:
 
 
 @dataclass
-class _JobProcess:
+class JobProcess:
     """A job's process (leader of its own process group) and the thread moving its output lines to a queue."""
 
     request: JobRequest
@@ -95,3 +90,99 @@ class _JobProcess:
     @property
     def pgid(self) -> int:
         return self.proc.pid
+
+
+class ProcessTable:
+    """The subprocess jobs of this process, in one place: the process groups of the jobs that run or wait (killed
+    at interpreter exit, so a dying flow leaves no job behind), the jobs started ahead (pre-started) until a run
+    follows them, the one thread that starts those, and the stop flag (set on Ctrl-C / SIGTERM by
+    :mod:`tasks.stops`: no new job starts). Every method is thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()  # re-entrant: a signal handler may run while the main thread holds it
+        self._groups: set[int] = set()
+        self._prestarted: dict[tuple, JobProcess] = {}
+        self._prestart_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        #: Set once this process is stopping: the launcher starts no new job.
+        self.stopping = threading.Event()
+
+    # -- running jobs -----------------------------------------------------------------------------------------
+    def adopt(self, request: JobRequest, proc: subprocess.Popen, *, niced: bool = False) -> JobProcess:
+        """Track a just-started job: its group is killed at exit, and a thread moves its output lines to a queue."""
+        self.track(proc.pid)
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=_pump, args=(proc.stdout, lines), name=f"job-{proc.pid}-output", daemon=True).start()
+        return JobProcess(request, proc, lines, niced=niced)
+
+    def track(self, pgid: int) -> None:
+        """Track process group ``pgid`` as a job's: signalled on a stop, killed at interpreter exit."""
+        with self._lock:
+            self._groups.add(pgid)
+
+    def release(self, pgid: int) -> None:
+        """The job of group ``pgid`` ended and its group was killed: stop tracking it."""
+        with self._lock:
+            self._groups.discard(pgid)
+
+    def groups(self) -> list[int]:
+        """The process groups of the jobs that run or wait (pre-started)."""
+        with self._lock:
+            return sorted(self._groups)
+
+    def kill_all(self) -> None:
+        """SIGKILL every tracked group (at interpreter exit)."""
+        for pgid in self.groups():
+            signal_group(pgid, signal.SIGKILL)
+
+    # -- pre-started jobs -------------------------------------------------------------------------------------
+    def is_prestarted(self, identity: tuple) -> bool:
+        with self._lock:
+            return identity in self._prestarted
+
+    def hold(self, identity: tuple, job: JobProcess) -> None:
+        """Keep a pre-started job until a run of an equal request follows it (:meth:`follow`)."""
+        with self._lock:
+            self._prestarted[identity] = job
+
+    def follow(self, identity: tuple) -> JobProcess | None:
+        """The pre-started job of ``identity``, no longer held (None when there is none)."""
+        with self._lock:
+            return self._prestarted.pop(identity, None)
+
+    def discard_prestarted(self, labels: Mapping[str, str] | None = None) -> int:
+        """SIGKILL the pre-started jobs not followed yet whose labels include ``labels`` (all when None). Returns how
+        many were stopped. A waiting job has read nothing of the run and written nothing, so stopping it loses no
+        work."""
+        with self._lock:
+            doomed = [
+                key
+                for key, job in self._prestarted.items()
+                if labels is None or all(job.request.labels.get(k) == v for k, v in labels.items())
+            ]
+            jobs = [self._prestarted.pop(key) for key in doomed]
+        for job in jobs:
+            signal_group(job.pgid, signal.SIGKILL)
+            job.proc.wait()
+            self.release(job.pgid)
+            if job.proc.stdout is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    job.proc.stdout.close()
+        return len(jobs)
+
+    def on_prestarter(self, fn: Callable, *args):
+        """``fn(*args)`` on the one long-lived thread that starts pre-started jobs (and the fork servers), from any
+        thread, that one included: a job's parent-death signal fires when the thread that started it ends
+        (``PR_SET_PDEATHSIG``), so it must not be a task's thread, which ends before the job's run follows it."""
+        if threading.current_thread().name.startswith("job-prestart"):
+            return fn(*args)
+        with self._lock:
+            if self._prestart_pool is None:
+                self._prestart_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="job-prestart")
+            pool = self._prestart_pool
+        return pool.submit(fn, *args).result()
+
+
+#: This process's subprocess jobs.
+PROCESSES = ProcessTable()
+atexit.register(PROCESSES.kill_all)
+atexit.register(forkserver.close_servers)

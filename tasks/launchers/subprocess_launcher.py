@@ -9,30 +9,13 @@ import shlex
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping
 
 from tasks import forkserver
 from tasks.launchers.errors import JobLaunchError
-from tasks.launchers.prestart import (
-    _PRESTARTED,
-    _on_prestarter,
-    autogroup_nice,
-    can_raise_priority,
-    discard_prestarted,
-    set_priority,
-)
-from tasks.launchers.processes import (
-    _EOF,
-    _LIVE_GROUPS,
-    _LIVE_LOCK,
-    STOPPING,
-    _JobProcess,
-    _parent_death_signal,
-    _pump,
-    _signal_group,
-)
+from tasks.launchers.prestart import autogroup_nice, can_raise_priority, set_priority
+from tasks.launchers.processes import EOF, PROCESSES, JobProcess, parent_death_signal, signal_group
 from tasks.launchers.protocol import Launcher, LineSink, register_launcher
 from tasks.launchers.request import JobRequest, LaunchOutcome
 
@@ -69,19 +52,19 @@ class SubprocessLauncher(Launcher):
         self.prestart_nice = prestart_nice
         self.fork = fork
 
-    def _start(self, request: JobRequest, nice: int = 0) -> _JobProcess:
+    def _start(self, request: JobRequest, nice: int = 0) -> JobProcess:
         """Start the job's process in its own session (forked from the job fork server with ``fork``, where one
         runs: :mod:`tasks.forkserver`) and a thread that reads its output.
 
         Raises:
             JobLaunchError: the process could not be started.
         """
-        if STOPPING.is_set():  # a retry or the next job after Ctrl-C / SIGTERM: the run is stopping
+        if PROCESSES.stopping.is_set():  # a retry or the next job after Ctrl-C / SIGTERM: the run is stopping
             err = JobLaunchError(f"not starting the {request.kind} job: this run is stopping", kind=request.kind)
             err.transient = False
             raise err
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **request.env}
-        pdeath = _parent_death_signal() if self.kill_with_parent else None
+        pdeath = parent_death_signal() if self.kill_with_parent else None
         if self.fork and forkserver.supported():
             job = self._fork(request, env, nice, pdeath)
             if job is not None:
@@ -111,20 +94,18 @@ class SubprocessLauncher(Launcher):
             raise JobLaunchError(
                 f"cannot start the {request.kind} job {request.command(sys.executable)}: {e}", kind=request.kind
             ) from e
-        with _LIVE_LOCK:
-            _LIVE_GROUPS.add(proc.pid)
-        lines: queue.Queue = queue.Queue()
-        threading.Thread(target=_pump, args=(proc.stdout, lines), name=f"job-{proc.pid}-output", daemon=True).start()
-        return _JobProcess(request, proc, lines, niced=bool(nice))
+        return PROCESSES.adopt(request, proc, niced=bool(nice))
 
     def _fork(
         self, request: JobRequest, env: dict[str, str], nice: int, pdeath: Callable[[], None] | None
-    ) -> _JobProcess | None:
+    ) -> JobProcess | None:
         """The job forked from the fork server of its interpreter and environment (started on first use, on the
         long-lived prestart thread: its parent-death signal must outlive this call); None when no server can run
         (the caller spawns the job)."""
         python = request.python or sys.executable
-        server = _on_prestarter(forkserver.server_for, python, env, lambda: forkserver.ForkServer(python, env, pdeath))
+        server = PROCESSES.on_prestarter(
+            forkserver.server_for, python, env, lambda: forkserver.ForkServer(python, env, pdeath)
+        )
         if server is None:
             return None
         try:
@@ -135,28 +116,20 @@ class SubprocessLauncher(Launcher):
             raise JobLaunchError(
                 f"cannot fork the {request.kind} job from the job fork server: {e}", kind=request.kind
             ) from e
-        with _LIVE_LOCK:
-            _LIVE_GROUPS.add(proc.pid)
-        lines: queue.Queue = queue.Queue()
-        threading.Thread(target=_pump, args=(proc.stdout, lines), name=f"job-{proc.pid}-output", daemon=True).start()
-        return _JobProcess(request, proc, lines, niced=bool(nice))
+        return PROCESSES.adopt(request, proc, niced=bool(nice))
 
     def prestart(self, request: JobRequest) -> bool:
-        with _LIVE_LOCK:
-            if request.identity in _PRESTARTED:
-                return True
+        if PROCESSES.is_prestarted(request.identity):
+            return True
         nice = self.prestart_nice if can_raise_priority() else 0
-        job = _on_prestarter(self._start, request, nice)
-        with _LIVE_LOCK:
-            _PRESTARTED[request.identity] = job
+        PROCESSES.hold(request.identity, PROCESSES.on_prestarter(self._start, request, nice))
         return True
 
     def discard_prestarted(self, labels: Mapping[str, str] | None = None) -> int:
-        return discard_prestarted(labels)
+        return PROCESSES.discard_prestarted(labels)
 
     def run(self, request: JobRequest, on_line: LineSink) -> LaunchOutcome:
-        with _LIVE_LOCK:
-            job = _PRESTARTED.pop(request.identity, None)
+        job = PROCESSES.follow(request.identity)
         if job is None:
             job = self._start(request)
         else:
@@ -165,7 +138,7 @@ class SubprocessLauncher(Launcher):
                 set_priority(job.pgid, os.getpriority(os.PRIO_PROCESS, 0))
         return self._follow(job, on_line)
 
-    def _follow(self, job: _JobProcess, on_line: LineSink) -> LaunchOutcome:
+    def _follow(self, job: JobProcess, on_line: LineSink) -> LaunchOutcome:
         """Stream the job's lines to ``on_line`` until it exits or its timeout (from now) passes."""
         proc, lines, pgid, request = job.proc, job.lines, job.pgid, job.request
         deadline = time.monotonic() + request.timeout_s
@@ -179,15 +152,14 @@ class SubprocessLauncher(Launcher):
                 eof = self._drain(lines, on_line, wait_s=min(0.2, max(deadline - time.monotonic(), 0.0))) or eof
         except BaseException:
             # Cancellation or interrupt while waiting: the job must not outlive the task that launched it.
-            _signal_group(pgid, signal.SIGKILL)
+            signal_group(pgid, signal.SIGKILL)
             proc.wait()
             raise
         finally:
             # Stragglers: processes the job left behind in its group hold the pipe open and may write files.
-            if _signal_group(pgid, signal.SIGKILL) and not timed_out:
+            if signal_group(pgid, signal.SIGKILL) and not timed_out:
                 detail = "processes left behind in the job's process group were killed"
-            with _LIVE_LOCK:
-                _LIVE_GROUPS.discard(pgid)
+            PROCESSES.release(pgid)
         end = time.monotonic() + 5.0
         while not eof and time.monotonic() < end:
             eof = self._drain(lines, on_line, wait_s=0.2)
@@ -205,7 +177,7 @@ class SubprocessLauncher(Launcher):
         except queue.Empty:
             return False
         while True:
-            if item is _EOF:
+            if item is EOF:
                 return True
             on_line(item)
             try:
@@ -215,9 +187,9 @@ class SubprocessLauncher(Launcher):
 
     def _terminate(self, proc: subprocess.Popen, lines: queue.Queue, on_line: LineSink) -> None:
         """SIGTERM the job's group, keep streaming its last words for ``kill_grace_s``, then SIGKILL the group."""
-        _signal_group(proc.pid, signal.SIGTERM)
+        signal_group(proc.pid, signal.SIGTERM)
         end = time.monotonic() + self.kill_grace_s
         while proc.poll() is None and time.monotonic() < end:
             self._drain(lines, on_line, wait_s=0.1)
-        _signal_group(proc.pid, signal.SIGKILL)
+        signal_group(proc.pid, signal.SIGKILL)
         proc.wait()

@@ -19,14 +19,13 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 HELPER = """
 import os, signal, sys, time, subprocess
 from tasks.stops import StopController
-from tasks.launchers.processes import _LIVE_GROUPS, _LIVE_LOCK
+from tasks.launchers.processes import PROCESSES
 grace, mode, out = float(sys.argv[1]), sys.argv[2], sys.argv[3]
 stops = StopController(grace, lambda line: print(line, flush=True), lambda: "resume with: mugrpo resume R", reserve_s=1)
 stops.install()
 stops.add_cleanup("mark", lambda: open(out, "w").write("cleaned"))
 job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
-with _LIVE_LOCK:
-    _LIVE_GROUPS.add(job.pid)
+PROCESSES.track(job.pid)
 if mode == "swap":  # a handler that swallows SIGTERM, as Prefect's bridge replaces ours while a flow runs
     signal.signal(signal.SIGTERM, lambda s, f: None)
 ready = False
