@@ -45,6 +45,7 @@ class ReportData:
     files: list[str]
     examples: list[dict] = field(default_factory=list)
     audit: list[dict] = field(default_factory=list)  # `mugrpo audit` rows of the run (mugrpo.audit)
+    verifier_audit: list[dict] = field(default_factory=list)  # the `verifier_audit` SQL view (false negatives)
 
 
 #: The correctness component of a rollout: math_correctness, or the reasoning_gym task's own score (mugrpo.data.gym).
@@ -96,6 +97,7 @@ def collect(target: str, storage_options: dict | None = None) -> ReportData:
             + """ FROM train_steps ORDER BY "update" """,
         )
         evals = _rows(cat, EVALS_QUERY)
+        verifier = _rows(cat, "SELECT * FROM verifier_audit ORDER BY source, stage")
         uri = cat.target.url
     files = _parquet_files(target, storage_options, run_id)
     return ReportData(
@@ -109,6 +111,7 @@ def collect(target: str, storage_options: dict | None = None) -> ReportData:
         files,
         examples,
         _audit_rows(target, storage_options, run_id),
+        verifier,
     )
 
 
@@ -427,6 +430,7 @@ share with a boxed answer (the format component).</p>
 <h2>Example rollouts</h2>
 <p>The first sample of {EXAMPLES_PER_STAGE} prompts per stage.</p>
 {examples}
+{_verifier_section(data)}
 {_audit_section(data)}
 <h2>Parquet files</h2>
 <p>Plain Hive-partitioned Parquet: query them with <code>mugrpo sql</code>, the DuckDB CLI, pandas, polars or
@@ -434,6 +438,23 @@ pyarrow.</p>
 <ul>{files}</ul>
 </body></html>
 """
+
+
+def _verifier_section(data: ReportData) -> str:
+    """The verifier false-negative audit per stage (the ``verifier_audit`` view; arXiv 2505.22203)."""
+    if not data.verifier_audit:
+        return ""
+    rows = [
+        [r["source"], r["stage"], r["wrong"], r["numeric_gold"], r["loose_accepts"], r["loose_accept_rate"] or 0.0]
+        for r in data.verifier_audit
+    ]
+    return (
+        "<h2>Verifier audit: wrong by the reward, right by a looser reading</h2>\n<p>Responses the reward called "
+        "wrong whose last number equals a numeric gold (rule-based verifiers' false negatives grow as the policy "
+        "improves: arXiv 2505.22203). The strict format policy refuses unboxed answers on purpose (docs/rewards.md): "
+        "read the rows (<code>SELECT * FROM verifier_audit_samples WHERE loose_accepts</code>) before changing "
+        "anything.</p>\n" + _table(["source", "stage", "wrong", "numeric gold", "loose reading accepts", "share"], rows)
+    )
 
 
 def _audit_section(data: ReportData) -> str:

@@ -16,6 +16,12 @@ Views (one set per connection, over the files committed when it was opened; :fun
 - ``eval_scores``: one row per run, policy stage and benchmark: avg@k with its 95% CI clustered by problem
   (Miller 2024, arXiv 2411.00640), pass@1 and maj@k (:mod:`mugrpo.evaluation.metrics` computes the same figures
   for the eval manifests).
+- ``verifier_audit``: per source (``rollouts`` of each stage, ``evals`` of each policy), the responses the reward
+  called wrong and how many of those a looser reading would accept: the last number anywhere in the response equals
+  a numeric gold (arXiv 2505.22203: rule-based verifiers' false negatives grow as the policy improves). A rise is a
+  reason to read the responses (``verifier_audit_samples``), not a verdict: the strict format policy refuses an
+  unboxed answer on purpose (docs/rewards.md).
+- ``verifier_audit_samples``: those responses, one row each, with the loose reading.
 - ``runs``: one row per run: ``run.json`` fields (NULL when it is absent) and counts of committed stages and files.
 
 A view over a table with no file yet is empty but has the table's columns, so queries never fail for lack of data.
@@ -64,7 +70,7 @@ RUNS_SCHEMA = pa.schema(
 )
 
 #: Every view a catalog defines, in the order ``.tables`` lists them.
-VIEWS = (*TABLE_FILES, "stages", "runs", "eval_problems", "eval_scores")
+VIEWS = (*TABLE_FILES, "stages", "runs", "eval_problems", "eval_scores", "verifier_audit_samples", "verifier_audit")
 
 #: The eval contract's derived views, over ``evals`` (their definitions are the formulas of
 #: :mod:`mugrpo.evaluation.metrics`: maj@k votes on the stripped extracted answer, ties to the lowest sample index;
@@ -93,6 +99,34 @@ EVAL_VIEWS = {
                avg(CASE WHEN maj_correct THEN 1.0 ELSE 0.0 END) AS maj_at_k,
                avg(CASE WHEN num_correct > 0 THEN 1.0 ELSE 0.0 END) AS pass_at_k
         FROM eval_problems GROUP BY ALL""",
+    # Wrong by the reward (its correctness component < 1, the verifier answered), right by a looser reading: the
+    # last number of the response text (thousands separators dropped) equals the numeric gold within 1e-6 relative.
+    "verifier_audit_samples": """
+        WITH wrong AS (
+            SELECT 'rollouts' AS source, run_id, stage, prompt_id, sample_idx, response_text, ground_truth,
+                   extracted_answer
+            FROM rollouts
+            WHERE reward_status = 'ok'
+              AND coalesce(reward_components['math_correctness'], reward_components['reasoning_gym'], 1.0) < 1.0
+            UNION ALL
+            SELECT 'evals', run_id, stage, prompt_id, sample_idx, response_text, ground_truth, extracted_answer
+            FROM evals WHERE reward_status = 'ok' AND NOT correct
+        ), readings AS (
+            SELECT *,
+                   TRY_CAST(replace(list_last(regexp_extract_all(response_text, '-?[0-9][0-9,]*(?:[.][0-9]+)?')),
+                                    ',', '') AS DOUBLE) AS loose_answer,
+                   TRY_CAST(replace(trim(ground_truth), ',', '') AS DOUBLE) AS numeric_gold
+            FROM wrong
+        )
+        SELECT *, coalesce(numeric_gold IS NOT NULL AND loose_answer IS NOT NULL
+                           AND abs(loose_answer - numeric_gold) <= 1e-6 * greatest(1.0, abs(numeric_gold)), false)
+                  AS loose_accepts
+        FROM readings""",
+    "verifier_audit": """
+        SELECT source, run_id, stage, count(*) AS wrong, count(numeric_gold) AS numeric_gold,
+               count(*) FILTER (WHERE loose_accepts) AS loose_accepts,
+               count(*) FILTER (WHERE loose_accepts) / nullif(count(numeric_gold), 0) AS loose_accept_rate
+        FROM verifier_audit_samples GROUP BY ALL""",
 }
 #: Prefix of the registered Arrow tables behind the manifest views and empty placeholders. The database holds no
 #: base table at all, so even a data-modifying CTE (``WITH x AS (INSERT ...) SELECT``) has nothing to write to.

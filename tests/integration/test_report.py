@@ -78,6 +78,9 @@ def test_report_content(tmp_path: Path):
             assert (e["gain"], e["gain_low"], e["gain_high"]) == pytest.approx((gain.mean, gain.low, gain.high))
             assert f"{gain.mean:+.3f} [{gain.low:.3f}, {gain.high:.3f}]" in page
     assert "gsm8k gain over stage 0 [paired 95% CI]" in page
+    # The verifier audit: the view's rows, shown in their own section.
+    assert data.verifier_audit and {r["source"] for r in data.verifier_audit} <= {"rollouts", "evals"}
+    assert "Verifier audit: wrong by the reward, right by a looser reading" in page
 
 
 def test_report_renders_in_headless_chromium(tmp_path: Path):

@@ -429,7 +429,10 @@ def test_shell_reads_piped_statements(root: Path):
     )
     result = run_cli(str(root), input=script)
     out = result.stdout
-    assert out.splitlines()[0] == "rollouts  train_steps  evals  replay  stages  runs  eval_problems  eval_scores"
+    assert out.splitlines()[0] == (
+        "rollouts  train_steps  evals  replay  stages  runs  eval_problems  eval_scores  verifier_audit_samples  "
+        "verifier_audit"
+    )
     assert " n\n--\n48\n(1 row)\n" in out
     assert "stages(\n  run_id VARCHAR,\n  stage INTEGER," in out
     assert "stage,n\n0,2\n1,2\n" in out and out.endswith("s\nlast without semicolon\n")

@@ -84,3 +84,40 @@ def test_sql_eval_scores_equal_the_eval_jobs_metrics(run_root):
         assert row["maj_at_k"] == pytest.approx(job[f"maj@{K}"], abs=1e-12)
         assert row["pass_at_k"] == pytest.approx(job[f"pass@{K}"], abs=1e-12)
         assert row["ci95_low"] < row["avg_at_k"] < row["ci95_high"]
+
+
+def test_verifier_audit_counts_wrong_responses_a_looser_reading_accepts(tmp_path: Path):
+    """The false-negative audit (arXiv 2505.22203) over hand-made eval rows: the reward called them all wrong."""
+    cases = [  # (response, gold, a looser reading accepts)
+        ("2 * 7 = 14 + 7 = 21. So, the answer is 21.", "21", True),  # unboxed: the strict format refuses it
+        ("The total is 1,000 dollars.", "1000", True),  # thousands separator
+        ("So we get \\boxed{12} apples, or 13 if we count the core.", "12", False),  # last number 13
+        ("I cannot solve this.", "5", False),  # no number
+        ("x = 3", "\\frac{1}{2}", False),  # a gold that is not a number: not checkable
+    ]
+    rows = [
+        dict(
+            run_id="va", stage=1, benchmark="gsm8k", prompt_id=f"q{i}", sample_idx=0, k=1, prompt_text="q",
+            response_text=text, num_tokens=5, finish_reason="stop", ground_truth=gold, extracted_answer=None,
+            correct=False, reward_status="ok", temperature=0.0, top_p=1.0,
+            created_at=datetime(2026, 1, 1, tzinfo=UTC), task=None, task_metadata=None,
+        )
+        for i, (text, gold, _) in enumerate(cases)
+    ]  # fmt: skip
+    store, layout = Store(str(tmp_path)), RunLayout("va")
+    store.write_json(layout.run_json, {"config": {}})
+    rel = layout.eval_file(1, "gsm8k")
+    write_table(store, rel, pa.Table.from_pylist(rows, schema=EVAL_SCHEMA), "evals")
+    data = store.read_bytes(rel)
+    record = FileRecord(path=layout.rel(rel), sha256=sha256_bytes(data), bytes=len(data), rows=len(rows))
+    timings = StageTimings(t_gen=1.0, t_train=1.0, t_eval=1.0, t_switch=0.0, t_total=3.0)
+    write_manifest(store, new_manifest("va", 1, [record], counts={}, timings=timings))
+    with connect(str(tmp_path / "va")) as cat:
+        audit = cat.arrow("SELECT * FROM verifier_audit").to_pylist()
+        samples = cat.arrow(
+            "SELECT prompt_id, loose_accepts FROM verifier_audit_samples ORDER BY prompt_id"
+        ).to_pylist()
+    assert [s["loose_accepts"] for s in samples] == [c[2] for c in cases]
+    assert audit == [
+        dict(source="evals", run_id="va", stage=1, wrong=5, numeric_gold=4, loose_accepts=2, loose_accept_rate=0.5)
+    ]
