@@ -36,6 +36,7 @@ from safetensors.torch import load_file
 
 from mugrpo.commits.manifest import read_manifest
 from mugrpo.config import config_from_dict
+from mugrpo.config.precision import concrete
 from mugrpo.execution.warm import SegmentSpec
 from mugrpo.orchestration.runs import commit_stage, init_run, open_store, write_job_specs
 from mugrpo.policy.models import load_policy, response_logprobs
@@ -168,7 +169,8 @@ FP32_RATIO_TOLERANCE = 1e-4
 def test_update_1_ratio_of_every_stage_is_1_in_fp32_without_recompute(runs):
     for name in ("cold", "warm"):
         cfg = runs[name]
-        assert not cfg.train.recompute_behavior_logprobs and cfg.model.dtype == "float32"  # the library defaults
+        resolved = concrete(cfg)  # the library defaults: auto precision, pinned to fp32 in the suite (conftest)
+        assert not resolved.train.recompute_behavior_logprobs and resolved.model.dtype == "float32"
         for k in range(STAGES):
             path = open_store(cfg).local_path(RunLayout(RUN).train_steps_dir(k))
             first = [s for s in pq.read_table(path).to_pylist() if s["stage_update"] == 1]

@@ -210,9 +210,8 @@ def test_eval_workers_split_the_benchmarks(tmp_path, tiny_model_dir):
     assert [f.path for f in w0.files] == ["evals/stage=0/gsm8k.parquet", "evals/stage=0/gsm8k_b.parquet"]
     assert [f.path for f in w1.files] == ["evals/stage=0/gsm8k_train.parquet"]
     manifest = read_job_manifest(store, RUN, 0, "eval")
-    assert sorted(manifest.metrics) == sorted(
-        f"{b}/{m}@1" for b in ("gsm8k", "gsm8k_train", "gsm8k_b") for m in ("avg", "pass")
-    )
+    metrics = ("avg@1", "avg@1_ci95_low", "avg@1_ci95_high", "pass@1", "maj@1")  # the eval contract, per benchmark
+    assert sorted(manifest.metrics) == sorted(f"{b}/{m}" for b in ("gsm8k", "gsm8k_train", "gsm8k_b") for m in metrics)
     assert manifest.counts == {"gsm8k/samples": 2, "gsm8k_train/samples": 2, "gsm8k_b/samples": 2}
     # the same benchmark on the same policy with the same seed, from two workers: the same answers
     a = read_table(store, RunLayout(RUN).eval_file(0, "gsm8k"), "evals")
