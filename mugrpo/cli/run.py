@@ -158,7 +158,7 @@ def _run_flow(cfg, uri: str) -> None:
         raise typer.Exit(1) from None
     console.print(f"[green]run {cfg.run.id} complete[/green] in {result['seconds']:.0f} s: {uri}")
     if result["final_eval"]:
-        console.print("  final policy: " + "  ".join(f"{k}={v:.3f}" for k, v in sorted(result["final_eval"].items())))
+        console.print(f"  final policy: {_final_line(result['final_eval'])}", markup=False, highlight=False)
     console.print(f"  report:    {result['report']}")
 
 
@@ -201,3 +201,15 @@ def resume_cmd(
     except (RunRefused, ConfigError) as e:
         refuse(e)
     _execute(cfg)
+
+
+def _final_line(metrics: dict[str, float]) -> str:
+    """``bench avg@k=x [low, high]`` per benchmark (the CI bounds folded in), then the other metrics as they are."""
+    shown = []
+    for key in sorted(metrics):
+        if key.endswith(("_ci95_low", "_ci95_high")):
+            continue
+        low, high = metrics.get(f"{key}_ci95_low"), metrics.get(f"{key}_ci95_high")
+        ci = f" [{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
+        shown.append(f"{key}={metrics[key]:.3f}{ci}")
+    return "  ".join(shown)
