@@ -17,7 +17,9 @@ product's own default applies (``train={"lr": DEFAULT}``).
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -284,3 +286,26 @@ def kill_tree(proc: subprocess.Popen) -> None:
         except ProcessLookupError:
             pass
     proc.wait(timeout=60)
+
+
+#: A job process's command line: (job module, stage, spec name) of ``python -m mugrpo.jobs.JOB ROOT/RUN/jobs/
+#: stage=K/NAME.spec.json`` (a forked job's title reads the same).
+JOB_RE = re.compile(r"mugrpo\.jobs\.(\w+)[\x00 ].*stage=(\d+)/(\w+)\.spec\.json")
+
+
+def job_cmdline(pid: int) -> str:
+    """The command line of ``pid`` as /proc shows it (NUL-separated; a forked job's is its title), "" once it exited."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def waiting_at_gate(spec_path: str) -> bool:
+    """Whether the job of this spec waits at its start gate (mugrpo.coordination.start_gate): a start marker is
+    missing."""
+    try:
+        spec = json.loads(Path(spec_path).read_text())
+    except (OSError, ValueError):
+        return False
+    return any(not (Path(spec["root"]) / m).exists() for m in spec.get("start_after", []))

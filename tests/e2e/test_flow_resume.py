@@ -36,7 +36,18 @@ from _prefect import (
     process_worker,
     run_deployment_and_wait,
 )
-from _tiny import RUN, descendants, kill_tree, run_env, start_run, tiny_config, write_config
+from _tiny import (
+    JOB_RE,
+    RUN,
+    descendants,
+    job_cmdline,
+    kill_tree,
+    run_env,
+    start_run,
+    tiny_config,
+    waiting_at_gate,
+    write_config,
+)
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow
@@ -57,37 +68,16 @@ def final_weights(root: Path) -> dict:
     return load_file(str(root / RUN / "policies" / "stage=2" / "model.safetensors"))
 
 
-JOB_RE = re.compile(r"mugrpo\.jobs\.(\w+)[\x00 ].*stage=(\d+)/(\w+)\.spec\.json")
-
-
 def running_jobs(proc: subprocess.Popen) -> set[tuple[str, int]]:
     """(kind, stage) of each job process under the flow process that runs, read from its command line; a job
     pre-started and still waiting at its start gate (a marker of its spec's ``start_after`` missing) does not."""
     jobs = set()
     for pid in descendants(proc.pid):
-        cmdline = _cmdline(pid)
+        cmdline = job_cmdline(pid)
         match = JOB_RE.search(cmdline)
-        if match and not waiting(cmdline.replace("\0", " ").split()[-1]):
+        if match and not waiting_at_gate(cmdline.replace("\0", " ").split()[-1]):
             jobs.add((match.group(1), int(match.group(2))))
     return jobs
-
-
-def _cmdline(pid: int) -> str:
-    """The command line of ``pid`` as /proc shows it (NUL-separated; a forked job's is its title), "" once it exited."""
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def waiting(spec_path: str) -> bool:
-    """Whether the job of this spec waits at its start gate (mugrpo.coordination.start_gate): a start marker is
-    missing."""
-    try:
-        spec = json.loads(Path(spec_path).read_text())
-    except (OSError, ValueError):
-        return False
-    return any(not (Path(spec["root"]) / m).exists() for m in spec.get("start_after", []))
 
 
 def wait_for_kill_point(proc: subprocess.Popen, cond, jobs: set, what: str, log: Path) -> set:
@@ -303,7 +293,7 @@ def test_sigkill_inside_the_checkpoint_overlap_then_resume_matches_the_sequentia
             train = [  # stage 0's train job (stage 1's, pre-started, waits at its gate beside it)
                 pid
                 for pid in descendants(proc.pid)
-                if (match := JOB_RE.search(_cmdline(pid))) and match.group(1, 2, 3) == ("train", "0", "train")
+                if (match := JOB_RE.search(job_cmdline(pid))) and match.group(1, 2, 3) == ("train", "0", "train")
             ]
             os.kill(train[0], signal.SIGKILL)
             assert proc.wait(timeout=600) != 0, log.read_text()[-4000:]

@@ -26,7 +26,19 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from _prefect import prefect_api, prefect_server  # noqa: F401  (fixtures)
-from _tiny import REPO_ROOT, RUN, descendants, kill_tree, run_cli, run_env, tiny_config, write_config
+from _tiny import (
+    JOB_RE,
+    REPO_ROOT,
+    RUN,
+    descendants,
+    job_cmdline,
+    kill_tree,
+    run_cli,
+    run_env,
+    tiny_config,
+    waiting_at_gate,
+    write_config,
+)
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow
@@ -34,7 +46,6 @@ pytestmark = pytest.mark.slow
 GRACE_S = 25.0  # orchestration.stop_grace_s's default
 #: Slack of this test's own polling and of the interpreter's exit beyond the grace.
 SLACK_S = 3.0
-JOB_RE = re.compile(r"mugrpo\.jobs\.(\w+)[\x00 ].*stage=(\d+)/(\w+)\.spec\.json")
 CKPT_PAUSE = "checkpoints/stage=0/step=000002/_COMPLETE"
 
 
@@ -42,31 +53,15 @@ def _config(root: Path, model_dir: Path) -> dict:
     return tiny_config(root, model_dir, orchestration={"retries": 0})
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _waiting(spec_path: str) -> bool:
-    """Whether the job of this spec waits at its start gate (a marker of its ``start_after`` is missing)."""
-    try:
-        spec = json.loads(Path(spec_path).read_text())
-    except (OSError, ValueError):
-        return False
-    return any(not (Path(spec["root"]) / m).exists() for m in spec.get("start_after", []))
-
-
 def jobs(pid: int) -> tuple[set, set]:
     """(running, waiting) jobs under ``pid`` as (kind, stage), from their command lines."""
     running, waiting = set(), set()
     for p in descendants(pid):
-        cmd = _cmdline(p)
+        cmd = job_cmdline(p)
         match = JOB_RE.search(cmd)
         if match:
             key = (match.group(1), int(match.group(2)))
-            (waiting if _waiting(cmd.replace("\0", " ").split()[-1]) else running).add(key)
+            (waiting if waiting_at_gate(cmd.replace("\0", " ").split()[-1]) else running).add(key)
     return running, waiting
 
 
@@ -230,7 +225,7 @@ def test_a_stop_ends_within_the_grace_then_resume_matches_the_uninterrupted_run(
     deadline = time.monotonic() + 5  # the killed sessions' last processes are reaped by init
     while (left := [p for p in tree if _alive(p)]) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not left, f"{moment}: processes left behind: {[(p, _cmdline(p)[:120]) for p in left]}"
+    assert not left, f"{moment}: processes left behind: {[(p, job_cmdline(p)[:120]) for p in left]}"
     assert json.loads((run / "_lease.json").read_text())["released"] is True, (run / "_lease.json").read_text()
     if (run / "run.json").exists():
         again = ["resume", str(run)]
