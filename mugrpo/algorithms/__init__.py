@@ -7,7 +7,7 @@ then imports the plugins (:mod:`.plugins`: entry points ``mugrpo.plugins``, ``MU
 outside this package. docs/algorithms/adding.md walks through adding one.
 """
 
-from mugrpo.algorithms import agpo, replay  # noqa: F401  (importing registers the built-in algorithms)
+from mugrpo.algorithms import a3po, agpo, replay  # noqa: F401  (importing registers the built-in algorithms)
 from mugrpo.algorithms.auditing import AuditFindings, RunQuery, longest_repeat
 from mugrpo.algorithms.base import Algorithm
 from mugrpo.algorithms.contracts import RolloutColumn, RolloutRef, Settings

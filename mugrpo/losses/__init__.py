@@ -14,7 +14,7 @@ Built-in losses: ``grpo``, ``mu_grpo``, ``gspo``, ``conspo``. An algorithm packa
 declared by name (``@requires(inputs=...)``) and read from ``LossContext.inputs`` (:mod:`mugrpo.losses.inputs`).
 """
 
-from mugrpo.losses import clipped, conspo, gspo  # noqa: F401  (importing registers the built-in losses)
+from mugrpo.losses import clipped, conspo, gspo, stale  # noqa: F401  (importing registers the built-in losses)
 from mugrpo.losses.aggregation import AGGREGATIONS, aggregate_token_values
 from mugrpo.losses.clipped import clipped_surrogate, grpo_loss, mu_grpo_loss
 from mugrpo.losses.config import AggMode, KLEstimator, PolicyLossConfig, VetoScope

@@ -41,7 +41,10 @@ class PolicyLossConfig(BaseModel):
         "arXiv 2507.18071), conspo (group InfoNCE over length-normalized sequence log-probs with a cosine "
         "margin, arXiv 2605.12969; needs train.group_minibatches), agpo (clipped surrogate with a per-group clip range "
         "from AGPO's controller, arXiv 2605.20722; needs the agpo section), or any loss registered with "
-        "@POLICY_LOSSES.register.",
+        "@POLICY_LOSSES.register. Stale-data corrections (docs/algorithms/stale-corrections.md): seq_is "
+        "(truncated sequence-level importance sampling), seq_snis (self-normalised sequence IS), geo_mask (SkyRL's "
+        "geometric sequence mask), icepop (IcePop / masked IS token mask, arXiv 2510.18855), m2po (second-moment "
+        "token mask, arXiv 2510.01161), a3po (decoupled PPO with an interpolated proximal policy, arXiv 2512.06547).",
     )
     eps_low: float = Field(
         default=0.2,
@@ -160,6 +163,55 @@ class PolicyLossConfig(BaseModel):
         default=None,
         description="Total-reward threshold of positive_rule=reward_threshold (a response with reward >= it is a "
         "positive); required by that rule and rejected by the other.",
+    )
+
+    seq_is_cap: float | None = Field(
+        default=2.0,
+        gt=0.0,
+        description="Truncation C of seq_is's sequence weight w_i = min(exp(sum_t log rho_it), C) (sequence-level "
+        "truncated IS, Yao et al. 2025; default 2.0: the upper IS threshold of verl's and ms-swift's rollout "
+        "correction). None: untruncated.",
+    )
+    geo_mask_low: float = Field(
+        default=0.99,
+        gt=0.0,
+        le=1.0,
+        description="Lower bound of geo_mask's band: a response with geometric-mean token ratio "
+        "exp(mean_t log rho_t) < it is dropped (SkyRL's off-policy correction, sequence_mask_metric=geometric, "
+        "documented default 0.99).",
+    )
+    geo_mask_high: float = Field(
+        default=1.01,
+        ge=1.0,
+        description="Upper bound of geo_mask's band: a response with geometric-mean token ratio > it is dropped "
+        "(SkyRL's documented default 1.01).",
+    )
+    icepop_low: float = Field(
+        default=0.5,
+        gt=0.0,
+        le=1.0,
+        description="Lower bound alpha of icepop's token band: a token with ratio rho_t < alpha gets no gradient "
+        "(IcePop, Ring-1T, arXiv 2510.18855; masked IS lower threshold 1/2.0 = 0.5 of verl and ms-swift).",
+    )
+    icepop_high: float = Field(
+        default=2.0,
+        ge=1.0,
+        description="Upper bound beta of icepop's token band: a token with ratio rho_t > beta gets no gradient "
+        "(IcePop, arXiv 2510.18855; masked IS threshold 2.0 of verl and ms-swift).",
+    )
+    m2po_tau: float = Field(
+        default=0.04,
+        gt=0.0,
+        description="M2PO's second-moment threshold tau_M2 (arXiv 2510.01161; 0.04 as in AReaL's M2PO example "
+        "config, m2_threshold: 0.04): the tokens of largest (log rho_t)^2 are dropped until the mean over the kept "
+        "tokens of the batch is below it.",
+    )
+    a3po_weight_cap: float | None = Field(
+        default=5.0,
+        gt=1.0,
+        description="A-3PO (arXiv 2512.06547): tokens whose behavior importance weight pi_prox / pi_behav exceeds "
+        "it get no gradient (decoupled PPO's behavior-weight cap; 5.0 as AReaL's decoupled-loss example configs, "
+        "behav_imp_weight_cap: 5.0). None: no cap.",
     )
 
     @model_validator(mode="after")

@@ -81,10 +81,13 @@ def test_docs_config_reference_is_current():
 
 
 def test_registry_names_are_checked_at_load():
+    from mugrpo.losses import POLICY_LOSSES
+
+    assert {"agpo", "conspo", "grpo", "gspo", "mu_grpo", "m2po", "a3po"} <= set(POLICY_LOSSES)
     with pytest.raises(
         ConfigError,
         match=r"override 'loss.name=mugrpo': unknown policy loss 'mugrpo' \(did you mean 'mu_grpo'\?\); "
-        r"registered: agpo, conspo, grpo, gspo, mu_grpo",
+        r"registered: " + ", ".join(POLICY_LOSSES) + "$",
     ):
         load_config(None, ["loss.name=mugrpo"])
     with pytest.raises(ConfigError, match=r"unknown lr schedule 'cosin' \(did you mean 'cosine'\?\)"):

@@ -1,0 +1,63 @@
+"""IcePop / masked importance sampling (MIS): drop the tokens whose importance ratio leaves a band."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mugrpo.losses.config import PolicyLossConfig
+from mugrpo.losses.interface import LossContext, LossOutput
+from mugrpo.losses.pipeline import finalize_loss, importance_ratio, prepare_batch
+from mugrpo.losses.registry import POLICY_LOSSES, clip_range
+from mugrpo.losses.stale.common import correction_stats, masked_is_surrogate
+
+
+def token_band_keep(log_ratio: torch.Tensor, response_mask: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """M_t = 1[low <= rho_t <= high] on response tokens (compared in log space).
+
+    Args:
+        log_ratio: [B, T] log(pi_theta / pi_behav) (nats).
+        response_mask: [B, T] bool.
+        low, high: the band (0 < low <= 1 <= high).
+
+    Returns:
+        [B, T] bool, the response tokens kept.
+    """
+    return response_mask & (log_ratio >= math.log(low)) & (log_ratio <= math.log(high))
+
+
+@POLICY_LOSSES.register("icepop")
+@clip_range(lambda config, _inputs: (config.icepop_low, config.icepop_high))  # the band: tokens outside are dropped
+def icepop_loss(
+    logprobs: torch.Tensor,
+    behavior_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    config: PolicyLossConfig,
+    *,
+    context: LossContext | None = None,
+) -> LossOutput:
+    """Token-level masked importance sampling.
+
+    M_t = 1[icepop_low <= rho_t <= icepop_high];  l_t = -M_t rho_t A_t   (aggregated by ``config.agg_mode``)
+
+    IcePop (Ring-1T, arXiv 2510.18855: "discrepancy masking", tokens whose train/infer probability ratio leaves
+    [alpha, beta] get no gradient) and verl's / ms-swift's token-level masked IS (``token_mask``, upper threshold
+    2.0, lower 1/2.0). Defaults [0.5, 2.0] as issue 50 states them (the MIS defaults); IcePop's own band is a
+    tunable of the paper. Those methods mask the sampler/learner mismatch ratio beside a PPO clip on the
+    old/current ratio; here the one ratio is against the stale behavior policy and the mask is the only trust region
+    (no PPO clip). Dropped tokens keep their place in the normalizer with loss 0.
+
+    Metrics over response tokens: ``correction_masked_frac`` (tokens dropped), ``correction_w_mean`` /
+    ``correction_w_sq_mean`` of M_t rho_t (ESS). Arguments, return value and errors as
+    :func:`mugrpo.losses.stale.seq_is.seq_is_loss`.
+    """
+    if config.veto_enabled:
+        raise ValueError("veto_enabled=True: icepop masks tokens by its own band; the veto does not combine with it")
+    batch = prepare_batch(logprobs, behavior_logprobs, advantages, response_mask, config, context)
+    keep = token_band_keep(batch.log_ratio.detach(), batch.response_mask, config.icepop_low, config.icepop_high)
+    surrogate = masked_is_surrogate(batch.log_ratio, batch.advantages, keep)
+    weight = torch.where(keep, importance_ratio(batch.log_ratio.detach()), 0.0)
+    surrogate.extra_stats.update(correction_stats(weight, batch.response_mask, ~keep))
+    return finalize_loss(batch, surrogate, config)
