@@ -46,6 +46,7 @@ class ReportData:
     examples: list[dict] = field(default_factory=list)
     audit: list[dict] = field(default_factory=list)  # `mugrpo audit` rows of the run (mugrpo.audit)
     verifier_audit: list[dict] = field(default_factory=list)  # the `verifier_audit` SQL view (false negatives)
+    corrections: list[dict] = field(default_factory=list)  # the `stage_corrections` SQL view (per stage)
 
 
 #: The correctness component of a rollout: math_correctness, or the reasoning_gym task's own score (mugrpo.data.gym).
@@ -98,6 +99,7 @@ def collect(target: str, storage_options: dict | None = None) -> ReportData:
         )
         evals = _rows(cat, EVALS_QUERY)
         verifier = _rows(cat, "SELECT * FROM verifier_audit ORDER BY source, stage")
+        corrections = _rows(cat, "SELECT * FROM stage_corrections ORDER BY stage")
         uri = cat.target.url
     files = _parquet_files(target, storage_options, run_id)
     return ReportData(
@@ -112,6 +114,7 @@ def collect(target: str, storage_options: dict | None = None) -> ReportData:
         examples,
         _audit_rows(target, storage_options, run_id),
         verifier,
+        corrections,
     )
 
 
@@ -422,6 +425,7 @@ inside all the jobs.</p>
 (k3), ratio percentiles, the clip fraction against the loss's clip range, the mean logit variance, S*eta and T*eta,
 and the batch identity (docs/sql.md, "Health panel"). The latest {HEALTH_TABLE_ROWS} updates:</p>
 {_health_table(data.steps)}
+{_corrections_section(data)}
 <h2>Rollouts and response lengths</h2>
 {lengths}
 <p>mean reward = the weighted sum of the components; correctness = the mean correctness component
@@ -438,6 +442,41 @@ pyarrow.</p>
 <ul>{files}</ul>
 </body></html>
 """
+
+
+#: Columns of the per-stage corrections table (header, ``stage_corrections`` column).
+_CORRECTION_COLUMNS = [
+    ("stage", "stage"),
+    ("updates", "updates"),
+    ("clip frac", "clip_frac"),
+    ("veto frac", "veto_token_frac"),
+    ("masked frac", "masked_frac"),
+    ("weights truncated", "weight_clipped_frac"),
+    ("ESS", "correction_ess"),
+    ("min ESS", "correction_ess_min"),
+    ("ESS vs sampler", "sampler_ess"),
+]
+
+
+def _corrections_section(data: ReportData) -> str:
+    """Per stage, what the loss's correction of stale data did (the ``stage_corrections`` view): clip and veto
+    fractions, the fraction a stale-data correction masked or truncated and the ESS of its weights."""
+    if not data.corrections:
+        return ""
+
+    def fmt(v):
+        return "-" if v is None else v if isinstance(v, int | str) else f"{v:.4g}"
+
+    loss = data.corrections[0]["loss"] or "?"
+    rows = [[fmt(r[k]) for _, k in _CORRECTION_COLUMNS] for r in data.corrections]
+    return (
+        f"<h2>Stale-data correction by stage</h2>\n<p>Loss <code>{html.escape(str(loss))}</code>, per stage averaged "
+        "over its updates: the fraction of tokens clipped (PPO-style clip) or vetoed (Mu-GRPO), the fraction of units "
+        "a stale-data correction masked and of weights it truncated, and the normalized ESS of the weights it applied "
+        "((sum w)^2 / (n sum w^2); - where the loss reports none), beside the ESS against the sampler "
+        "(docs/algorithms/stale-corrections.md; the <code>stage_corrections</code> view of "
+        "<code>mugrpo sql</code>).</p>\n" + _table([h for h, _ in _CORRECTION_COLUMNS], rows)
+    )
 
 
 def _verifier_section(data: ReportData) -> str:

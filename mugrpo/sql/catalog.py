@@ -70,7 +70,16 @@ RUNS_SCHEMA = pa.schema(
 )
 
 #: Every view a catalog defines, in the order ``.tables`` lists them.
-VIEWS = (*TABLE_FILES, "stages", "runs", "eval_problems", "eval_scores", "verifier_audit_samples", "verifier_audit")
+VIEWS = (
+    *TABLE_FILES,
+    "stages",
+    "runs",
+    "eval_problems",
+    "eval_scores",
+    "verifier_audit_samples",
+    "verifier_audit",
+    "stage_corrections",
+)
 
 #: The eval contract's derived views, over ``evals`` (their definitions are the formulas of
 #: :mod:`mugrpo.evaluation.metrics`: maj@k votes on the stripped extracted answer, ties to the lowest sample index;
@@ -127,6 +136,31 @@ EVAL_VIEWS = {
                count(*) FILTER (WHERE loose_accepts) AS loose_accepts,
                count(*) FILTER (WHERE loose_accepts) / nullif(count(numeric_gold), 0) AS loose_accept_rate
         FROM verifier_audit_samples GROUP BY ALL""",
+}
+#: Derived views over ``train_steps``. ``stage_corrections``: per run and stage, what the policy loss's correction of
+#: stale data did, averaged over the stage's updates: the loss (``runs.config``), the PPO-style clip fraction
+#: (``clip_frac_low + clip_frac_high``), the veto's token fraction, the stale-data corrections' generic metrics
+#: (``loss_metrics``: the fraction of units they masked and of weights they truncated, and the ESS of the weights
+#: they applied, w_mean^2 / w_sq_mean per update, mugrpo.losses.stale.common; NULL for a loss that reports none) and
+#: the health panel's ESS against the sampler (``ess``).
+TRAIN_VIEWS = {
+    "stage_corrections": """
+        WITH steps AS (
+            SELECT run_id, stage, clip_frac_low + clip_frac_high AS clip_frac, veto_token_frac, ess,
+                   loss_metrics['correction_masked_frac'] AS masked_frac,
+                   loss_metrics['correction_clipped_frac'] AS weight_clipped_frac,
+                   CASE WHEN loss_metrics['correction_w_sq_mean'] > 0
+                        THEN loss_metrics['correction_w_mean'] ^ 2 / loss_metrics['correction_w_sq_mean']
+                        WHEN loss_metrics['correction_w_sq_mean'] = 0 THEN 0.0 END AS correction_ess
+            FROM train_steps
+        )
+        SELECT s.run_id, s.stage, any_value(json_extract_string(r.config, '$.loss.name')) AS loss,
+               count(*) AS updates, avg(s.clip_frac) AS clip_frac, avg(s.veto_token_frac) AS veto_token_frac,
+               avg(s.masked_frac) AS masked_frac, avg(s.weight_clipped_frac) AS weight_clipped_frac,
+               avg(s.correction_ess) AS correction_ess, min(s.correction_ess) AS correction_ess_min,
+               avg(s.ess) AS sampler_ess
+        FROM steps s LEFT JOIN runs r USING (run_id)
+        GROUP BY s.run_id, s.stage""",
 }
 #: Prefix of the registered Arrow tables behind the manifest views and empty placeholders. The database holds no
 #: base table at all, so even a data-modifying CTE (``WITH x AS (INSERT ...) SELECT``) has nothing to write to.
@@ -362,7 +396,7 @@ def connect(target: str, storage_options: dict[str, Any] | None = None) -> RunCa
         con.execute(f"CREATE VIEW stages AS SELECT * FROM {_register(con, 'stages', _stage_rows(tgt))}")
         runs = _register(con, "runs", _run_rows(tgt))
         con.execute(f"CREATE VIEW runs AS SELECT * REPLACE (config::JSON AS config) FROM {runs}")
-        for name, query in EVAL_VIEWS.items():
+        for name, query in {**EVAL_VIEWS, **TRAIN_VIEWS}.items():
             con.execute(f"CREATE VIEW {name} AS {query}")
         lock_down(con, f"{PROTOCOL}://{tgt.scope}/" if tgt.scope else f"{PROTOCOL}://")
     except TargetError:

@@ -431,7 +431,7 @@ def test_shell_reads_piped_statements(root: Path):
     out = result.stdout
     assert out.splitlines()[0] == (
         "rollouts  train_steps  evals  replay  stages  runs  eval_problems  eval_scores  verifier_audit_samples  "
-        "verifier_audit"
+        "verifier_audit  stage_corrections"
     )
     assert " n\n--\n48\n(1 row)\n" in out
     assert "stages(\n  run_id VARCHAR,\n  stage INTEGER," in out
