@@ -56,6 +56,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -85,7 +86,17 @@ REGIMES: dict[str, tuple[str, ...]] = {
         "generation.sampling.temperature=0.8",
         "train.learner_temperature=1.0",
     ),
+    # the stale-data corrections (issue 50; docs/algorithms/stale-corrections.md), each at its published default
+    "seq-is": ("loss.name=seq_is", "loss.seq_is_cap=2.0"),
+    "snis": ("loss.name=seq_snis",),
+    "geo-mask": ("loss.name=geo_mask", "loss.geo_mask_low=0.99", "loss.geo_mask_high=1.01"),
+    "icepop": ("loss.name=icepop", "loss.icepop_low=0.5", "loss.icepop_high=2.0"),
+    "m2po": ("loss.name=m2po", "loss.m2po_tau=0.04"),
+    "a3po": ("loss.name=a3po", "loss.eps_low=0.2", "loss.eps_high=0.2", "loss.a3po_weight_cap=5.0"),
 }
+#: The arm every other is compared with (paired CIs of held-out accuracy).
+BASELINE_ARM = "mu-grpo"
+SAMPLED = "lab-heldout-t1"
 
 
 @dataclass(frozen=True)
@@ -102,6 +113,7 @@ class Grid:
     max_new_tokens: int = 40
     eval_prompts: int = 200
     margin: float = 0.08
+    sampled_eval_prompts: int = 100  # avg@8 at T = 1 on the lab's second held-out benchmark; 0: greedy only
 
     @property
     def eval_every(self) -> int:
@@ -126,7 +138,7 @@ class Grid:
 #: CI: every regime at a tiny budget, 1 seed, 1 lr, 2 mu values (structure and audit, never accuracy).
 QUICK = Grid(
     mus=(2, 4), lrs=(1e-4,), seeds=(0,), updates=4, rollouts_per_update=8, group_size=4, max_new_tokens=40,
-    eval_prompts=8,
+    eval_prompts=8, sampled_eval_prompts=4,
 )  # fmt: skip
 
 
@@ -165,8 +177,63 @@ def run_config(grid: Grid, regime: str, mu: int, lr: float, seed: int, root: Pat
     greedy = [b for b in data["eval"]["benchmarks"] if b["dataset"]["name"] == HELDOUT]
     for b in greedy:
         b.update(num_prompts=grid.eval_prompts, max_new_tokens=grid.max_new_tokens)
-    data["eval"]["benchmarks"] = greedy
+    sampled = [b for b in data["eval"]["benchmarks"] if b["dataset"]["name"] == SAMPLED and grid.sampled_eval_prompts]
+    for b in sampled:
+        b.update(num_prompts=grid.sampled_eval_prompts, max_new_tokens=grid.max_new_tokens)
+    data["eval"]["benchmarks"] = greedy + sampled
     return config_from_dict(data, source=f"staleness bench {regime} mu={mu} lr={lr:g} seed={seed}")
+
+
+def _flatten(value, prefix: str = "") -> dict:
+    """A resolved config (its JSON dict) as dotted key -> leaf value (lists are leaves)."""
+    if isinstance(value, dict):
+        out: dict = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: value}
+
+
+def arm_keys(regime: str) -> set[str]:
+    """The config keys an arm sets (its overrides in :data:`REGIMES`)."""
+    return {o.split("=", 1)[0] for o in REGIMES[regime]}
+
+
+def audit_arm_configs(cfgs: dict) -> list[str]:
+    """The arms' resolved configs must differ only in the arms' own keys: for every (mu, lr, seed), each arm's config
+    against the baseline arm's (:data:`BASELINE_ARM`, else the first arm), ``run.id`` aside.
+
+    Args:
+        cfgs: (regime, mu, lr, seed) -> resolved Config.
+
+    Returns:
+        One line per key in which two arms differ beyond their keys ([]: the comparison is fair).
+    """
+    problems = []
+    for (regime, mu, lr, seed), cfg in sorted(cfgs.items(), key=lambda kv: str(kv[0])):
+        arms = [k[0] for k in cfgs if k[1:] == (mu, lr, seed)]
+        ref = BASELINE_ARM if BASELINE_ARM in arms else arms[0]
+        if regime == ref:
+            continue
+        mine, base = _flatten(cfg.to_json_dict()), _flatten(cfgs[(ref, mu, lr, seed)].to_json_dict())
+        allowed = arm_keys(regime) | arm_keys(ref) | {"run.id"}
+        for key in sorted(set(mine) | set(base)):
+            if mine.get(key) != base.get(key) and key not in allowed:
+                problems.append(
+                    f"{run_id(regime, mu, lr, seed)} vs {ref}: {key} = {mine.get(key)!r} vs {base.get(key)!r} "
+                    "(not one of the arms' keys)"
+                )
+    return problems
+
+
+def extra_forward_passes(cfg) -> float:
+    """Forward passes per optimizer update beyond the update's own (in units of one forward over the update's
+    rollouts), read from the resolved config: the recompute of the behavior log-probs
+    (``train.recompute_behavior_logprobs``, on with ``loss.tis_cap``: one no-grad forward over each of the stage's
+    rollouts, each trained on once: 1 per update) and the reference policy of a KL penalty (1 per update). A-3PO's
+    interpolated proximal policy costs none (decoupled PPO's recomputed one would cost 1)."""
+    recompute = cfg.train.recompute_behavior_logprobs is True or cfg.loss.tis_cap is not None
+    return float(recompute) + float(cfg.loss.kl_coef > 0)
 
 
 def _child(config_json: Path) -> None:
@@ -275,7 +342,81 @@ def read_run(cfg, regime: str, mu: int, lr: float, grid: Grid, wall: float) -> R
         s_eta_at_collapse=at.get("s_eta"),
         updates=len(steps),
         wall_s=wall,
+        extra={**read_arm_figures(base, col), "extra_forward_passes": extra_forward_passes(cfg)},
     )
+
+
+#: A grad-norm spike: an update whose gradient norm exceeds SPIKE_FACTOR x the median of the run's earlier updates
+#: (counted from the SPIKE_WARMUP-th update on).
+SPIKE_FACTOR = 5.0
+SPIKE_WARMUP = 4
+
+
+def grad_norm_spikes(norms: list[float], before: int | None = None) -> int:
+    """Updates (1-based index into ``norms``) before ``before`` (None: all) whose grad norm exceeds
+    :data:`SPIKE_FACTOR` x the median of the earlier ones, from update :data:`SPIKE_WARMUP` + 1 on."""
+    spikes = 0
+    for i, g in enumerate(norms):
+        if before is not None and i + 1 >= before:
+            break
+        if i >= SPIKE_WARMUP:
+            spikes += g > SPIKE_FACTOR * statistics.median(norms[:i])
+    return spikes
+
+
+def entropy_bins(steps: list[dict], key: str, bins: int = 3) -> list[float | None]:
+    """Mean of ``key`` over the run's updates binned by the update's mean token entropy (``bins`` equal-count bins,
+    lowest entropy first). Per-token entropies are not stored, so this bins updates, not tokens."""
+    rows = sorted(
+        (s for s in steps if s.get("entropy") is not None and s.get(key) is not None), key=lambda s: s["entropy"]
+    )
+    if not rows:
+        return [None] * bins
+    cut = [rows[len(rows) * b // bins : len(rows) * (b + 1) // bins] for b in range(bins)]
+    return [sum(s[key] for s in c) / len(c) if c else None for c in cut]
+
+
+def read_arm_figures(base: str, collapse: int | None) -> dict:
+    """The per-arm figures of one run (issue 50): final held-out scores per problem (greedy and avg@8, for paired
+    CIs), the correction's mask/clip fraction and ESS (``stage_corrections``), the fraction binned by update entropy
+    and grad-norm spikes before the collapse. T_total is the run's measured wall (``RunResult.wall_s``: its segment
+    and final evaluation). The stages' ``t_total`` is not read: in the smoke cell's warm runs made one after
+    another in one process (--quick) it grew run after run (5.9 s to 49 s over 11 runs of 3-7 s each)."""
+    from mugrpo.sql import connect
+
+    with connect(base) as cat:
+        problems = cat.arrow(
+            "SELECT benchmark, stage, prompt_id, score FROM eval_problems "
+            "QUALIFY stage = max(stage) OVER (PARTITION BY benchmark)"
+        ).to_pylist()
+        corr = cat.arrow(
+            "SELECT sum(updates) AS n, sum(updates * clip_frac) / sum(updates) AS clip_frac, "
+            "sum(updates * veto_token_frac) / sum(updates) AS veto_frac, "
+            "sum(updates * masked_frac) / sum(updates) AS masked_frac, "
+            "sum(updates * correction_ess) / sum(updates) AS correction_ess, min(correction_ess_min) AS ess_min, "
+            "sum(updates * sampler_ess) / sum(updates) AS sampler_ess FROM stage_corrections"
+        ).to_pylist()[0]
+        steps = cat.arrow(
+            'SELECT "update", grad_norm, entropy, clip_frac_low + clip_frac_high AS clip_frac, veto_token_frac, '
+            "loss_metrics['correction_masked_frac'] AS masked_frac FROM train_steps ORDER BY \"update\""
+        ).to_pylist()
+    by_bench: dict[str, dict[str, float]] = {}
+    for r in problems:
+        by_bench.setdefault(r["benchmark"], {})[r["prompt_id"]] = float(r["score"])
+    masked_key = "masked_frac" if any(s["masked_frac"] is not None for s in steps) else "clip_frac"
+    return {
+        "greedy_by_problem": by_bench.get(HELDOUT, {}),
+        "avg8_by_problem": by_bench.get(SAMPLED, {}),
+        "clip_frac": corr["clip_frac"],
+        "veto_frac": corr["veto_frac"],
+        "masked_frac": corr["masked_frac"],
+        "correction_ess": corr["correction_ess"],
+        "correction_ess_min": corr["ess_min"],
+        "sampler_ess": corr["sampler_ess"],
+        "entropy_binned_key": masked_key,
+        "entropy_binned": entropy_bins(steps, masked_key),
+        "grad_norm_spikes": grad_norm_spikes([s["grad_norm"] for s in steps], collapse),
+    }
 
 
 def _spearman(x: list[float], y: list[float]) -> float | None:
@@ -388,6 +529,149 @@ def claims(cells: list[dict], results: list[RunResult], grid: Grid) -> dict:
         "reproduced": None if tis is None or cooled is None or tis == cooled == math.inf else cooled > tis,
     }
     return out
+
+
+def _seed_mean_scores(rs: list[RunResult], key: str) -> dict[str, float]:
+    """Per-problem score averaged over the seeds of one cell (problems every seed evaluated)."""
+    maps = [r.extra.get(key) or {} for r in rs]
+    common = set.intersection(*(set(m) for m in maps)) if maps else set()
+    return {p: sum(m[p] for m in maps) / len(maps) for p in common}
+
+
+def arm_report(results: list[RunResult], grid: Grid) -> list[dict]:
+    """Per arm and learning rate (issue 50): the largest stable mu (most seeds never collapse), and per mu the final
+    held-out greedy accuracy and avg@8 with their 95% paired CIs against :data:`BASELINE_ARM` (per-problem scores
+    averaged over seeds, paired by problem: :func:`mugrpo.evaluation.metrics.paired_difference_ci`), the
+    correction's ESS and mask/clip fraction (also binned by update entropy), grad-norm spikes before collapse,
+    extra forward passes per update and T_total."""
+    from mugrpo.evaluation.metrics import paired_difference_ci
+
+    def mean(v):
+        v = [x for x in v if x is not None]
+        return sum(v) / len(v) if v else None
+
+    cell = {}
+    for r in results:
+        cell.setdefault((r.regime, r.mu, r.lr), []).append(r)
+    arms = []
+    for regime in grid.regimes:
+        for lr in grid.lrs:
+            per_mu = []
+            for mu in grid.mus:
+                rs = sorted(cell.get((regime, mu, lr), []), key=lambda r: r.seed)
+                if not rs:
+                    continue
+                row = {"mu": mu, "seeds": len(rs), "stable": sum(r.collapse is None for r in rs) * 2 > len(rs)}
+                for name, key in (("greedy", "greedy_by_problem"), ("avg8", "avg8_by_problem")):
+                    mine = _seed_mean_scores(rs, key)
+                    row[name] = mean(list(mine.values())) if mine else None
+                    base = _seed_mean_scores(cell.get((BASELINE_ARM, mu, lr), []), key)
+                    ci = None
+                    if regime != BASELINE_ARM and mine and base and set(mine) & set(base):
+                        d = paired_difference_ci(mine, base)
+                        ci = {"diff": d.mean, "low": d.low, "high": d.high}
+                    row[f"{name}_vs_{BASELINE_ARM}"] = ci
+                for key in ("correction_ess", "sampler_ess", "masked_frac", "clip_frac", "veto_frac"):
+                    row[key] = mean([r.extra.get(key) for r in rs])
+                row["t_total_s"] = mean([r.wall_s for r in rs])
+                row["extra_forward_passes"] = mean([r.extra.get("extra_forward_passes") for r in rs])
+                row["grad_norm_spikes"] = sum(r.extra.get("grad_norm_spikes") or 0 for r in rs)
+                bins = [r.extra.get("entropy_binned") or [] for r in rs]
+                row["entropy_binned"] = [mean([b[i] for b in bins if len(b) > i]) for i in range(max(map(len, bins)))]
+                row["entropy_binned_key"] = next((r.extra.get("entropy_binned_key") for r in rs), None)
+                per_mu.append(row)
+            if per_mu:
+                stable = [row["mu"] for row in per_mu if row["stable"]]
+                arms.append({"arm": regime, "lr": lr, "largest_stable_mu": max(stable, default=None), "by_mu": per_mu})
+    return arms
+
+
+def frontier_figure(arms: list[dict], grid: Grid, out: Path) -> Path:
+    """Final held-out greedy accuracy against mu, one line per arm, one panel per learning rate (``frontier.png``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(grid.lrs), figsize=(4.2 * len(grid.lrs) + 1.5, 3.4), dpi=90, squeeze=False)
+    for ax, lr in zip(axes[0], grid.lrs, strict=True):
+        for arm in (a for a in arms if a["lr"] == lr):
+            pts = [(row["mu"], row["greedy"]) for row in arm["by_mu"] if row["greedy"] is not None]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=arm["arm"])
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(grid.mus), [str(m) for m in grid.mus])
+        ax.set_xlabel("mu (updates per stage)")
+        ax.set_title(f"lr {lr:g}", fontsize=9)
+    axes[0][0].set_ylabel("final held-out greedy accuracy")
+    axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    fig.suptitle(f"staleness frontier at {grid.updates} updates (mean over seeds)", fontsize=10)
+    fig.tight_layout()
+    path = out / "frontier.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _ci_text(ci: dict | None) -> str:
+    return "-" if ci is None else f"{ci['diff']:+.3f} [{ci['low']:+.3f}, {ci['high']:+.3f}]"
+
+
+def arm_table_rows(arms: list[dict]) -> list[list[str]]:
+    """The per-arm table (markdown and HTML share it): one row per arm, lr and mu."""
+    rows = []
+    for a in arms:
+        for row in a["by_mu"]:
+            bins = ", ".join(_fmt(v) for v in row["entropy_binned"])
+            vs = BASELINE_ARM
+            rows.append(
+                [a["arm"], f"{a['lr']:g}", str(a["largest_stable_mu"]), str(row["mu"]), _fmt(row["greedy"]),
+                 _ci_text(row[f"greedy_vs_{vs}"]), _fmt(row["avg8"]), _ci_text(row[f"avg8_vs_{vs}"]),
+                 _fmt(row["correction_ess"]), _fmt(row["sampler_ess"]), _fmt(row["masked_frac"]),
+                 _fmt(row["clip_frac"]), f"{row['entropy_binned_key']}: {bins}", str(row["grad_norm_spikes"]),
+                 _fmt(row["extra_forward_passes"], 1), _fmt(row["t_total_s"], 1)]
+            )  # fmt: skip
+    return rows
+
+
+ARM_HEADERS = [
+    "arm", "lr", "largest stable mu", "mu", "greedy", f"greedy - {BASELINE_ARM} [95% paired CI]", "avg@8",
+    f"avg@8 - {BASELINE_ARM} [95% paired CI]", "ESS (correction)", "ESS (sampler)", "masked frac", "clip frac",
+    "frac by update-entropy tercile (low to high)", "grad-norm spikes before collapse", "extra forwards / update",
+    "T_total s",
+]  # fmt: skip
+
+
+def write_html(payload: dict, out: Path) -> Path:
+    """``staleness.html``: the frontier figure, the per-arm table and the heatmaps, self-contained (inline PNGs)."""
+    import base64
+    import html as html_lib
+
+    def img(path: str | None) -> str:
+        if not path or not Path(path).exists():
+            return ""
+        data = base64.b64encode(Path(path).read_bytes()).decode()
+        return f'<img alt="{html_lib.escape(Path(path).name)}" src="data:image/png;base64,{data}">'
+
+    head = "".join(f"<th>{html_lib.escape(h)}</th>" for h in ARM_HEADERS)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html_lib.escape(c)}</td>" for c in row) + "</tr>"
+        for row in arm_table_rows(payload["arms"])
+    )
+    page = (
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>staleness frontier</title><style>"
+        "body{font-family:system-ui,sans-serif;margin:2rem} table{border-collapse:collapse;font-size:.85rem}"
+        "td,th{border:1px solid #ccc;padding:.2rem .4rem}</style></head><body>"
+        f"<h1>Staleness frontier</h1><p>{payload['runs_done']} of {payload['runs_planned']} runs, "
+        f"{payload['wall_s']:.0f} s wall; audit {'ok' if payload['audit_ok'] else 'FAILED'}; the arms' configs differ "
+        f"only in their keys: {'yes' if not payload['arm_config_audit'] else 'NO'}.</p>"
+        f"<h2>Accuracy against mu</h2>{img(payload.get('frontier'))}"
+        f"<h2>Per arm</h2><table><tr>{head}</tr>{body}</table>"
+        f"<h2>Final accuracy, mu x lr</h2>{img(payload.get('heatmap_panel'))}</body></html>"
+    )
+    path = out / "staleness.html"
+    path.write_text(page)
+    return path
 
 
 def _final_grid(cells: list[dict], grid: Grid, regime: str) -> list[list[float]]:
@@ -526,6 +810,9 @@ def run_grid(
     ncores = os.cpu_count() or 1
     plan = [(rg, mu, lr, s) for rg, mu, lr in grid.cells() for s in grid.seeds]
     cfgs = {p: run_config(grid, *p, root) for p in plan}
+    arm_config_problems = audit_arm_configs(cfgs)
+    if arm_config_problems:
+        raise SystemExit("the arms' configs differ beyond their keys:\n" + "\n".join(arm_config_problems))
     results: list[RunResult] = []
     audits: list[dict] = []
     failures: list[str] = []
@@ -621,12 +908,16 @@ def run_grid(
         "runs": [asdict(r) for r in results],
         "cells": cells,
         "claims": claim,
+        "arm_config_audit": arm_config_problems,
+        "arms": arm_report(results, grid),
     }
     (out / "staleness.json").write_text(json.dumps(payload, indent=2, default=str))
     if failures:
         raise SystemExit("audit failed; the table is refused:\n" + "\n".join(failures))
     paths, panel = heatmaps(cells, grid, out)
     payload["heatmaps"], payload["heatmap_panel"] = [str(p) for p in paths], str(panel)
+    payload["frontier"] = str(frontier_figure(payload["arms"], grid, out))
+    payload["html"] = str(write_html(payload, out))
     (out / "staleness.json").write_text(json.dumps(payload, indent=2, default=str))
     return payload
 
@@ -647,6 +938,10 @@ def print_table(payload: dict) -> None:
             f"{_fmt(c['ratio_neg_adv_mean'])} / {c['ratio_neg_adv_max']:.3f} | {_fmt(c['ess_at_collapse'])} | "
             f"{_fmt(c['s_eta_at_collapse'], 4)} |"
         )
+    print("\n| " + " | ".join(ARM_HEADERS) + " |")
+    print("|" + "---|" * len(ARM_HEADERS))
+    for row in arm_table_rows(payload["arms"]):
+        print("| " + " | ".join(row) + " |")
     for name, claim in payload["claims"].items():
         verdict = {True: "reproduced", False: "not reproduced", None: "not testable on this grid"}[claim["reproduced"]]
         numbers = {k: v for k, v in claim.items() if k not in ("rule", "reproduced")}

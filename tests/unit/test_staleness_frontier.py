@@ -7,13 +7,19 @@ import math
 import pytest
 
 from bench.staleness import (
+    BASELINE_ARM,
     QUICK,
     REGIMES,
     Grid,
     RunResult,
     _spearman,
+    arm_report,
+    audit_arm_configs,
     claims,
     collapse_update,
+    entropy_bins,
+    extra_forward_passes,
+    grad_norm_spikes,
     run_config,
     run_id,
     summarize,
@@ -55,7 +61,8 @@ def test_every_mu_has_the_same_budget_and_evaluation_points(tmp_path):
         prompts = cfg.run.num_stages * cfg.generation.prompts_per_stage
         evaluated = [k * mu for k in range(cfg.run.num_stages) if k % cfg.eval.every_n_stages == 0]
         shapes.add((prompts, cfg.train.rollouts_per_update, tuple(evaluated), cfg.orchestration.execution))
-        assert [b.dataset.name for b in cfg.eval.benchmarks] == ["lab-heldout"]
+        assert [b.dataset.name for b in cfg.eval.benchmarks] == ["lab-heldout", "lab-heldout-t1"]
+        assert [(b.k, b.num_prompts) for b in cfg.eval.benchmarks] == [(1, 200), (8, 100)]
     assert shapes == {(1024, 32, (0, 64, 128, 192), "warm")}  # + the final policy at 256
 
 
@@ -200,3 +207,69 @@ def test_a_collapse_set_by_the_learning_rate_alone_fails_the_within_lr_diagnosti
     assert c["spearman_lr_only"] == pytest.approx(-13.5 / math.sqrt(13.5 * 15))  # -0.95: lr alone orders them better
     assert c["spearman_mu_within_lr"]["0.0001"] is None  # no collapse at the low lr: a constant input
     assert c["spearman_mu_within_lr"]["0.0005"] == pytest.approx(0.0)  # 64, 128, 64: no trend with mu
+
+
+def test_every_arm_is_a_regime_and_the_corrections_are_arms(tmp_path):
+    assert {"seq-is", "snis", "geo-mask", "icepop", "m2po", "a3po"} <= set(REGIMES)
+    cfgs = {r: run_config(QUICK, r, 2, 1e-4, 0, tmp_path) for r in REGIMES}
+    names = {r: c.loss.name for r, c in cfgs.items()}
+    assert names["seq-is"] == "seq_is" and names["snis"] == "seq_snis" and names["geo-mask"] == "geo_mask"
+    assert names["icepop"] == "icepop" and names["m2po"] == "m2po" and names["a3po"] == "a3po"
+    assert cfgs["m2po"].loss.m2po_tau == 0.04 and cfgs["icepop"].loss.icepop_high == 2.0
+    assert {r: extra_forward_passes(c) for r, c in cfgs.items() if extra_forward_passes(c)} == {
+        "tis": 1.0,
+        "cooled": 1.0,
+    }
+
+
+def test_the_arm_config_audit_passes_the_grid_and_catches_a_difference_outside_the_arms_keys(tmp_path):
+    plan = [(r, mu, 1e-4, s) for r in REGIMES for mu in QUICK.mus for s in (0, 1)]
+    cfgs = {p: run_config(QUICK, *p, tmp_path) for p in plan}
+    assert audit_arm_configs(cfgs) == []
+    bad = ("m2po", 2, 1e-4, 1)
+    cfgs[bad] = run_config(Grid(**{**QUICK.__dict__, "max_new_tokens": 41}), *bad, tmp_path)
+    problems = audit_arm_configs(cfgs)
+    assert problems and all(p.startswith("stale-m2po-mu2-lr0.0001-s1 vs mu-grpo: ") for p in problems)
+    assert any("generation.sampling.max_new_tokens = 41 vs 40" in p for p in problems)
+
+
+def test_grad_norm_spikes_and_entropy_bins():
+    norms = [1.0, 1.2, 0.9, 1.1, 1.0, 6.0, 1.0, 30.0]
+    assert grad_norm_spikes(norms) == 2  # 6.0 > 5 x 1.0 (median of the first five), 30.0 > 5 x 1.0 (of the first seven)
+    assert grad_norm_spikes(norms, before=8) == 1  # the spike at update 8 is the collapse itself: not before it
+    assert grad_norm_spikes([1.0, 100.0, 1.0]) == 0  # the first SPIKE_WARMUP updates set the baseline only
+    steps = [{"entropy": e, "f": f} for e, f in [(3.0, 0.3), (1.0, 0.1), (2.0, 0.2), (5.0, 0.5), (4.0, 0.4), (6, 0.6)]]
+    assert entropy_bins(steps, "f") == pytest.approx([0.15, 0.35, 0.55])  # by entropy: (1, 2), (3, 4), (5, 6)
+    assert entropy_bins([{"entropy": None, "f": 1.0}], "f") == [None, None, None]
+
+
+def _arm_run(regime, mu, seed, greedy, collapse=None):
+    r = _run(regime, mu, 1e-4, seed, sum(greedy.values()) / len(greedy), collapse)
+    r.extra = {"greedy_by_problem": greedy, "avg8_by_problem": {}, "correction_ess": 0.5, "masked_frac": 0.1,
+               "grad_norm_spikes": 1, "extra_forward_passes": 0.0,
+               "entropy_binned": [0.1, 0.2, 0.3], "entropy_binned_key": "masked_frac"}  # fmt: skip
+    return r
+
+
+def test_arm_report_pairs_each_arm_with_mu_grpo_by_problem_and_finds_the_largest_stable_mu():
+    from mugrpo.evaluation.metrics import paired_difference_ci
+
+    g = Grid(mus=(4, 16), lrs=(1e-4,), seeds=(0, 1), regimes=("mu-grpo", "m2po"))
+    mu = {"a": 1.0, "b": 0.0, "c": 1.0}
+    results = [_arm_run("mu-grpo", m, s, mu) for m in (4, 16) for s in (0, 1)]
+    results += [
+        _arm_run("m2po", 4, 0, {"a": 1.0, "b": 1.0, "c": 1.0}),
+        _arm_run("m2po", 4, 1, {"a": 0.0, "b": 1.0, "c": 1.0}),
+    ]
+    results += [_arm_run("m2po", 16, s, {"a": 0.0, "b": 0.0, "c": 0.0}, collapse=16) for s in (0, 1)]
+    arms = {a["arm"]: a for a in arm_report(results, g)}
+    assert arms["mu-grpo"]["largest_stable_mu"] == 16 and arms["m2po"]["largest_stable_mu"] == 4
+    row = arms["m2po"]["by_mu"][0]
+    seed_mean = {"a": 0.5, "b": 1.0, "c": 1.0}
+    want = paired_difference_ci(seed_mean, mu)
+    assert row["greedy"] == pytest.approx(2.5 / 3)
+    assert row[f"greedy_vs_{BASELINE_ARM}"] == pytest.approx({"diff": want.mean, "low": want.low, "high": want.high})
+    assert row["avg8"] is None and row[f"avg8_vs_{BASELINE_ARM}"] is None  # no sampled eval in these runs
+    assert arms["mu-grpo"]["by_mu"][0][f"greedy_vs_{BASELINE_ARM}"] is None  # the baseline is not paired with itself
+    assert row["grad_norm_spikes"] == 2 and row["entropy_binned"] == pytest.approx([0.1, 0.2, 0.3])
+    assert row["t_total_s"] == 1.0 and row["extra_forward_passes"] == 0.0  # T_total: the runs' measured wall
