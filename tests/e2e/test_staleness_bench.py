@@ -1,9 +1,11 @@
 """bench/staleness.py --quick end to end (slow): the regimes at a tiny budget on the real lab policy, each run audited.
 
-To fit the CI's time, the test runs 3 of the 5 regimes (:data:`TESTED`, 6 runs, about 90 s of CPU): ``ppo`` (PPO clip),
-``mu-grpo`` (relaxed clip + veto) and ``cooled`` (truncated IS, sampler at T 0.8, learner at T 1.0: the code paths of
-``tis`` and of the learner temperature). ``relaxed`` is ``mu-grpo`` with the veto off and ``tis`` is ``cooled`` at one
-temperature; `python bench/staleness.py --quick` runs all 5.
+To fit the CI's time, the test runs 5 of the 11 regimes (:data:`TESTED`, 10 runs): ``ppo`` (PPO clip),
+``mu-grpo`` (relaxed clip + veto), ``cooled`` (truncated IS, sampler at T 0.8, learner at T 1.0: the code paths of
+``tis`` and of the learner temperature), and two stale-data corrections: ``m2po`` (a token mask, the generic
+correction metrics) and ``a3po`` (an algorithm's hook giving the loss its input). ``relaxed`` is ``mu-grpo`` with the
+veto off, ``tis`` is ``cooled`` at one temperature, and ``seq-is``, ``snis``, ``geo-mask`` and ``icepop`` are losses
+on the same path as ``m2po``; `python bench/staleness.py --quick` runs all 11.
 
 It asserts the output's structure and the audit, never speed or accuracy: every regime x mu ran the budget's updates
 with held-out accuracy at the same update counts, each run's idle-clip check passed (its importance ratio moved after
@@ -25,7 +27,7 @@ pytest.importorskip("reasoning_gym")
 from bench.staleness import QUICK, REGIMES
 
 REPO = Path(__file__).resolve().parents[2]
-TESTED = ("ppo", "mu-grpo", "cooled")
+TESTED = ("ppo", "mu-grpo", "cooled", "m2po", "a3po")
 assert set(TESTED) <= set(REGIMES)
 
 
@@ -62,3 +64,19 @@ def test_quick_runs_every_regime_audited(tmp_path):
     assert Path(payload["heatmap_panel"]).name == "heatmaps.png" and Path(payload["heatmap_panel"]).stat().st_size > 0
     assert not (out / "runs" / runs[0]["run"]).exists()  # run folders freed once audited
     assert "reproduced" in proc.stdout and "| regime | mu | lr |" in proc.stdout
+    # the per-arm report (issue 50): every arm x lr, paired against mu-grpo, the configs differing only in arm keys
+    assert payload["arm_config_audit"] == []
+    arms = {a["arm"]: a for a in payload["arms"]}
+    assert set(arms) == set(TESTED)
+    for name, arm in arms.items():
+        assert [row["mu"] for row in arm["by_mu"]] == list(QUICK.mus), name
+        for row in arm["by_mu"]:
+            assert 0.0 <= row["greedy"] <= 1.0 and 0.0 <= row["avg8"] <= 1.0, name
+            paired = row["greedy_vs_mu-grpo"]
+            assert (paired is None) == (name == "mu-grpo"), name
+            assert paired is None or paired["low"] <= paired["diff"] <= paired["high"]
+            assert row["extra_forward_passes"] == (1.0 if name == "cooled" else 0.0), name
+            assert (row["correction_ess"] is not None) == (name in ("m2po", "a3po")), name
+            assert row["correction_ess"] is None or 0.0 < row["correction_ess"] <= 1.0
+    assert Path(payload["frontier"]).stat().st_size > 0 and Path(payload["html"]).name == "staleness.html"
+    assert "<img" in Path(payload["html"]).read_text() and "largest stable mu" in proc.stdout
