@@ -4,6 +4,7 @@ across five loss regimes and two learning rates, 3 seeds per cell, and find wher
     python bench/staleness.py --jobs 2 --out /tmp/staleness     # the full grid (docs/benchmarks.md: its wall time)
     python bench/staleness.py --quick --out /tmp/staleness-q    # CI: every regime, tiny budget; structure + audit
     python bench/staleness.py --jobs 2 --out OUT --stop-after 3000 [--resume]   # the grid in parts, resumed
+    python bench/staleness.py --frontier --jobs 2 --out OUT --stop-after 3000 [--resume]  # issue 50's frontier
 
 Regimes (:data:`REGIMES`; every other config key is configs/lab/mu-grpo.yaml's):
 - ``ppo``: PPO/GRPO clip [0.8, 1.2], no veto (arXiv 2402.03300);
@@ -12,6 +13,16 @@ Regimes (:data:`REGIMES`; every other config key is configs/lab/mu-grpo.yaml's):
 - ``tis``: PPO clip with token-level truncated importance sampling, cap 2 (``loss.tis_cap``; Yao et al. 2025);
 - ``cooled``: ``tis`` with the sampler at T = 0.8 and the learner at T = 1.0 (``train.learner_temperature``), the
   behavior log-probs those of the tempered sampler ("Cool the Sampler, Not the Learner", arXiv 2609.36953).
+- the stale-data corrections (issue 50; docs/algorithms/stale-corrections.md), each at its published defaults:
+  ``seq-is`` (sequence-level truncated IS, cap 2), ``snis`` (self-normalised sequence IS), ``geo-mask`` (SkyRL's
+  geometric sequence mask [0.99, 1.01]), ``icepop`` (token mask [0.5, 2]), ``m2po`` (second-moment mask, tau 0.04),
+  ``a3po`` (decoupled PPO with an interpolated proximal policy).
+
+The arms' resolved configs must differ only in the arms' own keys (:func:`audit_arm_configs`, checked before any
+run; a difference refuses the grid). Per arm and lr (``arms`` in the JSON, the printed arm table and
+staleness.html): the largest stable mu, final held-out greedy and avg@8 with 95% paired CIs against mu-grpo, the
+correction's ESS and mask/clip fraction (also by update-entropy tercile), grad-norm spikes before collapse, extra
+forward passes per update and T_total; frontier.png plots final greedy accuracy against mu, one line per arm.
 
 Every run has the same budget: ``updates`` optimizer updates of ``rollouts_per_update`` rollouts (G = 8), so the same
 prompts in the same seed-fixed order; mu only changes how many updates share one behavior policy (a stage of mu
@@ -140,6 +151,11 @@ QUICK = Grid(
     mus=(2, 4), lrs=(1e-4,), seeds=(0,), updates=4, rollouts_per_update=8, group_size=4, max_new_tokens=40,
     eval_prompts=8, sampled_eval_prompts=4,
 )  # fmt: skip
+
+
+#: Issue 50's frontier: mu in {16, 64, 256} at the lab's stable lr (1e-4) and at 5e-4, where the lab's runs lost
+#: accuracy (docs/benchmarks.md, "Learning rate and batch size"), every arm, 3 paired seeds (``--frontier``).
+FRONTIER = Grid(mus=(16, 64, 256))
 
 
 def run_id(regime: str, mu: int, lr: float, seed: int) -> str:
@@ -951,6 +967,9 @@ def print_table(payload: dict) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="CI: every regime, 2 mu, 1 lr, 1 seed, tiny budget")
+    parser.add_argument(
+        "--frontier", action="store_true", help="Issue 50's grid: every arm, mu 16/64/256, lr 1e-4/5e-4, 3 seeds"
+    )
     parser.add_argument("--mus", nargs="*", type=int, default=None)
     parser.add_argument("--lrs", nargs="*", type=float, default=None)
     parser.add_argument("--seeds", nargs="*", type=int, default=None)
@@ -975,7 +994,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.child is not None:
         _child(args.child)
         return
-    grid = QUICK if args.quick else Grid()
+    grid = QUICK if args.quick else FRONTIER if args.frontier else Grid()
     given = {
         "mus": tuple(args.mus) if args.mus else None,
         "lrs": tuple(args.lrs) if args.lrs else None,

@@ -32,7 +32,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from mugrpo.algorithms.base import Algorithm
 from mugrpo.algorithms.registry import ALGORITHMS
 from mugrpo.algorithms.training import TrainHooks, UpdateInputs, UpdateRows
-from mugrpo.losses import POLICY_LOSSES, LossContext, LossOutput, MetricStat, PolicyLossConfig, requires
+from mugrpo.losses import (
+    POLICY_LOSSES,
+    LossContext,
+    LossOutput,
+    MetricStat,
+    PolicyLossConfig,
+    requires,
+    token_surrogate,
+)
 from mugrpo.losses.clipped import clipped_surrogate
 from mugrpo.losses.pipeline import TokenSurrogate, finalize_loss, prepare_batch
 from mugrpo.losses.stale import correction_stats
@@ -105,6 +113,7 @@ class A3PO(Algorithm):
 
 
 @POLICY_LOSSES.register("a3po")
+@token_surrogate  # at ratio 1 every token term is -A_i: the audit recomputes update 1
 @requires(inputs=(ALPHA,))
 def a3po_loss(
     logprobs: torch.Tensor,

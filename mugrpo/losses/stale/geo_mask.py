@@ -11,7 +11,7 @@ from mugrpo.losses.gspo import sequence_log_ratio
 from mugrpo.losses.interface import LossContext, LossOutput
 from mugrpo.losses.metrics import MetricStat
 from mugrpo.losses.pipeline import finalize_loss, importance_ratio, prepare_batch
-from mugrpo.losses.registry import POLICY_LOSSES
+from mugrpo.losses.registry import POLICY_LOSSES, token_surrogate
 from mugrpo.losses.stale.common import correction_stats, masked_is_surrogate
 
 
@@ -36,6 +36,7 @@ def geometric_keep_mask(
 
 
 @POLICY_LOSSES.register("geo_mask")
+@token_surrogate  # at ratio 1 every token term is -A_i: the audit recomputes update 1
 def geo_mask_loss(
     logprobs: torch.Tensor,
     behavior_logprobs: torch.Tensor,

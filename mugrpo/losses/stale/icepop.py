@@ -9,7 +9,7 @@ import torch
 from mugrpo.losses.config import PolicyLossConfig
 from mugrpo.losses.interface import LossContext, LossOutput
 from mugrpo.losses.pipeline import finalize_loss, importance_ratio, prepare_batch
-from mugrpo.losses.registry import POLICY_LOSSES, clip_range
+from mugrpo.losses.registry import POLICY_LOSSES, clip_range, token_surrogate
 from mugrpo.losses.stale.common import correction_stats, masked_is_surrogate
 
 
@@ -28,6 +28,7 @@ def token_band_keep(log_ratio: torch.Tensor, response_mask: torch.Tensor, low: f
 
 
 @POLICY_LOSSES.register("icepop")
+@token_surrogate  # at ratio 1 every token term is -A_i: the audit recomputes update 1
 @clip_range(lambda config, _inputs: (config.icepop_low, config.icepop_high))  # the band: tokens outside are dropped
 def icepop_loss(
     logprobs: torch.Tensor,

@@ -8,7 +8,7 @@ from mugrpo.losses.config import PolicyLossConfig
 from mugrpo.losses.interface import LossContext, LossOutput
 from mugrpo.losses.metrics import MetricStat
 from mugrpo.losses.pipeline import finalize_loss, importance_ratio, prepare_batch
-from mugrpo.losses.registry import POLICY_LOSSES
+from mugrpo.losses.registry import POLICY_LOSSES, token_surrogate
 from mugrpo.losses.stale.common import correction_stats, masked_is_surrogate
 
 
@@ -46,6 +46,7 @@ def m2po_keep_mask(log_ratio: torch.Tensor, response_mask: torch.Tensor, tau: fl
 
 
 @POLICY_LOSSES.register("m2po")
+@token_surrogate  # at ratio 1 every token term is -A_i: the audit recomputes update 1
 def m2po_loss(
     logprobs: torch.Tensor,
     behavior_logprobs: torch.Tensor,

@@ -18,7 +18,7 @@ from mugrpo.losses.config import PolicyLossConfig
 from mugrpo.losses.interface import LossContext, LossOutput
 from mugrpo.losses.kl import LOG_RATIO_CLAMP
 from mugrpo.losses.pipeline import PreparedBatch, TokenSurrogate, finalize_loss, prepare_batch
-from mugrpo.losses.registry import POLICY_LOSSES
+from mugrpo.losses.registry import POLICY_LOSSES, token_surrogate
 from mugrpo.losses.stale.common import correction_stats
 
 
@@ -47,6 +47,7 @@ def _weighted_surrogate(batch: PreparedBatch, weight: torch.Tensor) -> TokenSurr
 
 
 @POLICY_LOSSES.register("seq_is")
+@token_surrogate  # at ratio 1 every token term is -A_i: the audit recomputes update 1
 def seq_is_loss(
     logprobs: torch.Tensor,
     behavior_logprobs: torch.Tensor,
@@ -100,6 +101,7 @@ def seq_is_loss(
 
 
 @POLICY_LOSSES.register("seq_snis")
+@token_surrogate  # at ratio 1 every token term is -A_i: the audit recomputes update 1
 def seq_snis_loss(
     logprobs: torch.Tensor,
     behavior_logprobs: torch.Tensor,
