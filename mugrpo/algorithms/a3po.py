@@ -30,6 +30,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from mugrpo.algorithms.base import Algorithm
+from mugrpo.algorithms.contracts import Settings
 from mugrpo.algorithms.registry import ALGORITHMS
 from mugrpo.algorithms.training import TrainHooks, UpdateInputs, UpdateRows
 from mugrpo.losses import (
@@ -106,6 +107,19 @@ class A3PO(Algorithm):
         "current policy; on with loss.name=a3po. None = the defaults."
     )
     inputs = (ALPHA,)
+
+    @classmethod
+    def check(cls, section: Any, settings: Settings) -> None:
+        """An ``a3po`` section only acts with ``loss.name=a3po``.
+
+        Raises:
+            ValueError: the section is given with another loss (it would silently do nothing).
+        """
+        if section is not None and settings.loss is not None and settings.loss.name != LOSS_NAME:
+            raise ValueError(
+                f"the a3po section sets A-3PO's proximal policy, which only loss.name=a3po uses (loss.name is "
+                f"{settings.loss.name!r}): set loss.name=a3po or drop the section"
+            )
 
     @classmethod
     def train_hooks(cls, section: Any, loss: PolicyLossConfig) -> TrainHooks | None:

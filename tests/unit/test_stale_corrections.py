@@ -249,3 +249,13 @@ def test_the_bands_are_validated():
     with pytest.raises(ValueError):
         PolicyLossConfig(geo_mask_high=0.9)
     assert PolicyLossConfig().m2po_tau == 0.04 and PolicyLossConfig().seq_is_cap == 2.0
+
+
+def test_a3po_runs_from_the_loss_name_and_its_section_needs_that_loss():
+    from mugrpo.config import ConfigError, load_config
+
+    cfg = load_config(None, ["loss.name=a3po"])
+    assert cfg.loss.name == "a3po" and cfg.a3po is None  # the section's defaults apply
+    assert load_config(None, ["loss.name=a3po", "a3po.proximal_lag=2"]).a3po.proximal_lag == 2
+    with pytest.raises(ConfigError, match="only loss.name=a3po uses"):
+        load_config(None, ["loss.name=grpo", "a3po.proximal_lag=2"])
