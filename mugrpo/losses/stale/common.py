@@ -63,8 +63,9 @@ def effective_sample_size(w_mean: float, w_sq_mean: float) -> float:
 
 def masked_is_surrogate(log_ratio: torch.Tensor, advantages: torch.Tensor, keep: torch.Tensor) -> TokenSurrogate:
     """The importance-sampled policy gradient with a mask as its only trust region:
-    l_t = -keep_t * rho_t * A_t, rho_t = exp(log_ratio_t) (the M2PO objective, arXiv 2510.01161, Eq. 5 form; the
-    masked-IS objective of IcePop / MIS). A dropped token has loss 0 and no gradient but stays in the normalizer.
+    l_t = -keep_t * rho_t * A_t, rho_t = exp(log_ratio_t) (the masked objective of M2PO, arXiv 2510.01161, as
+    AReaL documents it; the masked-IS objective of IcePop / MIS). A dropped token has loss 0 and no gradient but
+    stays in the normalizer.
 
     Args:
         log_ratio: [B, T] log(pi_theta / pi_behav), differentiable, 0 at padding.

@@ -53,7 +53,7 @@ def geo_mask_loss(
 
     SkyRL's off-policy correction ``sequence_mask_metric: geometric`` (SkyRL docs, "Off-policy correction"; its
     documented thresholds 0.99 / 1.01 are the defaults of ``geo_mask_low`` / ``geo_mask_high``); g_i is GSPO's
-    length-normalised ratio (arXiv 2507.18071, Eq. 7). SkyRL applies the mask on top of its PPO loss to correct the
+    length-normalised sequence ratio (arXiv 2507.18071). SkyRL applies the mask on top of its PPO loss to correct the
     sampler/learner mismatch of one step; here the one ratio is against the stale behavior policy and the mask is
     the only trust region (no PPO clip), recomputed every update from the current policy (detached), like the
     Mu-GRPO veto. A dropped response's tokens keep their place in the normalizer with loss 0.

@@ -14,7 +14,7 @@ from mugrpo.losses.stale.common import correction_stats, masked_is_surrogate
 
 def m2po_keep_mask(log_ratio: torch.Tensor, response_mask: torch.Tensor, tau: float) -> torch.Tensor:
     """M2PO's second-moment mask: drop the tokens of largest M2_t = (log rho_t)^2 until the mean M2 of the tokens
-    kept is below ``tau`` (arXiv 2510.01161, Eq. 4 and Algorithm 1; the greedy rule of AReaL's
+    kept is below ``tau`` (arXiv 2510.01161's second-moment mask; the greedy rule of AReaL's
     ``get_m2po_loss_mask``).
 
     With the response tokens' M2 sorted descending, m_(1) >= ... >= m_(N), the kept set is the smallest k such that
@@ -58,14 +58,15 @@ def m2po_loss(
 ) -> LossOutput:
     """M2PO's objective: importance sampling under a second-moment trust region (arXiv 2510.01161).
 
-    M2_hat = (1/N) sum_t (log rho_t)^2 over the batch's response tokens (Eq. 3); M_t from :func:`m2po_keep_mask`
-    with tau_M2 = ``config.m2po_tau`` (default 0.04: the paper's setting, as in AReaL's M2PO example config
-    ``m2_threshold: 0.04``); J = (1/sum_i |o_i|) sum_{i,t} M_t rho_t A_t (Eq. 5: no PPO clip).
+    M2_hat = (1/N) sum_t (log rho_t)^2 over the batch's response tokens (the paper's M2 estimator);
+    M_t from :func:`m2po_keep_mask` with tau_M2 = ``config.m2po_tau`` (default 0.04: the value of AReaL's M2PO
+    example config, ``m2_threshold: 0.04``; the paper's text was not available to confirm its own);
+    J = (1/sum_i |o_i|) sum_{i,t} M_t rho_t A_t (the masked objective, no PPO clip, as AReaL's M2PO page states it).
 
     Choices (docs/algorithms/stale-corrections.md): rho is against the stale behavior policy, recomputed each
     update from the current policy (detached); AReaL measures it against its recomputed proximal policy. "The
     batch" is the loss call's micro-batch (AReaL masks per micro-batch too; the staleness bench trains an update as
-    one micro-batch). Aggregation by ``config.agg_mode`` (token-mean is Eq. 5's normalizer).
+    one micro-batch). Aggregation by ``config.agg_mode`` (token-mean is the objective's 1 / sum_i |o_i| normalizer).
 
     Metrics over response tokens: ``correction_masked_frac``, ``correction_w_mean`` / ``correction_w_sq_mean`` of
     M_t rho_t (ESS), ``m2po_m2`` (M2_hat before masking) and ``m2po_m2_kept`` (after). Arguments, return value and

@@ -117,7 +117,7 @@ def seq_snis_loss(
     grad J = sum_i w_i A_i grad log pi_theta(o_i | q)       (aggregated over tokens by ``config.agg_mode``)
 
     The self-normalised importance-sampling estimator (Kahn and Marshall 1953; Owen, "Monte Carlo theory, methods and
-    examples", 2013, Eq. 9.17; for off-policy policy gradients, Swaminathan and Joachims 2015, SNIPS): biased but
+    examples", 2013, ch. 9; for off-policy policy gradients, Swaminathan and Joachims 2015, SNIPS): biased but
     consistent, each weight bounded by n, no threshold. The weights are normalized in log space
     (log w_i = log W_i - logsumexp_j log W_j + log n), so no W overflows. "The batch" is the loss call's micro-batch:
     the staleness bench trains each update in one micro-batch, where it is the update (a choice, written in
