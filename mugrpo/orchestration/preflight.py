@@ -4,13 +4,14 @@
 code of docs/reliability.md's refusal table (2: what was asked is wrong; 3: the run's state refuses it):
 
 1. held-out benchmarks of the training task share no question text with training (2);
-2. the store is reachable and the run root can be read (2: a storage fault a user can fix, explained);
-3. no other live writer holds the run lease, when ``orchestration.lease_wait_s`` is 0 (3);
-4. the run may start or continue with this config and these inputs (:func:`mugrpo.orchestration.resume.check_resume`:
+2. no worked example of ``data.prompt.examples`` is a problem of the data or of a benchmark (2);
+3. the store is reachable and the run root can be read (2: a storage fault a user can fix, explained);
+4. no other live writer holds the run lease, when ``orchestration.lease_wait_s`` is 0 (3);
+5. the run may start or continue with this config and these inputs (:func:`mugrpo.orchestration.resume.check_resume`:
    a changed semantic key, a changed or missing input, precision fixed for the run's life) (2);
-5. no stage asks for more prompts than the training set holds (2);
-6. no committed file is corrupted, with ``orchestration.verify_on_resume`` (3);
-7. the run root is writable: a real 1 MiB block written, fsynced and removed (2: permission, read-only, full).
+6. no stage asks for more prompts than the training set holds (2);
+7. no committed file is corrupted, with ``orchestration.verify_on_resume`` (3);
+8. the run root is writable: a real 1 MiB block written, fsynced and removed (2: permission, read-only, full).
 
 The command line calls it, prints a refusal and exits with its code; the run flow checks the resume again under the
 run lease (:func:`mugrpo.orchestration.runs.start_run`).
@@ -89,6 +90,7 @@ def preflight(cfg: Any) -> Cleared:
         check_heldout_disjoint(cfg.data.train, [b.dataset for b in cfg.eval.benchmarks])
     except ValueError as e:
         raise Refusal(str(e)) from None
+    check_prompt_examples(cfg)
     store = open_store(cfg)
     uri = store.uri(cfg.run.id)
     options = cfg.run.storage_options
@@ -114,6 +116,25 @@ def preflight(cfg: Any) -> Cleared:
                 raise Refusal(str(e), STATE_REFUSES) from None
         check_writable(store, cfg.run.id, uri)
     return Cleared(store, uri, check)
+
+
+def check_prompt_examples(cfg: Any) -> None:
+    """Refuse a worked example of ``data.prompt.examples`` that is a problem of the training data or of a benchmark
+    (:func:`mugrpo.data.prompts.check_examples`); loads the datasets only when there are examples.
+
+    Raises:
+        Refusal: names the example and the dataset (or the dataset's error).
+    """
+    if not cfg.data.prompt.examples:
+        return
+    from mugrpo.data.datasets import DatasetError, load_problems
+    from mugrpo.data.prompts import check_examples
+
+    try:
+        for ds in [cfg.data.train, *(b.dataset for b in cfg.eval.benchmarks)]:
+            check_examples(cfg.data.prompt, (p.question for p in load_problems(ds)[0]), where=ds.name)
+    except (ValueError, DatasetError) as e:
+        raise Refusal(str(e)) from None
 
 
 def check_stage_sizes(cfg: Any) -> None:
