@@ -16,7 +16,7 @@ comparable with the parent's spawn stamp):
 - ``first_update``: the first optimizer update of the train job (first return of ``mugrpo.trainer.updates.run_update``);
 - ``policy_load_s`` / ``policy_loads``: seconds and count of ``AutoModelForCausalLM.from_pretrained`` calls
   made by ``mugrpo.policy.models`` (the disk-bound weight loads), and ``moment_load_s`` / ``moment_loads``: of
-  ``mugrpo.trainer.loop.read_optimizer_state`` and ``read_checkpoint`` (the disk-bound AdamW moment loads), each
+  ``mugrpo.trainer.resume.read_optimizer_state`` and ``read_checkpoint`` (the disk-bound AdamW moment loads), each
   with the stamp of its first start and last end; ``tokenizer_load_s`` / ``tokenizer_loads``: the same for the
   tokenizer reads of ``mugrpo.policy.models`` (``AutoTokenizer.from_pretrained``).
 
@@ -102,7 +102,7 @@ def _patch_updates(module) -> None:
     module.run_update = _first("first_update", module.run_update)
 
 
-def _patch_loop(module) -> None:
+def _patch_resume(module) -> None:
     for name in ("read_optimizer_state", "read_checkpoint"):
         if hasattr(module, name):
             setattr(module, name, _timed("moment_load", getattr(module, name)))
@@ -113,7 +113,7 @@ PATCHES = {
     "mugrpo.engines.transformers_engine": _patch_transformers_engine,
     "mugrpo.engines.vllm_engine": _patch_vllm_engine,
     "mugrpo.trainer.updates": _patch_updates,
-    "mugrpo.trainer.loop": _patch_loop,
+    "mugrpo.trainer.resume": _patch_resume,
 }
 
 

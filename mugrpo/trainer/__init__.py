@@ -7,8 +7,10 @@ module          what
 ==============  ======================================================================================
 ``spec``        :data:`~mugrpo.trainer.spec.TrainSpec`, the job's spec
 ``data``        rollouts through the generation manifest; the deterministic minibatch order
-``loop``        :class:`~mugrpo.trainer.loop.Trainer`: the stage lifecycle (setup, resume, algorithms' state)
-``stage``       what the steps of a stage share (the live policy, the stage being trained)
+``loop``        :class:`~mugrpo.trainer.loop.Trainer`: the stage lifecycle (skip, setup, updates, publish, commit)
+``setup``       :func:`~mugrpo.trainer.setup.setup_stage`: from the spec to the frozen ``StageRun``, on one screen
+``resume``      the resume point, AdamW / LR schedule / RNG, the algorithms' state
+``stage``       :class:`~mugrpo.trainer.stage.StageRun`: model, LoRA, optimizer, data, plan, hooks, precision
 ``updates``     the update loop: compose, per-rollout inputs, step, record
 ``batch``       right-padded collation of rollouts into token tensors
 ``forward``     token log-probs of the policy via the chunked log-softmax
@@ -21,6 +23,6 @@ module          what
 ==============  ======================================================================================
 
 The algorithms that are more than a loss (:mod:`mugrpo.algorithms`) plug in through
-:class:`~mugrpo.algorithms.TrainHooks`, called by ``loop``, ``updates`` and ``commit``; none of these modules names
-an algorithm.
+:class:`~mugrpo.algorithms.TrainHooks`, called by ``setup``, ``resume``, ``updates`` and ``commit``; none of these
+modules names an algorithm.
 """

@@ -189,16 +189,17 @@ def cast_for_storage(
     return model_state, {**optimizer_state, "state": states}
 
 
-def write_stage_checkpoint(live: LivePolicy, run: StageRun, step: int, rows: list[dict]) -> None:
+def write_stage_checkpoint(run: StageRun, step: int, rows: list[dict]) -> None:
     """Checkpoint: commit the train_steps part of the updates since the last checkpoint, then each algorithm's
     part, then the checkpoint of ``step`` (weights, AdamW, LR schedule, RNG, the algorithms' state), then prune
     older checkpoints; with ``train.checkpoint_dtype`` bfloat16 the live weights and moments are first rounded to
     bf16 values and stored as bf16 (:func:`round_state_to`). Collective under FSDP: every rank calls it."""
-    spec, store, layout, accelerator = run.spec, run.store, run.layout, live.accelerator
+    spec, store, layout, live = run.spec, run.store, run.layout, run.live
+    accelerator = live.accelerator
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     optimizer = inner_optimizer(live.optimizer)
-    storage = getattr(torch, spec.train.checkpoint_dtype)
+    storage = run.precision.checkpoint_dtype
     if storage != torch.float32:
         round_state_to(storage, live.model, optimizer)
     model_state = policy_state_dict(live.model)
@@ -229,7 +230,7 @@ def write_stage_checkpoint(live: LivePolicy, run: StageRun, step: int, rows: lis
                 "global_update": spec.policy_version + step,
                 "data_fingerprint": run.data.fingerprint,
                 "data_cursor": {"next_update": step + 1, "rollouts": len(run.data.rollouts)},
-                "lr_schedule": run.schedule.state_dict(),
+                "lr_schedule": run.optimizer.schedule.state_dict(),
                 **{name: s.state for name, s in saved.items() if s.state is not None},
             },
             rng_states=rng_states,

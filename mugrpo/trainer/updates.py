@@ -26,7 +26,7 @@ from mugrpo.trainer.commit import write_nonfinite_report
 from mugrpo.trainer.data import Rollout, split_minibatch, update_statistics
 from mugrpo.trainer.health import batch_identity
 from mugrpo.trainer.records import train_step_row
-from mugrpo.trainer.stage import LivePolicy, StageRun
+from mugrpo.trainer.stage import StageRun
 from mugrpo.trainer.step import NonFiniteError, UpdateResult, token_mean_entropy, train_update
 
 
@@ -60,11 +60,11 @@ def _pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
     return padded
 
 
-def compose_update(live: LivePolicy, run: StageRun, u: int) -> Update:
+def compose_update(run: StageRun, u: int) -> Update:
     """Stage update ``u``'s rollouts and this rank's micro-batches: the fresh minibatch of the data order plus the
     rollouts the algorithms add (each its own group, with the behavior log-probs and advantage of its own row)."""
-    spec, data, acc = run.spec, run.data, live.accelerator
-    indices = run.order.minibatch(u - 1)
+    spec, data, plan, acc = run.spec, run.data, run.plan, run.model.accelerator
+    indices = plan.order.minibatch(u - 1)
     fresh = [data.rollouts[i] for i in indices]
     rows = UpdateRows(update=spec.policy_version + u, stage_update=u, fresh=fresh)
     extra = [r for hooks in run.hooks.values() for r in hooks.compose(rows)]
@@ -80,19 +80,19 @@ def compose_update(live: LivePolicy, run: StageRun, u: int) -> Update:
     batches = [
         collate(
             [data.rollouts[i] if i < num_rows else extra[i - num_rows] for i in mb],
-            [run.group_of[i] if i < num_rows else num_groups + i - num_rows for i in mb],
-            live.pad_id,
+            [plan.group_of[i] if i < num_rows else num_groups + i - num_rows for i in mb],
+            run.model.pad_id,
             learner_temperature=spec.train.learner_temperature,
         )
         for mb in micro
     ]
     tis = None
-    if run.trainer_behavior is not None:
+    if plan.trainer_behavior is not None:
         tis = [
-            _pad_rows([run.trainer_behavior[i] for i in mb], b.response_ids.shape[1])
+            _pad_rows([plan.trainer_behavior[i] for i in mb], b.response_ids.shape[1])
             for mb, b in zip(micro, batches, strict=True)
         ]
-    entropy = functools.partial(token_mean_entropy, acc, live.model, batches)  # computed if an algorithm asks
+    entropy = functools.partial(token_mean_entropy, acc, run.model.module, batches)  # computed if an algorithm asks
     rows = UpdateRows(rows.update, u, fresh, extra, policy_entropy=entropy)
     return Update(rows, indices, num_rows, fresh + extra, micro, batches, tis)
 
@@ -123,34 +123,34 @@ def apply_update_inputs(hooks: Mapping[str, TrainHooks], update: Update) -> None
             batch.inputs[key] = input_tensor([given[p] for p in at], key)
 
 
-def run_update(live: LivePolicy, run: StageRun, update: Update) -> UpdateResult:
+def run_update(run: StageRun, update: Update) -> UpdateResult:
     """The optimizer update (:func:`mugrpo.trainer.step.train_update`).
 
     Raises:
         NonFiniteError: NaN/inf loss or gradient; the main process first writes the nonfinite report
             (:func:`mugrpo.trainer.commit.write_nonfinite_report`).
     """
-    spec, u = run.spec, update.rows.stage_update
+    spec, u, acc = run.spec, update.rows.stage_update, run.model.accelerator
     try:
         return train_update(
-            live.accelerator,
-            live.model,
-            live.optimizer,
+            acc,
+            run.model.module,
+            run.optimizer.optimizer,
             update.batches,
             spec.loss,
             global_num_tokens=sum(r.num_tokens for r in update.rollouts),
             global_num_seqs=sum(1 for r in update.rollouts if r.num_tokens),
             max_grad_norm=spec.train.max_grad_norm,
             max_response_len=spec.max_response_len,
-            reference=run.reference,
+            reference=run.model.reference,
             trainer_behavior_logprobs=update.tis,
             update_statistics=update_statistics(
-                [run.data.rollouts[i] for i in update.indices], [run.group_of[i] for i in update.indices]
+                [run.data.rollouts[i] for i in update.indices], [run.plan.group_of[i] for i in update.indices]
             ),
             progress=training_progress(spec.policy_version + u - 1, spec.total_updates),
         )
     except NonFiniteError as e:
-        if live.accelerator.is_main_process:
+        if acc.is_main_process:
             prompt_ids = sorted({r.prompt_id for r in update.rollouts})
             write_nonfinite_report(run.store, run.layout, spec, u, e, prompt_ids)
         raise
@@ -171,7 +171,7 @@ def record_update(run: StageRun, update: Update, result: UpdateResult, lr: float
     health = {
         **result.health,
         "s_eta": staleness * lr,
-        "t_eta": run.schedule.cumulative_lr(update.rows.update),
+        "t_eta": run.optimizer.schedule.cumulative_lr(update.rows.update),
         "batch_id": batch_identity(update.rollouts),
     }
     return train_step_row(
@@ -192,28 +192,28 @@ def record_update(run: StageRun, update: Update, result: UpdateResult, lr: float
     )
 
 
-def train_updates(live: LivePolicy, run: StageRun, checkpoint: Callable[[int, list[dict]], None]) -> float:
-    """Train: updates ``run.start_step + 1 .. updates_per_stage``; ``checkpoint(step, rows)`` commits the rows since
-    the last checkpoint with the checkpoint of ``step``. Returns the loop's seconds (``run.checkpoint_s`` gets
-    the checkpoints' share)."""
-    spec, main = run.spec, live.accelerator.is_main_process
+def train_updates(run: StageRun, checkpoint: Callable[[int, list[dict]], None]) -> tuple[float, float]:
+    """Train: updates ``run.plan.start_step + 1 .. updates_per_stage``; ``checkpoint(step, rows)`` commits the rows
+    since the last checkpoint with the checkpoint of ``step``. Reads only ``run``. Returns the loop's seconds and,
+    of them, the checkpoints' seconds."""
+    spec, main, start = run.spec, run.model.accelerator.is_main_process, run.plan.start_step
     total, every = spec.train.updates_per_stage, spec.train.checkpoint_every
-    run.group_of = {i: g for g, members in enumerate(run.data.groups) for i in members}
+    optimizer, schedule = run.optimizer.optimizer, run.optimizer.schedule
     pending: list[dict] = []
-    t0 = time.monotonic()
+    t0, checkpoint_s = time.monotonic(), 0.0
     fields = "loss {task.fields[loss]:+.4f}  {task.fields[tps]:.0f} tok/s"
     with job_progress(f"train stage {spec.stage}", "updates", fields, console, disable=not main) as bar:
-        task = bar.add_task("train", total=total, completed=run.start_step, loss=0.0, tps=0.0)
-        for u in range(run.start_step + 1, total + 1):
-            update = compose_update(live, run, u)
-            lr = run.schedule.apply(live.optimizer, spec.policy_version + u)
+        task = bar.add_task("train", total=total, completed=start, loss=0.0, tps=0.0)
+        for u in range(start + 1, total + 1):
+            update = compose_update(run, u)
+            lr = schedule.apply(optimizer, spec.policy_version + u)
             apply_update_inputs(run.hooks, update)
-            result = run_update(live, run, update)
+            result = run_update(run, update)
             pending.append(record_update(run, update, result, lr))
             bar.update(task, completed=u, loss=result.metrics.get("loss", 0.0), tps=pending[-1]["tokens_per_second"])
             if u % every == 0 or u == total:
                 c0 = time.monotonic()
                 checkpoint(u, pending)
-                run.checkpoint_s += time.monotonic() - c0
+                checkpoint_s += time.monotonic() - c0
                 pending = []
-    return time.monotonic() - t0
+    return time.monotonic() - t0, checkpoint_s

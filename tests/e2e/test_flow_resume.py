@@ -119,17 +119,23 @@ def rollout_keys(root: Path) -> Counter:
 SEQUENTIAL = {"retries": 0, "overlap_checkpoint": False, "prestart_jobs": False}
 
 
-def test_sigkill_at_six_points_then_resume_matches_uninterrupted(tmp_path, tiny_model_dir, prefect_api):
+@pytest.fixture(scope="module")
+def sequential_run(tmp_path_factory, tiny_model_dir, prefect_api) -> Path:  # noqa: F811
+    """The uninterrupted run with its jobs one after another (once per module): the reference of both kill tests
+    (a run's files do not depend on its root). Returns its root."""
+    tmp = tmp_path_factory.mktemp("sequential")
+    root, log = tmp / "sequential", tmp / "sequential.log"
+    cfg = write_config(tmp / "sequential.yaml", tiny_config(root, tiny_model_dir, orchestration=SEQUENTIAL))
+    proc = start_run(cfg, run_env(prefect_api, MUGRPO_RUN_SLOT="off"), log)
+    assert proc.wait(timeout=1800) == 0, log.read_text()[-4000:]
+    return root
+
+
+def test_sigkill_at_six_points_then_resume_matches_uninterrupted(tmp_path, tiny_model_dir, prefect_api, sequential_run):
     # A killed flow's run slot (flows/exclusive.py) frees only after its >= 60 s lease: off here, where a run is
     # killed and resumed six times (test_run_exclusive.py tests the slot, this test the resumed files).
     env = run_env(prefect_api, MUGRPO_RUN_SLOT="off")
-
-    ref_root = tmp_path / "ref"
-    ref_cfg = write_config(tmp_path / "ref.yaml", tiny_config(ref_root, tiny_model_dir, orchestration=SEQUENTIAL))
-    log = tmp_path / "ref.log"
-    proc = start_run(ref_cfg, env, log)
-    assert proc.wait(timeout=1800) == 0, log.read_text()[-4000:]
-    reference = final_weights(ref_root)
+    reference = final_weights(sequential_run)
 
     root = tmp_path / "killed"
     cfg = write_config(tmp_path / "killed.yaml", tiny_config(root, tiny_model_dir, orchestration=SEQUENTIAL))
@@ -225,7 +231,7 @@ def stage_timings(root: Path, stage: int) -> dict:
 
 
 def test_sigkill_inside_the_checkpoint_overlap_then_resume_matches_the_sequential_run(
-    tmp_path, tiny_model_dir, prefect_api
+    tmp_path, tiny_model_dir, prefect_api, sequential_run
 ):
     """Issue 29, part 2: stage 1's generation starts once stage 0's train job has committed the policy of stage 1,
     beside that job's final checkpoint write (mugrpo.execution.pipeline). The overlapped run commits the same rollouts
@@ -233,14 +239,13 @@ def test_sigkill_inside_the_checkpoint_overlap_then_resume_matches_the_sequentia
     each moment of the overlap resumes to the same files. The checkpoint write is held open
     (``MUGRPO_FAULT_PAUSE`` on stage 0's final checkpoint) so that each moment is reached for sure."""
     env = run_env(prefect_api, MUGRPO_RUN_SLOT="off")
-    runs = {}
-    for name, orchestration in (("sequential", SEQUENTIAL), ("overlapped", {"retries": 0})):
-        root = tmp_path / name
-        cfg = write_config(tmp_path / f"{name}.yaml", tiny_config(root, tiny_model_dir, orchestration=orchestration))
-        log = tmp_path / f"{name}.log"
-        proc = start_run(cfg, env, log)
-        assert proc.wait(timeout=1800) == 0, log.read_text()[-4000:]
-        runs[name] = root
+    runs = {"sequential": sequential_run, "overlapped": tmp_path / "overlapped"}
+    cfg = write_config(
+        tmp_path / "overlapped.yaml", tiny_config(runs["overlapped"], tiny_model_dir, orchestration={"retries": 0})
+    )
+    log = tmp_path / "overlapped.log"
+    proc = start_run(cfg, env, log)
+    assert proc.wait(timeout=1800) == 0, log.read_text()[-4000:]
     reference, ref_rows = final_weights(runs["sequential"]), rollout_rows(runs["sequential"])
     assert len(ref_rows) == 2 * 4 * 2
     assert stage_timings(runs["sequential"], 0)["t_next_gen"] == 0.0

@@ -29,6 +29,7 @@ from mugrpo.trainer.data import load_rollouts, make_minibatch_order
 from mugrpo.trainer.loop import Trainer, run_training
 from mugrpo.trainer.optim import build_lr_schedule
 from mugrpo.trainer.records import read_steps
+from mugrpo.trainer.setup import recompute_behavior
 from schemas.tables import TRAIN_STEP_V4_COLUMNS
 
 RUN = "health-test"
@@ -140,7 +141,7 @@ def test_learner_temperature(tiny_model_dir, tmp_path):
         trainer = Trainer()
         trainer.tokenizer = load_tokenizer(tiny_model_dir)
         behavior, _ = load_policy(tiny_model_dir)
-        trainer._recompute_behavior(spec, data, order, behavior, torch.device("cpu"))
+        recompute_behavior(trainer, spec, data, order, behavior)
         assert all(r.sampler_logprobs is not None for r in data.rollouts)
         return [list(dataclasses.asdict(r)["behavior_logprobs"]) for r in data.rollouts]
 

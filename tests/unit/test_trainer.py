@@ -30,8 +30,9 @@ from mugrpo.trainer.batch import collate
 from mugrpo.trainer.commit import nonfinite_report_path
 from mugrpo.trainer.data import load_rollouts, make_minibatch_order
 from mugrpo.trainer.forward import PolicyTokenLogprobs
-from mugrpo.trainer.loop import enable_activation_checkpointing, run_training
+from mugrpo.trainer.loop import run_training
 from mugrpo.trainer.optim import LRSchedule
+from mugrpo.trainer.setup import enable_activation_checkpointing
 from mugrpo.trainer.spec import TrainSpec
 from schemas import SCHEMA_VERSIONS, FileRecord
 
