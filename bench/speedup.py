@@ -46,10 +46,11 @@ PHASES = ("t_roll", "t_train", "t_ckpt", "t_ckpt_hidden", "t_switch", "t_total")
 
 
 def budget(args, model: str) -> Budget:
-    """The shared budget: --quick's tiny one (U=8: Mu-GRPO 4 stages x 2 updates, GRPO 2 x 4), else the flags."""
+    """The shared budget: --quick's tiny one (U=4: Mu-GRPO 2 stages x 2 updates, GRPO 1 x 4), else the flags."""
     if args.quick:
         return Budget(
-            updates=8,
+            updates=4,
+            mu_stages=2,
             rollouts_per_update=2,
             group_size=2,
             max_new_tokens=4,
@@ -158,7 +159,7 @@ def summarize(results: dict[str, list[dict]]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny random model, U=8 (CI)")
+    parser.add_argument("--quick", action="store_true", help="tiny random model, U=4 (CI)")
     add_budget_flags(parser)
     parser.add_argument(
         "--engine",

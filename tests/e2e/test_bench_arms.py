@@ -87,9 +87,9 @@ def test_speedup_quick_runs_all_arms_to_equal_updates(tmp_path):
     _bench(["bench/speedup.py", "--quick", "--out", str(tmp_path / "out")], tmp_path)
     res = json.loads((tmp_path / "out" / "speedup.json").read_text())
     assert set(res["results"]) == set(ARMS)
-    assert {arm: runs[0]["updates"] for arm, runs in res["results"].items()} == dict.fromkeys(res["results"], 8)
+    assert {arm: runs[0]["updates"] for arm, runs in res["results"].items()} == dict.fromkeys(res["results"], 4)
     assert {arm: runs[0]["stages"] for arm, runs in res["results"].items()} == {
-        arm: 2 if arm.startswith("grpo") else 4 for arm in ARMS
+        arm: 1 if arm.startswith("grpo") else 2 for arm in ARMS
     }
     # the bytes each stage left: bf16 checkpoints and LoRA adapters write less than the full fp32 state
     disk = res["disk_gb_per_stage"]
@@ -105,6 +105,26 @@ def test_speedup_quick_runs_all_arms_to_equal_updates(tmp_path):
     # each arm records the precision it ran in (the suite pins auto to fp32: tests/conftest.py)
     precision = {arm: runs[0]["precision"] for arm, runs in res["results"].items()}
     assert all(p["model.dtype"] == "float32" and "MUGRPO_AUTO_PRECISION" in p["reason"] for p in precision.values())
+
+
+@pytest.mark.slow
+def test_real_lm_quick_pairs_mu_cold_with_grpo_warm_at_the_same_policy_versions(tmp_path):
+    """bench/real_lm.py --quick: both arms through `mugrpo run` (a tiny random policy), evaluated at the same
+    policy versions, each with a paired gain over its base and the final paired difference between the arms."""
+    out = tmp_path / "real_lm.json"
+    _bench(["bench/real_lm.py", "--quick", "--seeds", "0", "--out", str(out)], tmp_path)
+    res = json.loads(out.read_text())
+    for arm in ("mu", "grpo-warm"):
+        (run,) = res["reports"][arm]
+        assert [p["updates"] for p in run["points"]] == [0, 8, 16, 24, 32], arm
+        assert all(p["problems"] == 4 for p in run["points"]), arm
+        assert run["points"][0]["gain"] == 0.0 and run["t"]["t_total"] > 0
+        ready = [p["ready_s"] for p in run["points"]]
+        assert ready == sorted(ready) and ready[0] == 0.0 < ready[-1]
+        assert run["precision"]["model.dtype"] == "float32"
+    final = res["summary"]["final_mu_minus_grpo_warm"]
+    assert final["problems"] == 4 and final["ci95"][0] <= final["mean"] <= final["ci95"][1]
+    assert res["env"]["auto_precision"]["choice"] == "fp32"  # the suite pins auto (tests/conftest.py)
 
 
 @pytest.mark.slow
