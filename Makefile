@@ -7,7 +7,7 @@ STAMP := $(VENV)/.mugrpo-installed
 # CPU torch first: a bare `pip install torch` pulls a multi-GB CUDA build. Override on GPU machines, e.g.
 #   make demo TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
 TORCH_SPEC ?= torch==2.13.0
-CONFIG ?= configs/gsm8k-smollm2.yaml
+CONFIG ?= configs/smollm2-arithmetic.yaml
 ARGS ?=
 
 .PHONY: install test test-fast demo demo-quick lab demo-lab lint docs clean-venv trl-venv vllm-venv

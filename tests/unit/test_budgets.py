@@ -140,3 +140,25 @@ def test_lab_configs_are_one_experiment_on_one_budget():
         assert cfg.data.prompt == recipe.prompt()
         for bench in cfg.eval.benchmarks:
             assert bench.dataset.split == "heldout" and bench.dataset.params == recipe.params
+
+
+def test_arithmetic_configs_are_one_experiment_on_one_budget():
+    """The main job (smollm2-arithmetic.yaml, Mu-GRPO cold, LoRA) and its GRPO-warm baseline share model, data and
+    order, prompt, sampling, reward and budget; the baseline differs in the algorithm, the schedule, the execution,
+    and full fine-tuning at LoRA's lr / 10 (LoRA runs cold only), which bench/real_lm.py's ``mu`` arm also uses."""
+    main = load_config(CONFIGS / "smollm2-arithmetic.yaml")
+    grpo = load_config(CONFIGS / "smollm2-arithmetic-grpo.yaml")
+    mu_full = load_config(CONFIGS / "smollm2-arithmetic.yaml", ["train.lora=null", "train.lr=2.0e-5"])
+    extra = {
+        k for k in _diff(main, grpo) if k not in SCHEDULE and not k.startswith(ALGORITHM_PREFIXES + EXECUTION_PREFIXES)
+    }
+    assert {k.split(".")[0] + "." + k.split(".")[1] for k in extra} == {"train.lora", "train.lr"}
+    assert {k for k in _diff(mu_full, grpo) if k not in SCHEDULE} == {
+        k for k in _diff(mu_full, grpo) if k.startswith(ALGORITHM_PREFIXES + EXECUTION_PREFIXES)
+    }
+    assert _budget(main) == _budget(grpo) == _budget(mu_full)
+    assert _budget(main)["updates"] == 32 and _budget(main)["rollouts"] == 512
+    assert _budget(main)["evaluated_versions"] == [0, 8, 16, 24, 32]
+    assert main.train.lr == 10 * grpo.train.lr and main.train.lora is not None and grpo.train.lora is None
+    assert main.loss.name == "mu_grpo" and main.orchestration.execution == "cold"
+    assert grpo.loss.name == "grpo" and grpo.orchestration.execution == "warm" and grpo.train.updates_per_stage == 4
