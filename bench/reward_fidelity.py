@@ -285,7 +285,7 @@ CASES: list[tuple[str, object, str, int]] = [
     ("format policy", "73", r"\boxed{}", 0),
     ("format policy", "73", r"The answer is \boxed{73", 0),
     ("format policy", "73", r"\boxed{73} is wrong; it is \boxed{37}", 0),
-    # --- issue 25: three false-negative kinds left ---
+    # --- three false-negative kinds: a decimal comma in the gold, a superscript unit, a heavy expression ---
     ("i25 decimal comma in the gold", "1,22", B % "1.22", 1),
     ("i25 decimal comma in the gold", "1,22", B % "1.23", 0),
     ("i25 superscript unit", "1000.99", B % "1,000.99m²", 1),

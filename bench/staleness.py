@@ -4,7 +4,7 @@ across five loss regimes and two learning rates, 3 seeds per cell, and find wher
     python bench/staleness.py --jobs 2 --out /tmp/staleness     # the full grid (docs/benchmarks.md: its wall time)
     python bench/staleness.py --quick --out /tmp/staleness-q    # CI: every regime, tiny budget; structure + audit
     python bench/staleness.py --jobs 2 --out OUT --stop-after 3000 [--resume]   # the grid in parts, resumed
-    python bench/staleness.py --frontier --jobs 2 --out OUT --stop-after 3000 [--resume]  # issue 50's frontier
+    python bench/staleness.py --frontier --jobs 2 --out OUT --stop-after 3000 [--resume]  # the staleness frontier
 
 Regimes (:data:`REGIMES`; every other config key is configs/lab/mu-grpo.yaml's):
 - ``ppo``: PPO/GRPO clip [0.8, 1.2], no veto (arXiv 2402.03300);
@@ -13,7 +13,7 @@ Regimes (:data:`REGIMES`; every other config key is configs/lab/mu-grpo.yaml's):
 - ``tis``: PPO clip with token-level truncated importance sampling, cap 2 (``loss.tis_cap``; Yao et al. 2025);
 - ``cooled``: ``tis`` with the sampler at T = 0.8 and the learner at T = 1.0 (``train.learner_temperature``), the
   behavior log-probs those of the tempered sampler ("Cool the Sampler, Not the Learner", arXiv 2609.36953).
-- the stale-data corrections (issue 50; docs/algorithms/stale-corrections.md), each at its published defaults:
+- the stale-data corrections (docs/algorithms/stale-corrections.md), each at its published defaults:
   ``seq-is`` (sequence-level truncated IS, cap 2), ``snis`` (self-normalised sequence IS), ``geo-mask`` (SkyRL's
   geometric sequence mask [0.99, 1.01]), ``icepop`` (token mask [0.5, 2]), ``m2po`` (second-moment mask, tau 0.04),
   ``a3po`` (decoupled PPO with an interpolated proximal policy).
@@ -97,7 +97,7 @@ REGIMES: dict[str, tuple[str, ...]] = {
         "generation.sampling.temperature=0.8",
         "train.learner_temperature=1.0",
     ),
-    # the stale-data corrections (issue 50; docs/algorithms/stale-corrections.md), each at its published default
+    # the stale-data corrections (docs/algorithms/stale-corrections.md), each at its published default
     "seq-is": ("loss.name=seq_is", "loss.seq_is_cap=2.0"),
     "snis": ("loss.name=seq_snis",),
     "geo-mask": ("loss.name=geo_mask", "loss.geo_mask_low=0.99", "loss.geo_mask_high=1.01"),
@@ -153,7 +153,7 @@ QUICK = Grid(
 )  # fmt: skip
 
 
-#: Issue 50's frontier: mu in {16, 64, 256} at the lab's stable lr (1e-4) and at 5e-4, where the lab's runs lost
+#: The frontier grid: mu in {16, 64, 256} at the lab's stable lr (1e-4) and at 5e-4, where the lab's runs lost
 #: accuracy (docs/benchmarks.md, "Learning rate and batch size"), every arm, 3 paired seeds (``--frontier``).
 FRONTIER = Grid(mus=(16, 64, 256))
 
@@ -393,7 +393,7 @@ def entropy_bins(steps: list[dict], key: str, bins: int = 3) -> list[float | Non
 
 
 def read_arm_figures(base: str, collapse: int | None) -> dict:
-    """The per-arm figures of one run (issue 50): final held-out scores per problem (greedy and avg@8, for paired
+    """The per-arm figures of one run: final held-out scores per problem (greedy and avg@8, for paired
     CIs), the correction's mask/clip fraction and ESS (``stage_corrections``), the fraction binned by update entropy
     and grad-norm spikes before the collapse. T_total is the run's measured wall (``RunResult.wall_s``: its segment
     and final evaluation). The stages' ``t_total`` is not read: in the smoke cell's warm runs made one after
@@ -555,7 +555,7 @@ def _seed_mean_scores(rs: list[RunResult], key: str) -> dict[str, float]:
 
 
 def arm_report(results: list[RunResult], grid: Grid) -> list[dict]:
-    """Per arm and learning rate (issue 50): the largest stable mu (most seeds never collapse), and per mu the final
+    """Per arm and learning rate: the largest stable mu (most seeds never collapse), and per mu the final
     held-out greedy accuracy and avg@8 with their 95% paired CIs against :data:`BASELINE_ARM` (per-problem scores
     averaged over seeds, paired by problem: :func:`mugrpo.evaluation.metrics.paired_difference_ci`), the
     correction's ESS and mask/clip fraction (also binned by update entropy), grad-norm spikes before collapse,
@@ -968,7 +968,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="CI: every regime, 2 mu, 1 lr, 1 seed, tiny budget")
     parser.add_argument(
-        "--frontier", action="store_true", help="Issue 50's grid: every arm, mu 16/64/256, lr 1e-4/5e-4, 3 seeds"
+        "--frontier", action="store_true", help="The frontier grid: every arm, mu 16/64/256, lr 1e-4/5e-4, 3 seeds"
     )
     parser.add_argument("--mus", nargs="*", type=int, default=None)
     parser.add_argument("--lrs", nargs="*", type=float, default=None)

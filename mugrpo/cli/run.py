@@ -164,7 +164,7 @@ def _run_flow(cfg, uri: str) -> None:
 
 @app.command("run")
 def run_cmd(
-    config: Path = typer.Argument(..., help="YAML config, e.g. configs/gsm8k-smollm2.yaml."),
+    config: Path = typer.Argument(..., help="YAML config, e.g. configs/smollm2-arithmetic.yaml."),
     overrides: list[str] | None = OverridesArg,
 ):
     """Start a run, or continue it if its run.id already exists (committed work is skipped).

@@ -1,4 +1,4 @@
-"""Stale-data corrections (issue 50): one module per correction, each registered in the loss registry under its own
+"""Stale-data corrections: one module per correction, each registered in the loss registry under its own
 name, with its paper, equation and published defaults in its docstring and its knobs in ``PolicyLossConfig``.
 
 - ``seq_is`` / ``seq_snis`` (:mod:`.seq_is`): one importance weight per response, the sequence likelihood ratio

@@ -45,7 +45,7 @@ def icepop_loss(
 
     IcePop (Ring-1T, arXiv 2510.18855: "discrepancy masking", tokens whose train/infer probability ratio leaves
     [alpha, beta] get no gradient) and verl's / ms-swift's token-level masked IS (``token_mask``, upper threshold
-    2.0, lower 1/2.0). Defaults [0.5, 2.0] as issue 50 states them (the MIS defaults); IcePop's own band is a
+    2.0, lower 1/2.0). Defaults [0.5, 2.0] (the MIS defaults of verl and ms-swift); IcePop's own band is a
     tunable of the paper. Those methods mask the sampler/learner mismatch ratio beside a PPO clip on the
     old/current ratio; here the one ratio is against the stale behavior policy and the mask is the only trust region
     (no PPO clip). Dropped tokens keep their place in the normalizer with loss 0.
