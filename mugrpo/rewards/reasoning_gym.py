@@ -1,4 +1,5 @@
-"""The ``reasoning_gym`` reward component: the task's own ``score_answer`` on the boxed final answer.
+"""The ``reasoning_gym`` and ``reasoning_gym_exact`` reward components: the task's own ``score_answer`` on the boxed
+final answer, with or without its partial credit.
 
 reasoning-gym (https://github.com/open-thought/reasoning-gym) ships a verifier per task: ``score_answer(answer,
 entry) -> float`` in [0, 1] (exact match 1.0; the base class gives partial credit ``len(gold) / len(answer)`` to an
@@ -7,6 +8,11 @@ feeds it the content of the response's last complete ``\\boxed{}`` (the strict f
 0.0; a ``#### N`` line is not read) and the entry the problem was generated from (:func:`mugrpo.data.gym.task_entry`,
 rebuilt and cached in the verifier worker). It runs in the scorer's worker pool like ``math_correctness``, under
 ``reward.verify_timeout_s``.
+
+``reasoning_gym_exact`` is 1.0 where the task's score is 1.0 and 0.0 otherwise: no partial credit. The base class's
+credit for an answer that contains the gold is a reward a policy can collect without being right, and one does: on
+two-digit arithmetic a SmolLM2 policy learned to box ``-117`` for 117 (score 0.75, since ``"117" in "-117"``), its
+held-out greedy accuracy falling from 0.315 to 0.010 in two stages while its training reward rose (docs/rewards.md).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import math
 from mugrpo.data.answers import extract_boxed
 from mugrpo.rewards.registry import REWARD_FUNCTIONS, RewardInput
 
-__all__ = ["reasoning_gym_score"]
+__all__ = ["reasoning_gym_exact", "reasoning_gym_score"]
 
 
 def _check_installed() -> None:
@@ -56,6 +62,21 @@ def reasoning_gym_score(item: RewardInput, answer: str | None) -> float:
     return min(max(score, 0.0), 1.0) if math.isfinite(score) else score
 
 
-reasoning_gym_score.check_installed = _check_installed
-reasoning_gym_score.prepare = _check_installed  # import reasoning-gym at worker start, not on an item's clock
-reasoning_gym_score.preload = ("reasoning_gym",)  # what a forkserver imports once for all workers (rewards.pool)
+@REWARD_FUNCTIONS.register("reasoning_gym_exact")
+def reasoning_gym_exact(item: RewardInput, answer: str | None) -> float:
+    """1.0 if the task's ``score_answer`` of the last boxed answer is 1.0 (an exact answer), else 0.0.
+
+    The same reading as ``reasoning_gym`` (:func:`reasoning_gym_score`) without its partial credit, so that an answer
+    that merely contains the gold (``-117`` for 117, ``186`` for 86, a boxed list of candidates) earns nothing.
+
+    Raises:
+        ValueError: as :func:`reasoning_gym_score`.
+    """
+    return 1.0 if reasoning_gym_score(item, answer) >= 1.0 else 0.0
+
+
+for _fn in (reasoning_gym_score, reasoning_gym_exact):
+    _fn.check_installed = _check_installed
+    _fn.prepare = _check_installed  # import reasoning-gym at worker start, not on an item's clock
+    _fn.preload = ("reasoning_gym",)  # what a forkserver imports once for all workers (rewards.pool)
+

@@ -88,6 +88,8 @@ def test_bad_task_or_params_fail_at_config_load_naming_them():
 def test_reasoning_gym_reward_needs_reasoning_gym_training_data():
     with pytest.raises(ConfigError, match="reasoning_gym.*read from a file"):
         load_config(None, ["reward.components={reasoning_gym: 1.0}"])
+    with pytest.raises(ConfigError, match="'reasoning_gym_exact'.*read from a file"):
+        load_config(None, ["reward.components={reasoning_gym_exact: 1.0}"])
     cfg = config_from_dict(
         {"data": {"train": gym().model_dump()}, "reward": {"components": {"reasoning_gym": 1.0, "format": 0.1}}}
     )
@@ -106,12 +108,15 @@ def test_strict_format_and_the_tasks_own_score_through_the_verifier_pool():
         (f"\\boxed{{1{gold}}}", len(gold) / (len(gold) + 1)),  # basic_arithmetic's partial credit: gold inside
         ("\\boxed{x}", 0.0),
     ]
-    config = RewardConfig(components={"reasoning_gym": 1.0, "format": 0.1}, num_workers=1)
+    cases += [(f"\\boxed{{-{gold}}}", len(gold) / (len(gold) + 1))]  # a sign flip: partial credit too
+    config = RewardConfig(components={"reasoning_gym": 1.0, "reasoning_gym_exact": 1.0, "format": 0.1}, num_workers=1)
     with RewardScorer(config) as scorer:
         results = scorer.score([RewardInput.for_problem(p, text) for text, _ in cases])
     for (text, expected), r in zip(cases, results, strict=True):
         assert r.status == "ok", text
         assert r.components["reasoning_gym"] == pytest.approx(expected), text
+        # the exact component keeps only the task's full score: no credit for an answer that contains the gold
+        assert r.components["reasoning_gym_exact"] == (1.0 if expected == 1.0 else 0.0), text
     # a problem read from a file has no task entry: the component gives it nothing
     assert REWARD_FUNCTIONS["reasoning_gym"](RewardInput(f"\\boxed{{{gold}}}", gold), gold) == 0.0
 
