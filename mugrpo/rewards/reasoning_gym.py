@@ -79,4 +79,3 @@ for _fn in (reasoning_gym_score, reasoning_gym_exact):
     _fn.check_installed = _check_installed
     _fn.prepare = _check_installed  # import reasoning-gym at worker start, not on an item's clock
     _fn.preload = ("reasoning_gym",)  # what a forkserver imports once for all workers (rewards.pool)
-
