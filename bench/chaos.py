@@ -1,5 +1,6 @@
-"""Chaos harness (docs/reliability.md): SIGKILL a random process of a tiny real run at N moments drawn from a seed,
-resume after each, then check the resume invariants against an uninterrupted run.
+"""Chaos harness (docs/reliability.md): SIGKILL a random process of a tiny real run at N moments drawn from a seed
+(every third moment of an arm stops the run with SIGINT or SIGTERM instead, and checks the stop), resume after each,
+then check the resume invariants against an uninterrupted run.
 
     python bench/chaos.py --seed 0 --moments 20     # full run (docs/reliability.md records one)
     python bench/chaos.py --quick                   # CI: 6 moments, 2 stages (tests/e2e/test_chaos.py runs it)
@@ -7,7 +8,7 @@ resume after each, then check the resume invariants against an uninterrupted run
 Victims: the flow process, a generate / train / eval job (cold execution), a segment job (warm execution), a
 verifier worker, or the whole tree. Arms: cold and warm execution of the same tiny run (tiny random Llama with the
 real SmolLM2 tokenizer, real GSM8K rows, real job processes, a local Prefect server). It prints one line per moment,
-then ``N/N resumed, 0 lost, 0 duplicated, weights equal`` or what differed, and exits 1 when an invariant broke.
+then ``N/N resumed, 0 lost, 0 duplicated, weights equal, ...`` or what differed, and exits 1 when an invariant broke.
 The logic lives in ``bench/support/chaos/``.
 """
 

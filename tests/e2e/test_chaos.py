@@ -1,8 +1,9 @@
-"""The chaos harness's quick mode (issue 17): 6 SIGKILLs drawn from a seed over cold and warm execution of a tiny
-2-stage run (the flow, a generate/train/eval/segment job, a verifier worker, or the whole tree), a resume after
-each, then the invariants against uninterrupted runs: the run completes, every rollout once, train_steps updates
-1..U once each, policy_version and staleness unchanged, final weights bitwise equal. Real CLI, flows, jobs, files.
-The pure parts (moment draws, the process-tree roles, the invariant checks on doctored files) are tested fast."""
+"""The chaos harness's quick mode: 6 moments drawn from a seed over cold and warm execution of a tiny 2-stage run,
+4 SIGKILLs (the flow, a generate/train/eval/segment job, a verifier worker, or the whole tree) and 2 stops (SIGINT
+or SIGTERM to the flow's group or pid: exit within the grace, nothing left, lease released), a resume after each,
+then the invariants against uninterrupted runs: the run completes, every rollout once, train_steps updates 1..U once
+each, policy_version and staleness unchanged, final weights bitwise equal. Real CLI, flows, jobs, files. The pure
+parts (moment draws, the process-tree roles, the invariant checks on doctored files) are tested fast."""
 
 from __future__ import annotations
 
@@ -54,6 +55,17 @@ def test_the_cold_arms_moments_wait_for_a_checkpoint_overlap_or_a_waiting_job(tm
     assert [m.index for m in moments if m.at == "overlap"] == [0, 6]  # cold moments 0, 2, 4, 6, ...: 1st and 4th
     assert [m.index for m in moments if m.at == "waiting"] == [2, 8]  # 2nd and 5th: a pre-started job waits
     assert all(m.arm == "cold" for m in moments if m.at != "any")
+    # each arm's 3rd and 6th moments are stops, the four (signal, target) pairs in turn
+    assert [(m.index, m.stop) for m in moments if m.stop] == [
+        (4, ("SIGINT", "group")),
+        (5, ("SIGTERM", "pid")),
+        (10, ("SIGTERM", "group")),
+        (11, ("SIGINT", "pid")),
+    ]
+    assert all(m.at == "any" for m in moments if m.stop)
+    without = draw_moments(_settings(tmp_path, seed=0, moments=12, stops=False))
+    assert not any(m.stop for m in without)
+    assert [(m.delay, m.pick, m.at) for m in without] == [(m.delay, m.pick, m.at) for m in moments]
     run = tmp_path / "run"
     (run / "stages").mkdir(parents=True)
     assert in_overlap(run, 3) is None
@@ -182,7 +194,10 @@ def test_quick_chaos_run_keeps_every_invariant(tiny_model_dir, prefect_api, tmp_
     settings = _settings(tiny_model_dir, seed=0)
     lines: list[str] = []
     report = run_chaos(settings, work=tmp_path, api_url=prefect_api, say=lines.append)
-    first = "6/6 resumed, 0 lost, 0 duplicated, weights equal, 2/2 data edits refused"
+    first = "6/6 resumed, 0 lost, 0 duplicated, weights equal, 2/2 data edits refused, 2/2 stops clean"
     assert report.summary.splitlines()[0] == first, report.summary + "\n" + "\n".join(lines)
     assert report.ok
     assert sum(a.killed for a in report.arms) == 6 and all(a.completed for a in report.arms)
+    # the stop moments: SIGINT to the cold run's group, SIGTERM to the warm run's pid, each within the grace
+    stops = [(c.signal, c.target, c.exit_code) for a in report.arms for c in a.stops]
+    assert stops == [("SIGINT", "group", 130), ("SIGTERM", "pid", 143)], "\n".join(lines)

@@ -1,13 +1,16 @@
-"""Chaos harness (docs/reliability.md): SIGKILL random processes of a real local run, resume, and check the resume
-invariants against an uninterrupted run. ``bench/chaos.py`` is its command line; ``tests/e2e/test_chaos.py`` runs
-its quick mode. No Prefect import here: the harness drives ``mugrpo run`` as a subprocess."""
+"""Chaos harness (docs/reliability.md): SIGKILL random processes of a real local run (or stop it with SIGINT /
+SIGTERM), resume, and check the resume invariants against an uninterrupted run. ``bench/chaos.py`` is its command
+line; ``tests/e2e/test_chaos.py`` runs its quick mode. No Prefect import here: the harness drives ``mugrpo run`` as a
+subprocess."""
 
 from bench.support.chaos.harness import (
     ARM_ROLES,
     QUICK,
+    STOP_SIGNALS,
     ChaosReport,
     ChaosSettings,
     Moment,
+    StopCheck,
     draw_moments,
     in_overlap,
     run_chaos,
@@ -21,11 +24,13 @@ __all__ = [
     "ARM_ROLES",
     "QUICK",
     "ROLES",
+    "STOP_SIGNALS",
     "ChaosReport",
     "ChaosSettings",
     "Moment",
     "Proc",
     "RunCheck",
+    "StopCheck",
     "check_run",
     "draw_moments",
     "in_overlap",

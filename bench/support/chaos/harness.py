@@ -27,6 +27,13 @@ after the last moment), the training file (a copy in the work folder) is reverse
 run is re-run: it must be refused before anything starts (exit 2, one block naming the file and both sha256,
 :mod:`mugrpo.orchestration.resume`). The file is then restored and the run resumes; the invariants also check every
 stage's prompt plan (no prompt scheduled in two stages of an epoch, rollouts of exactly the planned prompts).
+
+Each arm's 3rd, 6th, 9th, ... moments are **stop moments** (``ChaosSettings.stops``): at the moment's instant,
+instead of a SIGKILL, the harness sends SIGINT or SIGTERM to the flow's process group (a terminal's Ctrl-C,
+``timeout``, ``docker stop``) or to its pid (Kubernetes), rotating over the four pairs (:data:`STOP_SIGNALS`), and
+checks what a stop promises (:mod:`tasks.stops`): exit code 128 + the signal within ``orchestration.stop_grace_s``
+(plus :data:`STOP_SLACK_S`), no process of the run left behind, the run lease released, the resume command printed
+(:class:`StopCheck`). The run then resumes like any other, and the invariants cover it.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -53,9 +61,11 @@ from bench.support.chaos.procs import JOB_ROLES, ROLES, alive, cmdline, kill, pr
 __all__ = [
     "ARM_ROLES",
     "QUICK",
+    "STOP_SIGNALS",
     "ChaosReport",
     "ChaosSettings",
     "Moment",
+    "StopCheck",
     "draw_moments",
     "in_overlap",
     "run_chaos",
@@ -99,6 +109,11 @@ class ChaosSettings:
     """One uninterrupted run is the reference of every arm: a warm one (fewer job starts, so the faster) when warm
     is an arm. Cold and warm execution commit bitwise-equal files (tests/e2e/test_warm.py), so the cold arm is then
     checked against warm execution too. False: each arm its own."""
+    stops: bool = True
+    """Each arm's 3rd, 6th, 9th, ... moments send SIGINT or SIGTERM (to the flow's group or pid) instead of a SIGKILL
+    and check the stop (:class:`StopCheck`); False: every moment is a SIGKILL."""
+    stop_grace_s: float = 25.0
+    """The run's ``orchestration.stop_grace_s`` (its default): a stop must end the run within it."""
 
 
 #: CI's quick mode (``bench/chaos.py --quick``, tests/e2e/test_chaos.py): 6 moments on a 2-stage run, the final policy
@@ -121,11 +136,33 @@ class Moment:
     its checkpoint and stage k+1's generation started beside it, :mod:`mugrpo.execution.pipeline`), the delay unused;
     ``waiting`` (cold arm): the first instant a pre-started job waits at its start gate, and the victim is that
     job, the flow or the whole tree (:func:`waiting_job`)."""
+    stop: tuple[str, str] | None = None
+    """A stop moment: (signal name, target) with target ``group`` (the flow's process group) or ``pid`` (the flow
+    alone), sent instead of a SIGKILL at the moment's instant; None: a SIGKILL of the picked role."""
 
     def role(self, alive_roles: set[str]) -> str:
         """The victim role among ``alive_roles`` (``tree`` is always a choice)."""
         choices = sorted(alive_roles | {"tree"})
         return choices[int(self.pick * len(choices))]
+
+
+@dataclass
+class StopCheck:
+    """What one stop moment saw: the signal, its target, the seconds from the signal to the flow's exit, the exit
+    code, the job roles alive at the signal, and every promise of a stop that did not hold (``problems``)."""
+
+    index: int
+    signal: str
+    target: str
+    roles: list[str]
+    seconds: float = 0.0
+    exit_code: int | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Every promise held: exit code, grace, nothing left, lease released, resume printed."""
+        return not self.problems
 
 
 @dataclass
@@ -142,6 +179,7 @@ class ArmResult:
     check: RunCheck | None = None
     data_edit: str | None = None  # what the data-edit moment saw; None: it did not run
     data_edit_refused: bool = False
+    stops: list[StopCheck] = field(default_factory=list)
 
 
 @dataclass
@@ -159,9 +197,16 @@ class ChaosReport:
 
     @property
     def ok(self) -> bool:
-        """Every moment was reached and resumed, every arm completed and every invariant holds."""
+        """Every moment was reached and resumed, every arm completed, every invariant holds and every stop kept its
+        promises."""
         edits = all(a.data_edit_refused for a in self.arms if a.data_edit is not None)
-        return self.resumed == self.moments and edits and all(a.completed and a.check and a.check.ok for a in self.arms)
+        stops = all(c.ok for a in self.arms for c in a.stops)
+        return (
+            self.resumed == self.moments
+            and edits
+            and stops
+            and all(a.completed and a.check and a.check.ok for a in self.arms)
+        )
 
     @property
     def summary(self) -> str:
@@ -174,8 +219,15 @@ class ChaosReport:
         edits = [a for a in self.arms if a.data_edit is not None]
         if edits:
             line += f", {sum(a.data_edit_refused for a in edits)}/{len(edits)} data edits refused"
+        stops = [c for a in self.arms for c in a.stops]
+        if stops:
+            line += f", {sum(c.ok for c in stops)}/{len(stops)} stops clean"
         problems = [f"  {a.arm}: {p}" for a in self.arms for p in (a.check.problems if a.check else ["no check"])]
         problems += [f"  {a.arm}: data edit NOT refused: {a.data_edit}" for a in edits if not a.data_edit_refused]
+        problems += [
+            f"  {a.arm}: moment {c.index}: {c.signal} to the {c.target}: {p}" for a in self.arms for c in a.stops
+            for p in c.problems
+        ]  # fmt: skip
         problems += [f"  {a.arm}: run did not complete" for a in self.arms if not a.completed]
         problems += [f"  {a.arm}: {a.not_reached} moments not reached" for a in self.arms if a.not_reached]
         return "\n".join([line, *problems])
@@ -228,6 +280,7 @@ def tiny_config(s: ChaosSettings, root: Path, arm: str) -> dict:
         # retries 0: every kill of a job ends the flow, so every moment is followed by a user's resume
         "orchestration": {
             "retries": 0,
+            "stop_grace_s": s.stop_grace_s,
             "execution": arm,
             **({"segment_stages": s.num_stages} if arm == "warm" else {}),
         },
@@ -237,19 +290,29 @@ def tiny_config(s: ChaosSettings, root: Path, arm: str) -> dict:
 
 #: Every OVERLAP_EVERY-th moment of the cold arm, its first included, is an overlap moment (:attr:`Moment.at`).
 OVERLAP_EVERY = 3
+#: The signals and targets of the stop moments, in turn: each pair once in every four stops (tests/e2e/test_stops.py
+#: rotates the same way over its moments).
+STOP_SIGNALS = (("SIGINT", "group"), ("SIGTERM", "pid"), ("SIGTERM", "group"), ("SIGINT", "pid"))
+#: Seconds a stop may take beyond the grace: the harness's polling and the interpreter's exit.
+STOP_SLACK_S = 5.0
 
 
 def draw_moments(s: ChaosSettings) -> list[Moment]:
     """``s.moments`` moments from ``s.seed``: arms in turn (equal shares), delay fraction and pick uniform in [0, 1);
     the cold arm's 1st, 4th, 7th, ... moments wait for a checkpoint overlap (:data:`OVERLAP_EVERY`), its 2nd, 5th,
-    8th, ... for a pre-started job waiting at its start gate. The same seed gives the same moments."""
+    8th, ... for a pre-started job waiting at its start gate; each arm's 3rd, 6th, 9th, ... are stop moments
+    (``s.stops``), their signal and target in turn from :data:`STOP_SIGNALS`. The same seed gives the same moments
+    (and the same delays and picks with or without stops)."""
     rng = random.Random(s.seed)
     moments = []
     for i in range(s.moments):
         arm = s.arms[i % len(s.arms)]
         ordinal = sum(m.arm == arm for m in moments)
         at = {0: "overlap", 1: "waiting"}.get(ordinal % OVERLAP_EVERY, "any") if arm == "cold" else "any"
-        moments.append(Moment(i, arm, rng.random(), rng.random(), at))
+        stop = None
+        if s.stops and ordinal % OVERLAP_EVERY == OVERLAP_EVERY - 1:
+            stop = STOP_SIGNALS[sum(m.stop is not None for m in moments) % len(STOP_SIGNALS)]
+        moments.append(Moment(i, arm, rng.random(), rng.random(), at, stop))
     return moments
 
 
@@ -345,13 +408,15 @@ class RunProcess:
         self.starts = 0
 
     def start(self) -> None:
-        """Start (or resume: the same command) the run."""
+        """Start (or resume: the same command) the run, as a terminal starts it: the leader of its own process group
+        (a stop moment signals that group)."""
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "mugrpo.cli", "run", str(self.config)],
                 env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         self.starts += 1
 
@@ -376,17 +441,21 @@ def _job_alive(run: RunProcess) -> bool:
     return any(p.role in JOB_ROLES for p in process_tree(run.proc.pid))
 
 
-def _kill_moment(run: RunProcess, m: Moment, max_delay_s: float, run_dir: Path, num_stages: int) -> str | None:
+def _kill_moment(
+    run: RunProcess, m: Moment, max_delay_s: float, run_dir: Path, s: ChaosSettings, stops: list[StopCheck]
+) -> str | None:
     """Kill per ``m``: ``m.delay * max_delay_s`` seconds after a job is seen alive, or (an overlap moment) once
-    the run is inside a checkpoint overlap (:func:`in_overlap`).
+    the run is inside a checkpoint overlap (:func:`in_overlap`). A stop moment signals the flow instead and appends
+    its :class:`StopCheck` to ``stops``.
 
     Returns:
-        What was killed, or None when the run completed first.
+        What was killed or stopped, or None when the run completed first.
 
     Raises:
         RuntimeError: the run failed three times without being killed (a real failure, not chaos).
     """
     failures = 0
+    num_stages = s.num_stages
     delay_s = m.delay * max_delay_s
     while True:
         if not run.running():
@@ -415,6 +484,17 @@ def _kill_moment(run: RunProcess, m: Moment, max_delay_s: float, run_dir: Path, 
         waiting = waiting_job(tree, run_dir) if m.at == "waiting" else None
         if m.at == "waiting" and waiting is None:
             continue  # it left the gate between the two looks: wait for the next one
+        if m.stop is not None:
+            check = _stop(run, m, tree, run_dir, s.stop_grace_s)
+            if check is None:
+                return None  # the run completed as the signal came
+            stops.append(check)
+            verdict = "clean" if check.ok else "; ".join(check.problems)
+            doing = ", ".join(check.roles) or "no job"
+            return (
+                f"moment {m.index:2d}: {check.signal} to the {check.target} {delay_s:5.1f} s after a job was seen "
+                f"({doing} running): exit {check.exit_code} after {check.seconds:.1f} s, {verdict}"
+            )
         # a waiting moment kills the waiting job, the flow or the whole tree while the job waits
         role = m.role({waiting.role, "flow"} if waiting else {p.role for p in tree} & set(ROLES))
         if role == "tree":
@@ -435,6 +515,59 @@ def _kill_moment(run: RunProcess, m: Moment, max_delay_s: float, run_dir: Path, 
             what = "the waiting job" if role == waiting.role else f"while a {waiting.role} job waited at its gate"
             return f"moment {m.index:2d}: {role} (pid {hit[0]}) killed: {what}"
         return f"moment {m.index:2d}: {role} (pid {hit[0]}) killed {delay_s:5.1f} s after a job was seen"
+
+
+def _stop(run: RunProcess, m: Moment, tree: list, run_dir: Path, grace_s: float) -> StopCheck | None:
+    """Send the stop moment's signal to the flow's group or pid and check the promises of a stop (:mod:`tasks.stops`):
+    exit code 128 + the signal within ``grace_s`` + :data:`STOP_SLACK_S`; no process of ``tree`` (the run's processes
+    at the signal) alive 5 s later (a leftover is listed, then SIGKILLed so the harness goes on); the run lease
+    (``_lease.json``) released; the resume command printed. Returns None when the run exited 0 (it completed before
+    the signal took hold)."""
+    name, target = m.stop
+    sig = getattr(signal, name)
+    roles = sorted({p.role for p in tree} & set(JOB_ROLES))
+    check = StopCheck(m.index, name, target, roles)
+    offset = run.log.stat().st_size
+    t0 = time.monotonic()
+    try:
+        if target == "group":
+            os.killpg(run.proc.pid, sig)
+        else:
+            os.kill(run.proc.pid, sig)
+    except ProcessLookupError:
+        pass
+    code = run.wait(timeout_s=grace_s + 60)
+    check.seconds = time.monotonic() - t0
+    if code is None:
+        check.problems.append(f"still running {grace_s + 60:.0f} s after {name}")
+        kill([p.pid for p in process_tree(run.proc.pid)])
+        code = run.proc.wait()
+    check.exit_code = code
+    if code == 0:
+        return None
+    if code != 128 + sig:
+        check.problems.append(f"exit code {code}, expected {128 + sig}")
+    if check.seconds > grace_s + STOP_SLACK_S:
+        check.problems.append(f"exit {check.seconds:.1f} s after {name}, grace {grace_s:.0f} s")
+    deadline = time.monotonic() + 5  # the last processes of the killed job groups are reaped by init
+    while (left := [p for p in tree if alive(p.pid)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if left:
+        named = [f"{p.role} {p.pid}: {' '.join(cmdline(p.pid))[:80]}" for p in left]
+        check.problems.append(f"processes left behind: {named}")
+        kill([p.pid for p in left])
+    try:
+        released = json.loads((run_dir / "_lease.json").read_text()).get("released") is True
+    except (OSError, ValueError):
+        released = False
+    if not released:
+        check.problems.append("the run lease was not released")
+    with run.log.open("rb") as f:
+        f.seek(offset)
+        said = f.read().decode(errors="replace")
+    if "Continue with: mugrpo resume" not in said and "Start it again with: mugrpo run" not in said:
+        check.problems.append("no resume command printed")
+    return check
 
 
 def _data_edit_moment(run: RunProcess, train: Path) -> tuple[bool, str]:
@@ -514,24 +647,28 @@ def _run_arm(
     run = RunProcess(work / f"{arm}-chaos.yaml", env, work / f"{arm}-chaos.log")
     max_delay_s = s.max_delay_s or result.reference_s / (2 * max(len(moments), 1))
     say(f"[{arm}] kills come U(0, {max_delay_s:.0f}) s after a job is seen alive")
-    for m in moments:
-        event = _kill_moment(run, m, max_delay_s, root / RUN_ID, s.num_stages)
-        if event is None:
-            result.not_reached += 1
-            event = f"moment {m.index:2d}: not reached (the run had completed)"
-        else:
-            result.killed += 1
-        result.events.append(event)
-        say(f"[{arm}] {event}")
-        if s.data_edit and result.data_edit is None and result.killed and not run.running():
+    try:
+        for m in moments:
+            event = _kill_moment(run, m, max_delay_s, root / RUN_ID, s, result.stops)
+            if event is None:
+                result.not_reached += 1
+                event = f"moment {m.index:2d}: not reached (the run had completed)"
+            else:
+                result.killed += 1
+            result.events.append(event)
+            say(f"[{arm}] {event}")
+            if s.data_edit and result.data_edit is None and result.killed and not run.running():
+                _edit_data(result, run, train_file(work, arm), say)
+        if s.data_edit and result.data_edit is None:  # no kill stopped the run: edit before the last (re)start
+            if run.running():
+                run.wait(timeout_s=1800)
             _edit_data(result, run, train_file(work, arm), say)
-    if s.data_edit and result.data_edit is None:  # no kill stopped the run: edit before the last (re)start
+        if not run.running():
+            run.start()
+        code = run.wait(timeout_s=1800)
+    finally:  # the run is in a session of its own: nothing else takes it down if the harness fails
         if run.running():
-            run.wait(timeout_s=1800)
-        _edit_data(result, run, train_file(work, arm), say)
-    if not run.running():
-        run.start()
-    code = run.wait(timeout_s=1800)
+            kill([p.pid for p in process_tree(run.proc.pid)])
     result.completed = code == 0
     if not result.completed:
         say(f"[{arm}] final resume ended with {code}:\n{run.tail()}")
