@@ -7,6 +7,8 @@ Like a real job it imports neither mugrpo nor Prefect and reads one JSON spec; t
     before: [str]       lines printed to stdout first
     stderr: [str]       lines printed to stderr next
     print_env: [str]    names of environment variables printed as NAME=value
+    env_dir: str        with print_env: also write those lines to env_dir/rank-$RANK.txt (a launcher of several ranks
+                        may relay its workers' stdout through log tailers that can lose the last lines at exit)
     gate_file: str      then wait (up to 120 s) until this file exists; if it never does, print "gate never opened"
                         and exit 4 (lets a test prove a line was streamed: it opens the gate on seeing the line)
     sleep_s: float      then sleep this long
@@ -50,8 +52,12 @@ def main(spec_path: str) -> int:
         print(line)
     for line in spec.get("stderr", []):
         print(line, file=sys.stderr)
-    for name in spec.get("print_env", []):
-        print(f"{name}={os.environ.get(name)}")
+    env_lines = [f"{name}={os.environ.get(name)}" for name in spec.get("print_env", [])]
+    for line in env_lines:
+        print(line)
+    if spec.get("env_dir"):
+        out = Path(spec["env_dir"]) / f"rank-{os.environ.get('RANK')}.txt"
+        out.write_text("".join(f"{line}\n" for line in env_lines))
     if spec.get("print_threads"):
         import torch
 

@@ -31,5 +31,32 @@ def _register_subsystems() -> None:
 _register_subsystems()
 
 
+#: Commands that only read a run (or the machine) and print: they end with :func:`os._exit` once their output is
+#: flushed, skipping the interpreter's teardown of native thread pools. pyarrow's and DuckDB's pools can abort a
+#: process there ("terminate called without an active exception", exit -6, after every line was printed:
+#: apache/arrow#34314, duckdb/duckdb#13904; seen once in CI after ``mugrpo status``). ``run`` and ``resume`` keep
+#: the normal exit: Prefect's exit handlers and the temporary server's stop run there.
+READ_ONLY_COMMANDS = frozenset({"status", "verify", "report", "audit", "sql", "env", "config", "data"})
+
+
+def _command(argv: list[str]) -> str | None:
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
 def main() -> None:  # pragma: no cover - console entry
-    app()
+    import os
+    import sys
+
+    if _command(sys.argv[1:]) not in READ_ONLY_COMMANDS:
+        app()
+        return
+    try:
+        app()
+        code = 0
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        if isinstance(stop.code, str):
+            print(stop.code, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -6,8 +6,10 @@ answered "job spec --help does not exist". Each case runs the real interpreter o
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -68,3 +70,27 @@ def test_each_bench_script_answers_help(script: str):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(f"usage: {script} [-h]")
+
+
+def test_the_console_script_is_main_so_read_only_commands_skip_the_native_teardown():
+    """``mugrpo status`` once aborted at exit (-6, "terminate called without an active exception") after printing all
+    of its output: a native thread pool torn down at interpreter exit. Read-only commands end with ``os._exit`` once
+    flushed (``mugrpo.cli.main``), so the console script must be ``main``, not the Typer app."""
+    from mugrpo.cli import READ_ONLY_COMMANDS
+
+    scripts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["mugrpo"] == "mugrpo.cli:main"
+    assert {"status", "sql", "verify", "report", "env"} <= READ_ONLY_COMMANDS
+    assert not {"run", "resume", "lab"} & READ_ONLY_COMMANDS  # Prefect's exit handlers must run after a flow
+
+
+def test_a_read_only_command_keeps_its_output_and_exit_code(tmp_path: Path):
+    """The ``os._exit`` path flushes what was printed and passes on the command's exit code, success or refusal."""
+    out = run_module("mugrpo", "env", "--json")
+    assert out.returncode == 0, out.stderr
+    assert "torch" in json.dumps(json.loads(out.stdout))  # the whole JSON document arrived
+    missing = tmp_path / "runs" / "nope"
+    out = run_module("mugrpo", "status", str(missing))
+    assert out.returncode == 2 and "nope" in out.stdout + out.stderr, out.stdout + out.stderr
+    out = run_module("mugrpo", "status")  # a usage error
+    assert out.returncode == 2 and "Missing argument" in out.stdout + out.stderr
