@@ -41,6 +41,8 @@ from _tiny import (
 )
 from safetensors.torch import load_file
 
+from bench.support.chaos.procs import wait_gone
+
 pytestmark = pytest.mark.slow
 
 GRACE_S = 25.0  # orchestration.stop_grace_s's default
@@ -67,14 +69,6 @@ def jobs(pid: int) -> tuple[set, set]:
 
 def _paused(folder: Path, name: str) -> bool:
     return folder.is_dir() and any(p.name.startswith(f".{name}.tmp-") for p in folder.glob(".*"))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 # (moment, signal, target, own temporary Prefect server, extra env, condition(run folder, log, cli pid))
@@ -222,9 +216,7 @@ def test_a_stop_ends_within_the_grace_then_resume_matches_the_uninterrupted_run(
     print(f"{moment}: {sig.name} to the {target}, exit {code} after {took:.1f} s")
     assert code == 128 + sig, f"{moment}: exit code {code}, expected {128 + sig}:\n{text[-4000:]}"
     assert took <= GRACE_S + SLACK_S, f"{moment}: exit {took:.1f} s after {sig.name}, grace {GRACE_S} s"
-    deadline = time.monotonic() + 5  # the killed sessions' last processes are reaped by init
-    while (left := [p for p in tree if _alive(p)]) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    left = wait_gone(list(tree))  # the killed sessions' last processes are reaped by init
     assert not left, f"{moment}: processes left behind: {[(p, job_cmdline(p)[:120]) for p in left]}"
     assert json.loads((run / "_lease.json").read_text())["released"] is True, (run / "_lease.json").read_text()
     if (run / "run.json").exists():

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 from _prefect import flow_run_logs, prefect_api, prefect_server  # noqa: F401  (fixtures)
 
+from bench.support.chaos.procs import alive, wait_gone
 from tasks.launchers.errors import JobFailedError, JobTimeoutError
 from tasks.launchers.protocol import LAUNCHERS, TAIL_LINES, Launcher, launch_job, register_launcher
 from tasks.launchers.request import JobRequest
@@ -54,23 +55,6 @@ def standin(spec_url: str, timeout_s: float = 60.0, env: dict[str, str] | None =
         module="jobs_fixture",
         env={**JOB_ENV, **FORK_ENV, **(env or {})},
     )
-
-
-def alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie waiting for a reaper counts as gone)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
-
-
-def wait_gone(pids, timeout_s: float = 5.0) -> list[int]:
-    """Pids still alive after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(alive(p) for p in pids):
-        time.sleep(0.05)
-    return [p for p in pids if alive(p)]
 
 
 # ------------------------------------------------------------------------------------------- request and registry

@@ -56,7 +56,7 @@ from pathlib import Path
 import yaml
 
 from bench.support.chaos.invariants import RunCheck, check_run
-from bench.support.chaos.procs import JOB_ROLES, ROLES, alive, cmdline, kill, process_tree
+from bench.support.chaos.procs import JOB_ROLES, ROLES, alive, cmdline, kill, process_tree, wait_gone
 
 __all__ = [
     "ARM_ROLES",
@@ -549,13 +549,11 @@ def _stop(run: RunProcess, m: Moment, tree: list, run_dir: Path, grace_s: float)
         check.problems.append(f"exit code {code}, expected {128 + sig}")
     if check.seconds > grace_s + STOP_SLACK_S:
         check.problems.append(f"exit {check.seconds:.1f} s after {name}, grace {grace_s:.0f} s")
-    deadline = time.monotonic() + 5  # the last processes of the killed job groups are reaped by init
-    while (left := [p for p in tree if alive(p.pid)]) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    left = wait_gone([p.pid for p in tree])
     if left:
-        named = [f"{p.role} {p.pid}: {' '.join(cmdline(p.pid))[:80]}" for p in left]
+        named = [f"{p.role} {p.pid}: {' '.join(cmdline(p.pid))[:80]}" for p in tree if p.pid in left]
         check.problems.append(f"processes left behind: {named}")
-        kill([p.pid for p in left])
+        kill(left)
     try:
         released = json.loads((run_dir / "_lease.json").read_text()).get("released") is True
     except (OSError, ValueError):

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["JOB_ROLES", "ROLES", "Proc", "alive", "cmdline", "kill", "process_tree"]
+__all__ = ["JOB_ROLES", "ROLES", "Proc", "alive", "cmdline", "kill", "process_tree", "wait_gone"]
 
 #: Job modules a flow launches, by role.
 JOB_ROLES = ("generate", "train", "eval", "segment")
@@ -38,7 +39,7 @@ def _stat_ppid(pid: int) -> int | None:
     except OSError:
         return None
     fields = stat.rsplit(")", 1)[1].split()
-    if fields[0] == "Z":  # a zombie is dead already
+    if fields[0] in ("Z", "X"):  # a zombie (or a task being reaped) is dead already
         return None
     return int(fields[1])
 
@@ -102,6 +103,15 @@ def process_tree(root: int) -> list[Proc]:
 def alive(pid: int) -> bool:
     """Whether ``pid`` is a live (not zombie) process."""
     return _stat_ppid(pid) is not None
+
+
+def wait_gone(pids: list[int], timeout_s: float = 5.0) -> list[int]:
+    """Wait up to ``timeout_s`` for every pid to be gone (the last processes of a killed group are reaped by init a
+    moment later); returns those still alive then."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.05)
+    return [p for p in pids if alive(p)]
 
 
 def kill(pids: list[int]) -> list[int]:
