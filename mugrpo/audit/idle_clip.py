@@ -2,11 +2,16 @@
 so the clip never acts and a healthy-looking log hides an on-policy run.
 
 Rule, over the run's ``train_steps`` (ratio = pi_theta / pi_behavior, logged per update as ``ratio_mean`` and
-``ratio_max``; TOL = 1e-4):
+``ratio_max``; TOL = 1e-4, MAX_TOL = 1e-3):
 
-1. At stage update 1 of every stage, ``|ratio_mean - 1| <= TOL`` and ``|ratio_max - 1| <= TOL``: the policy being
-   updated is the behavior policy. Updates that train on replayed rollouts (``num_replayed > 0``, whose behavior
-   policy is older) are left out of this part.
+1. At stage update 1 of every stage, ``|ratio_mean - 1| <= TOL`` and ``|ratio_max - 1| <= MAX_TOL``: the policy
+   being updated is the behavior policy. Updates that train on replayed rollouts (``num_replayed > 0``, whose
+   behavior policy is older) are left out of this part. The largest ratio gets the looser bound because it is one
+   token's fp32 mismatch between the sampler (incremental decoding with a KV cache) and the learner (one forward
+   over the whole sequence), which grows with sharper logits: on the lab policy it reached 1.6e-4 at a stage's
+   first update (ratio_mean - 1 = 2.4e-7, approx KL to the behavior policy 1.5e-11) after 64 updates of
+   ``geo_mask`` (bench/staleness.py's frontier, docs/benchmarks.md). A policy that is not the behavior policy is far
+   beyond it: after one update, ratio_max - 1 was at least 2.4e-2 in every one of 102 stages measured there.
 2. In every stage with mu > 1 (more than one update) whose updates before the last took a step (some
    ``grad_norm > 1e-8`` with ``lr > 0``), the updates after the first are not all at ratio 1: at least one has
    ``|ratio_mean - 1| > TOL`` or ``|ratio_max - 1| > TOL``. A stage that never stepped (e.g. every advantage 0: the
@@ -30,6 +35,8 @@ from mugrpo.audit.result import FAIL, NOT_CHECKED, PASS, AuditRun, CheckResult
 
 NAME = "idle-clip"
 TOL = 1e-4
+#: Bound on ``|ratio_max - 1|`` at a stage's first update: one token's fp32 sampler/learner mismatch (module docstring).
+MAX_TOL = 1e-3
 #: A step smaller than this gradient norm cannot be told from no step.
 STEP_EPS = 1e-8
 #: Slack above the clip bound: the loss compares fp32 ratios with an fp32 bound, the audit float64 values.
@@ -52,6 +59,11 @@ def _cooled_learner(cfg) -> bool:
 
 def _off(row: dict) -> float:
     return max(abs(row["ratio_mean"] - 1.0), abs(row["ratio_max"] - 1.0))
+
+
+def _not_behavior(row: dict) -> bool:
+    """A stage's first update whose ratios say the policy updated is not the behavior policy (rule 1)."""
+    return abs(row["ratio_mean"] - 1.0) > TOL or abs(row["ratio_max"] - 1.0) > MAX_TOL
 
 
 def check_run(run: AuditRun) -> CheckResult:
@@ -77,10 +89,10 @@ def check_run(run: AuditRun) -> CheckResult:
         )
         firsts = []
     for r in firsts:
-        if _off(r) > TOL:
+        if _not_behavior(r):
             problems.append(
                 f"stage {r['stage']} update 1: ratio_mean={r['ratio_mean']:.6g} ratio_max={r['ratio_max']:.6g} "
-                f"(not 1 +- {TOL:g}: the policy updated is not the behavior policy)"
+                f"(not 1 +- {TOL:g} / {MAX_TOL:g}: the policy updated is not the behavior policy)"
             )
     stages = sorted({r["stage"] for r in rows})
     moved_checked = 0

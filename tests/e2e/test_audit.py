@@ -317,6 +317,29 @@ def test_the_rebuilt_minibatch_plan_is_what_the_trainer_trained_on(runs):
         run.catalog.close()
 
 
+@pytest.mark.parametrize(("ratio_max", "verdict"), [(1.0002, PASS), (1.002, FAIL)])
+def test_idle_clip_bounds_the_largest_first_update_ratio_by_one_tokens_fp32_mismatch(
+    runs, tmp_path, ratio_max, verdict
+):
+    """Copies of the run with every stage's update-1 ``ratio_max`` rewritten: 1.0002 is one token's fp32
+    sampler/learner mismatch (1.6e-4 was measured, docs/audit.md) and passes; 1.002 is not the behavior policy."""
+
+    def max_at_first(t: pa.Table) -> pa.Table:
+        first = [u == 1 for u in t.column("stage_update").to_pylist()]
+        return _set(
+            t,
+            "ratio_max",
+            [ratio_max if f else v for f, v in zip(first, t.column("ratio_max").to_pylist(), strict=True)],
+        )
+
+    run = _copy(runs["plain"], tmp_path)
+    _rewrite(run, "train_steps", max_at_first)
+    status, detail = _status(_audit(run), "idle-clip", RUN)
+    assert status == verdict, detail
+    if verdict == FAIL:
+        assert f"stage 0 update 1: ratio_mean=1 ratio_max={ratio_max:g}" in detail
+
+
 def test_idle_clip_and_normalizer_leave_out_update_1_of_a_cooled_learner(runs, tmp_path):
     """Copies of the run with the update-1 ratio rewritten to 1.05: a bug for a learner at the sampling temperature
     (fails), by design for one at another temperature (train.learner_temperature, arXiv 2609.36953, written into the

@@ -144,7 +144,18 @@ def test_icepop_matches_its_float64_reference():
     batch = _batch(3, 0.9)
     ref = _token_reference(*batch, lambda rho: {k: 0.5 <= r <= 2.0 for k, r in rho.items()})
     assert 0 < ref[2][MASKED_FRAC] < 1
-    _check(_run("icepop", *batch), *ref)
+    got = _run("icepop", *batch)
+    _check(got, *ref)
+    # the band is icepop's clip range: a dropped token counts as clipped with PPO's definitions (A > 0 above the
+    # band: high; A < 0 below it: low), which the audit's idle-clip rule reads
+    lp, b, a, mask = batch
+    n_tok = int(mask.sum())
+    rho = {(i, t): math.exp(float(lp[i, t] - b[i, t])) for i, t in _tokens(mask)}
+    high = sum(1 for (i, _), r in rho.items() if float(a[i]) > 0 and r > 2.0) / n_tok
+    low = sum(1 for (i, _), r in rho.items() if float(a[i]) < 0 and r < 0.5) / n_tok
+    assert high > 0 and low > 0  # the inputs exercise both sides of the band
+    assert got[2]["clip_frac_high"] == pytest.approx(high, abs=TOL)
+    assert got[2]["clip_frac_low"] == pytest.approx(low, abs=TOL)
 
 
 def test_m2po_matches_its_float64_reference():

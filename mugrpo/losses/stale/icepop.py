@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -51,14 +52,23 @@ def icepop_loss(
     (no PPO clip). Dropped tokens keep their place in the normalizer with loss 0.
 
     Metrics over response tokens: ``correction_masked_frac`` (tokens dropped), ``correction_w_mean`` /
-    ``correction_w_sq_mean`` of M_t rho_t (ESS). Arguments, return value and errors as
+    ``correction_w_sq_mean`` of M_t rho_t (ESS). The band is the loss's declared clip range
+    (:func:`mugrpo.losses.loss_clip_range`), and the dropped tokens get no gradient as PPO's clipped ones do, so they
+    count in the standard clip fractions with PPO's definitions: ``clip_frac_high`` the dropped tokens with A > 0 and
+    rho_t > icepop_high, ``clip_frac_low`` those with A < 0 and rho_t < icepop_low (the harness audit's idle-clip
+    rule reads the first, :mod:`mugrpo.audit.idle_clip`). Arguments, return value and errors as
     :func:`mugrpo.losses.stale.seq_is.seq_is_loss`.
     """
     if config.veto_enabled:
         raise ValueError("veto_enabled=True: icepop masks tokens by its own band; the veto does not combine with it")
     batch = prepare_batch(logprobs, behavior_logprobs, advantages, response_mask, config, context)
     keep = token_band_keep(batch.log_ratio.detach(), batch.response_mask, config.icepop_low, config.icepop_high)
-    surrogate = masked_is_surrogate(batch.log_ratio, batch.advantages, keep)
+    log_ratio, dropped = batch.log_ratio.detach(), batch.response_mask & ~keep
+    surrogate = dataclasses.replace(
+        masked_is_surrogate(batch.log_ratio, batch.advantages, keep),
+        clipped_high=dropped & (batch.advantages > 0) & (log_ratio > math.log(config.icepop_high)),
+        clipped_low=dropped & (batch.advantages < 0) & (log_ratio < math.log(config.icepop_low)),
+    )
     weight = torch.where(keep, importance_ratio(batch.log_ratio.detach()), 0.0)
     surrogate.extra_stats.update(correction_stats(weight, batch.response_mask, ~keep))
     return finalize_loss(batch, surrogate, config)
