@@ -10,6 +10,11 @@ import sys
 
 from mugrpo.cli.app import console, err
 
+#: What a stopped run prints before the command that continues it (read by bench/support/chaos's stop check).
+RESUME_HINT = "Continue with: mugrpo resume"
+#: ... or, when the run had written nothing yet, before the command that starts it again.
+RESTART_HINT = "Start it again with:"
+
 
 def prefect_env() -> None:
     """Defaults for Prefect's temporary local server on a small machine (set before Prefect is imported)."""
@@ -38,9 +43,9 @@ def stop_controller(cfg, uri: str):
         except Exception:  # storage unreachable: the run may well exist
             started = True
         if started:
-            return f"stopped: committed work is kept. Continue with: mugrpo resume {uri}{options}"
+            return f"stopped: committed work is kept. {RESUME_HINT} {uri}{options}"
         again = shlex.join(["mugrpo", *sys.argv[1:]])
-        return f"stopped before run {cfg.run.id} wrote anything. Start it again with: {again}"
+        return f"stopped before run {cfg.run.id} wrote anything. {RESTART_HINT} {again}"
 
     return StopController(
         cfg.orchestration.stop_grace_s, lambda line: err.print(line, markup=False, highlight=False), hint

@@ -42,6 +42,7 @@ from _tiny import (
 from safetensors.torch import load_file
 
 from bench.support.chaos.procs import wait_gone
+from mugrpo.cli.lifecycle import RESTART_HINT, RESUME_HINT
 
 pytestmark = pytest.mark.slow
 
@@ -221,10 +222,10 @@ def test_a_stop_ends_within_the_grace_then_resume_matches_the_uninterrupted_run(
     assert json.loads((run / "_lease.json").read_text())["released"] is True, (run / "_lease.json").read_text()
     if (run / "run.json").exists():
         again = ["resume", str(run)]
-        assert f"Continue with: mugrpo resume {run}" in text, text[-2000:]
+        assert f"{RESUME_HINT} {run}" in text, text[-2000:]
     else:  # stopped before the flow wrote run.json: the same `mugrpo run` starts it
         again = ["run", str(cfg)]
-        assert f"Start it again with: mugrpo run {cfg}" in text, text[-2000:]
+        assert f"{RESTART_HINT} mugrpo run {cfg}" in text, text[-2000:]
 
     resumed = run_cli(again, {k: v for k, v in env.items() if k != "MUGRPO_FAULT_PAUSE"}, log)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]

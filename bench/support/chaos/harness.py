@@ -57,6 +57,7 @@ import yaml
 
 from bench.support.chaos.invariants import RunCheck, check_run
 from bench.support.chaos.procs import JOB_ROLES, ROLES, alive, cmdline, kill, process_tree, wait_gone
+from mugrpo.cli.lifecycle import RESTART_HINT, RESUME_HINT  # the stop's printed hints (no Prefect import)
 
 __all__ = [
     "ARM_ROLES",
@@ -563,7 +564,7 @@ def _stop(run: RunProcess, m: Moment, tree: list, run_dir: Path, grace_s: float)
     with run.log.open("rb") as f:
         f.seek(offset)
         said = f.read().decode(errors="replace")
-    if "Continue with: mugrpo resume" not in said and "Start it again with: mugrpo run" not in said:
+    if RESUME_HINT not in said and RESTART_HINT not in said:
         check.problems.append("no resume command printed")
     return check
 
