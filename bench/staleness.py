@@ -6,6 +6,9 @@ across five loss regimes and two learning rates, 3 seeds per cell, and find wher
     python bench/staleness.py --jobs 2 --out OUT --stop-after 3000 [--resume]   # the grid in parts, resumed
     python bench/staleness.py --frontier --jobs 2 --out OUT --stop-after 3000 [--resume]  # the staleness frontier
 
+``--frontier`` (:data:`FRONTIER`): the nine arms of :data:`FRONTIER_ARMS` x mu 16/64/256 x lr 1e-4/3e-4 x 3 seeds, 162
+runs, ~91 min at --jobs 2 on a quiet 2-core CPU (docs/benchmarks.md, "Stale-data corrections side by side").
+
 Regimes (:data:`REGIMES`; every other config key is configs/lab/mu-grpo.yaml's):
 - ``ppo``: PPO/GRPO clip [0.8, 1.2], no veto (arXiv 2402.03300);
 - ``relaxed``: Mu-GRPO's relaxed clip [0, 5] with the veto off (arXiv 2605.17570, its ablation);
