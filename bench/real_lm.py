@@ -55,13 +55,9 @@ BENCHMARK = "arithmetic-heldout"
 TARGET_GAIN = 0.10
 
 
-#: --quick: each arm's stages halved (16 updates; mu 2 stages of 8, grpo-warm 4 of 4, evaluated at 0, 8, 16 updates).
-QUICK_STAGES = {"mu": 2, "grpo-warm": 4, "mu-lora": 2}
-
-
 def quick_overrides(model_dir: Path) -> list[str]:
     """--quick: a tiny random policy, 4 held-out problems, 2 new tokens (the plumbing, not the figures); with
-    :data:`QUICK_STAGES`, half of each arm's stages."""
+    :func:`quick_stages`, half of each arm's stages."""
     heldout = (
         f"{{name: {BENCHMARK}, source: reasoning_gym, task: basic_arithmetic, params: {{min_terms: 2, max_terms: 2, "
         "min_digits: 2, max_digits: 2, operators: ['+', '-'], allow_parentheses: false, allow_negation: false}, "
@@ -74,6 +70,14 @@ def quick_overrides(model_dir: Path) -> list[str]:
     ]
 
 
+def quick_stages(config: Path) -> int:
+    """--quick: half of the config's ``run.num_stages`` (16 updates: mu 2 stages of 8, grpo-warm 4 of 4, both
+    evaluated at 0, 8 and 16 updates)."""
+    import yaml
+
+    return yaml.safe_load(config.read_text())["run"]["num_stages"] // 2
+
+
 def run_arm(arm: str, seed: int, root: Path, log: Path, extra: list[str], quick: bool = False) -> dict:
     """One `mugrpo run` of ``arm`` with ``seed`` under ``root``; returns its report (:func:`arm_report`)."""
     run_id = f"{arm}-s{seed}"
@@ -81,7 +85,7 @@ def run_arm(arm: str, seed: int, root: Path, log: Path, extra: list[str], quick:
     cmd = [sys.executable, "-m", "mugrpo.cli", "run", str(config), f"run.root={root}", f"run.id={run_id}"]
     cmd += [f"run.seed={seed}", *overrides, *extra]
     if quick:
-        cmd.append(f"run.num_stages={QUICK_STAGES[arm]}")
+        cmd.append(f"run.num_stages={quick_stages(config)}")
     started = time.monotonic()
     with log.open("a") as out:
         out.write(f"\n$ {' '.join(cmd)}\n")
