@@ -62,13 +62,14 @@ def icepop_loss(
     if config.veto_enabled:
         raise ValueError("veto_enabled=True: icepop masks tokens by its own band; the veto does not combine with it")
     batch = prepare_batch(logprobs, behavior_logprobs, advantages, response_mask, config, context)
-    keep = token_band_keep(batch.log_ratio.detach(), batch.response_mask, config.icepop_low, config.icepop_high)
-    log_ratio, dropped = batch.log_ratio.detach(), batch.response_mask & ~keep
+    log_ratio = batch.log_ratio.detach()
+    keep = token_band_keep(log_ratio, batch.response_mask, config.icepop_low, config.icepop_high)
+    dropped = batch.response_mask & ~keep
     surrogate = dataclasses.replace(
         masked_is_surrogate(batch.log_ratio, batch.advantages, keep),
         clipped_high=dropped & (batch.advantages > 0) & (log_ratio > math.log(config.icepop_high)),
         clipped_low=dropped & (batch.advantages < 0) & (log_ratio < math.log(config.icepop_low)),
     )
-    weight = torch.where(keep, importance_ratio(batch.log_ratio.detach()), 0.0)
+    weight = torch.where(keep, importance_ratio(log_ratio), 0.0)
     surrogate.extra_stats.update(correction_stats(weight, batch.response_mask, ~keep))
     return finalize_loss(batch, surrogate, config)
