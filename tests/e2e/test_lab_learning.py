@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 pytest.importorskip("reasoning_gym")
 
@@ -56,12 +57,26 @@ def lab_policy() -> Path:
     return ensure_lab_policy()
 
 
+def greedy_benchmark_only(config: Path) -> str:
+    """An override that keeps only the config's held-out greedy benchmark (``lab-heldout``), the one these tests read.
+    The configs' avg@8 benchmark at T = 1 is a third of a run's sampled tokens; leaving it out changes no rollout,
+    update or greedy evaluation (each phase reseeds its own generator; checked bitwise on a 2-stage run of both
+    configs)."""
+    benchmarks = yaml.safe_load(config.read_text())["eval"]["benchmarks"]
+    greedy = [b for b in benchmarks if b["dataset"]["name"] == "lab-heldout"]
+    assert len(greedy) == 1, benchmarks
+    return f"eval.benchmarks={json.dumps(greedy)}"
+
+
 def run_lab(algo: str, root: Path, prefect_api: str, *overrides: str) -> Path:  # noqa: F811
-    """``mugrpo run configs/lab/ALGO.yaml [OVERRIDES]`` into ``root``; returns the run folder."""
+    """``mugrpo run configs/lab/ALGO.yaml [OVERRIDES]`` into ``root``, evaluating the held-out greedy benchmark only
+    (:func:`greedy_benchmark_only`); returns the run folder."""
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "PYTHONUNBUFFERED": "1", "MUGRPO_RUN_SLOT": "off"}
     log = root / f"{algo}.log"
     root.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "mugrpo.cli", "run", str(CONFIGS / f"{algo}.yaml"), f"run.root={root}", *overrides]
+    config = CONFIGS / f"{algo}.yaml"
+    cmd = [sys.executable, "-m", "mugrpo.cli", "run", str(config), f"run.root={root}", greedy_benchmark_only(config)]
+    cmd += overrides
     with log.open("wb") as out:
         code = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=3600).returncode
     assert code == 0, log.read_text()[-4000:]

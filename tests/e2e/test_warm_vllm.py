@@ -1,4 +1,4 @@
-"""Warm execution on the vLLM engine (issue 28, tier c): one segment job runs 3 stages with one vLLM engine, the
+"""Warm execution on the vLLM engine (issue 28, tier c): one segment job runs 2 stages with one vLLM engine, the
 trainer's weights loaded into it in place after each stage's updates (``collective_rpc`` + vLLM's in-place
 ``reload_weights``), compared with the cold run of the same config (a fresh engine per generate job).
 
@@ -44,7 +44,9 @@ from mugrpo.storage.layout import RunLayout
 from schemas import StageTimings
 
 RUN = "warmvllm"
-STAGES, UPDATES = 3, 2
+#: Two stages: stage 0 starts the engine on the behavior policy, stage 1 samples after an in-place weight load (the
+#: sync under test); a third stage would repeat that load and cost another fresh engine in the cold run.
+STAGES, UPDATES = 2, 2
 VLLM_PYTHON = os.environ.get("MUGRPO_VLLM_PYTHON", "")
 
 pytestmark = pytest.mark.vllm
@@ -134,7 +136,7 @@ def test_warm_vllm_samples_the_synced_policy_and_matches_the_cold_run_where_the_
         )
         assert diff < 1e-4, (k, diff)
     assert shared > 0
-    # one engine for the segment, weights loaded into it in place before stages 1 and 2
+    # one engine for the segment, weights loaded into it in place before every stage after the first
     assert runs["warm_log"].count("weights synced into the vllm engine") == STAGES
 
 
