@@ -6,11 +6,11 @@ GRPO warm on one budget, several seeds, paired by problem.
     python bench/real_lm.py --quick                      # a tiny random policy, 4 held-out problems, half the stages
 
 Arms (one `mugrpo run` each, the command a user runs; the arms' order alternates from seed to seed):
-- mu:        Mu-GRPO, 4 cold stages of 8 updates (configs/smollm2-arithmetic.yaml), full fine-tuning at lr 2e-5;
+- mu:        Mu-GRPO, 4 cold stages of 8 updates (configs/smollm2-arithmetic.yaml), full fine-tuning at lr 1e-5;
 - grpo-warm: GRPO, PPO clip [0.8, 1.2], 8 warm stages of 4 updates (configs/smollm2-arithmetic-grpo.yaml), full
-             fine-tuning at lr 2e-5 (LoRA runs cold only), evaluated at the same policy versions (0, 8, 16, 24, 32
+             fine-tuning at lr 1e-5 (LoRA runs cold only), evaluated at the same policy versions (0, 8, 16, 24, 32
              updates);
-- mu-lora:   the main job as shipped (`make demo`): Mu-GRPO cold with LoRA rank 16 at lr 2e-4.
+- mu-lora:   the main job as shipped (`make demo`): Mu-GRPO cold with LoRA rank 16 at lr 1e-4.
 Equal across arms (tests/unit/test_budgets.py): model, data and order, prompt, G, new tokens, temperature, reward,
 optimizer, 32 updates of 16 rollouts, held-out benchmark.
 
@@ -47,7 +47,7 @@ GRPO = REPO / "configs" / "smollm2-arithmetic-grpo.yaml"
 #: paired comparison trains both methods with full fine-tuning at the GRPO config's lr (LoRA's / 10, "LoRA Without
 #: Regret"); ``mu-lora`` is the main job exactly as shipped (make demo).
 ARMS = {
-    "mu": (MAIN, ["train.lora=null", "train.lr=2.0e-5"]),
+    "mu": (MAIN, ["train.lora=null", "train.lr=1.0e-5"]),
     "grpo-warm": (GRPO, []),
     "mu-lora": (MAIN, []),
 }

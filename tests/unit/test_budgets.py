@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from mugrpo.config import load_config
 from mugrpo.orchestration.runs import evaluates_stage, policy_version
 from mugrpo.schedules.stages import stage_plan, total_updates
@@ -148,7 +150,7 @@ def test_arithmetic_configs_are_one_experiment_on_one_budget():
     and full fine-tuning at LoRA's lr / 10 (LoRA runs cold only), which bench/real_lm.py's ``mu`` arm also uses."""
     main = load_config(CONFIGS / "smollm2-arithmetic.yaml")
     grpo = load_config(CONFIGS / "smollm2-arithmetic-grpo.yaml")
-    mu_full = load_config(CONFIGS / "smollm2-arithmetic.yaml", ["train.lora=null", "train.lr=2.0e-5"])
+    mu_full = load_config(CONFIGS / "smollm2-arithmetic.yaml", ["train.lora=null", "train.lr=1.0e-5"])
     extra = {
         k for k in _diff(main, grpo) if k not in SCHEDULE and not k.startswith(ALGORITHM_PREFIXES + EXECUTION_PREFIXES)
     }
@@ -157,6 +159,7 @@ def test_arithmetic_configs_are_one_experiment_on_one_budget():
         k for k in _diff(mu_full, grpo) if k.startswith(ALGORITHM_PREFIXES + EXECUTION_PREFIXES)
     }
     assert _budget(main) == _budget(grpo) == _budget(mu_full)
+    assert grpo.train.lr == mu_full.train.lr == pytest.approx(main.train.lr / 10)  # "LoRA Without Regret": ~10x
     assert _budget(main)["updates"] == 32 and _budget(main)["rollouts"] == 512
     assert _budget(main)["evaluated_versions"] == [0, 8, 16, 24, 32]
     assert main.train.lr == 10 * grpo.train.lr and main.train.lora is not None and grpo.train.lora is None
