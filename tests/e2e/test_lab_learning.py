@@ -59,7 +59,7 @@ def lab_policy() -> Path:
 
 def greedy_benchmark_only(config: Path) -> str:
     """An override that keeps only the config's held-out greedy benchmark (``lab-heldout``), the one these tests read.
-    The configs' avg@8 benchmark at T = 1 is a third of a run's sampled tokens; leaving it out changes no rollout,
+    The configs' avg@8 benchmark at T = 1 is ~30% of a run's sampled responses; leaving it out changes no rollout,
     update or greedy evaluation (each phase reseeds its own generator; checked bitwise on a 2-stage run of both
     configs)."""
     benchmarks = yaml.safe_load(config.read_text())["eval"]["benchmarks"]
