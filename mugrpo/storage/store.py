@@ -41,6 +41,9 @@ CHUNK_BYTES = 2**20
 #: S3's maximum number of parts of a multipart upload (kept below with a margin).
 MAX_PARTS = 9_000
 _S3_PROTOCOLS = ("s3://", "s3a://")
+#: Seconds a local store waits for a lock another process holds (:meth:`Store.local_lock`) before it names the holder
+#: and fails: the sections under it (a compare and a rename) take milliseconds.
+LOCAL_LOCK_WAIT_S = 60.0
 
 
 class RetryBudget(BaseModel):
@@ -96,6 +99,43 @@ def _fault_pause(rel: str) -> None:
         time.sleep(float(seconds))
 
 
+def describe_flock_holders(lock_path: str) -> str:
+    """Who holds a ``flock`` on ``lock_path``: ``"pid 123 (stopped)"`` for each holder listed in Linux's
+    ``/proc/locks`` (matched by inode), with the state from ``/proc/PID/stat``; ``"another process"`` where that
+    is not readable (another OS, another machine's NFS client)."""
+    try:
+        inode = os.stat(lock_path).st_ino
+        with open("/proc/locks") as f:
+            rows = [line.split() for line in f]
+    except OSError:
+        return "another process"
+    states = {
+        "R": "running",
+        "S": "sleeping",
+        "D": "in uninterruptible I/O",
+        "T": "stopped",
+        "t": "stopped by a tracer",
+    }
+    holders = []
+    for row in rows:
+        # "1: FLOCK  ADVISORY  WRITE 4242 08:01:131090 0 EOF" (a blocked waiter's row has "->" after the id)
+        fields = [x for x in row if x != "->"]
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5].rsplit(":", 1)[-1] == str(inode):
+            pid = fields[4]
+            if "->" in row:  # a process waiting for the lock, not holding it
+                continue
+            if pid == str(os.getpid()):
+                holders.append(f"pid {pid} (this process)")
+                continue
+            try:
+                with open(f"/proc/{pid}/stat") as st:
+                    state = st.read().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                state = "?"
+            holders.append(f"pid {pid} ({states.get(state, state)})")
+    return ", ".join(holders) or "another process"
+
+
 def sha256_bytes(data: bytes) -> str:
     """Hex sha256 of ``data``."""
     return hashlib.sha256(data).hexdigest()
@@ -119,6 +159,10 @@ class CommitRefused(RuntimeError):
     """Raised by a store's commit guard to refuse a commit (e.g. :class:`mugrpo.coordination.lease.LeaseFenced`): it
     reaches the caller as raised, not wrapped in a :class:`StorageError` (a refusal is not an I/O failure; retrying
     cannot fix it)."""
+
+
+class LocalLockTimeout(StorageError):
+    """A local store's lock stayed held by another process past its wait (:meth:`Store.local_lock`)."""
 
 
 class PreconditionFailed(StorageError):
@@ -501,15 +545,42 @@ class Store:
         return tmp
 
     @contextlib.contextmanager
-    def local_lock(self, rel: str) -> Iterator[None]:
-        """An exclusive ``flock`` on a hidden lock file beside ``rel`` (local stores), held for the block."""
+    def local_lock(self, rel: str, *, wait_s: float | None = None) -> Iterator[None]:
+        """An exclusive ``flock`` on a hidden lock file beside ``rel`` (local stores), held for the block.
+
+        Every section held under it is short (a compare and a rename), so a lock still held after ``wait_s``
+        (default :data:`LOCAL_LOCK_WAIT_S`) belongs to a writer that is frozen (SIGSTOP, a paused container) or stuck
+        inside a commit on this machine. Waiting on would hang silently, and taking the object without the lock would
+        let that writer's rename land later over what this one commits; the wait therefore ends in an error that
+        names the lock's holder (its pid and state, from ``/proc/locks``).
+
+        Raises:
+            LocalLockTimeout: the lock was held by another process for ``wait_s`` seconds; nothing was written.
+        """
         import fcntl
+        import time
 
         path = self.full(rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         lock = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}{TMP_TAG}lock")
+        limit = LOCAL_LOCK_WAIT_S if wait_s is None else wait_s
         with open(lock, "a") as f:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            start, pause = time.monotonic(), 0.001
+            while True:
+                try:
+                    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    waited = time.monotonic() - start
+                    if waited >= limit:
+                        raise LocalLockTimeout(
+                            f"could not lock {self.uri(rel)}: its lock file {lock} has been held for {waited:.0f} s "
+                            f"by {describe_flock_holders(lock)}; a commit holds it for milliseconds, so that writer "
+                            "is frozen (SIGSTOP, a paused container) or stuck on this machine. Resume or stop it, "
+                            "then run the command again; nothing was written"
+                        ) from None
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.1)
             try:
                 yield
             finally:

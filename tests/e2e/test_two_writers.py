@@ -54,6 +54,32 @@ def signal_tree(pid: int, sig: int) -> None:
             pass
 
 
+def freeze_between_commits(pid: int, store: Store, lease: str) -> None:
+    """SIGSTOP ``pid``'s tree at a moment none of it holds the local lease lock (each commit holds it for a compare
+    and a rename). A writer frozen inside that section keeps its ``flock``: no other writer may commit until it is
+    resumed or killed, and one that tries fails naming it (tests/integration/test_lease.py); that is not the case
+    under test here, a writer frozen *between* commits past its lease."""
+    import fcntl
+
+    if not store.is_local:
+        signal_tree(pid, signal.SIGSTOP)
+        return
+    path = store.full(lease)
+    lock = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}{TMP_TAG}lock")
+    for _ in range(200):
+        signal_tree(pid, signal.SIGSTOP)
+        with open(lock, "a") as f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+                return
+            except BlockingIOError:
+                pass
+        signal_tree(pid, signal.SIGCONT)
+        time.sleep(0.01)
+    raise AssertionError(f"writer A held {lock} at each of 200 tries")
+
+
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_a_frozen_writer_changes_nothing_the_next_one_committed(
     where,
@@ -98,7 +124,7 @@ def test_a_frozen_writer_changes_nothing_the_next_one_committed(
             assert time.monotonic() < deadline, "writer A wrote no checkpoint"
             time.sleep(0.05)
             store.invalidate_cache()
-        signal_tree(a.pid, signal.SIGSTOP)  # frozen mid-stage: no heartbeat, its train job stopped between updates
+        freeze_between_commits(a.pid, store, layout.lease)  # frozen mid-stage: no heartbeat, its train job stopped
         time.sleep(TTL_S * 2)
 
         b = run_cli(["run", str(config)], env, tmp_path / "b.log")

@@ -210,3 +210,46 @@ def test_a_second_mugrpo_run_is_refused_at_once_naming_the_holder(store, tmp_pat
     assert out.returncode == 3, out.stdout + out.stderr
     assert "is being written by preempted-pod-7:42" in out.stderr and "lease expires in" in out.stderr
     assert not store.exists(RunLayout(RUN).run_json)  # nothing written
+
+
+def test_a_writer_frozen_inside_a_local_commit_is_named_instead_of_waited_on_forever(tmp_path, monkeypatch):
+    """A process frozen while it holds the local lease lock (inside a commit's compare-and-rename) keeps its flock:
+    a takeover may not commit past it, and it no longer hangs either. It fails after the lock's wait, naming the
+    holder's pid and state, and writes nothing."""
+    import signal
+
+    import mugrpo.storage.store as store_module
+    from mugrpo.storage.store import LocalLockTimeout
+
+    root = str(tmp_path / "runs")
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, signal, sys\n"
+            "from mugrpo.storage.store import Store\n"
+            f"with Store({root!r}).local_lock({RunLayout(RUN).lease!r}):\n"
+            "    print('held', flush=True)\n"
+            "    os.kill(os.getpid(), signal.SIGSTOP)\n",
+        ],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        monkeypatch.setattr(store_module, "LOCAL_LOCK_WAIT_S", 1.0)
+        store = Store(root)
+        t0 = time.monotonic()
+        with pytest.raises(
+            LocalLockTimeout, match=rf"held for 1 s by pid {holder.pid} \(stopped\).*nothing was written"
+        ):
+            RunLease(store, RUN, ttl_s=30).acquire()
+        assert 1.0 <= time.monotonic() - t0 < 10
+        assert not store.exists(RunLayout(RUN).lease)
+    finally:
+        holder.send_signal(signal.SIGCONT)
+        holder.kill()
+        holder.wait()
+    with RunLease(Store(root), RUN, ttl_s=30):  # the holder gone, its flock went with it
+        pass
