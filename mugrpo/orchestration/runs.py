@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 
 from mugrpo.commits.manifest import new_manifest, read_job_manifest, read_manifest, write_manifest
 from mugrpo.commits.tables import part_numbers, read_table
+from mugrpo.common.scratch import scratch
 from mugrpo.common.version import code_version as code_version
 from mugrpo.config import Config
 from mugrpo.coordination.lease import TOKEN_ENV, LeaseFence
@@ -79,7 +79,7 @@ def ensure_initial_policy(cfg: Config, store: Store) -> None:
     if store.is_complete_dir(rel):
         return
     source = model_source_path(cfg.model.source)  # the file or folder it names (the lab policy: from its cache)
-    with tempfile.TemporaryDirectory(prefix="mugrpo-policy0-") as tmp:
+    with scratch("policy0") as tmp:
         convert_to_hf_dir(source, tmp)
         store.upload_dir(tmp, rel, meta={"source": str(source), "policy_version": 0})
 

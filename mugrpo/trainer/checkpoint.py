@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from safetensors.torch import load_file, save_file
 
 from mugrpo.commits.manifest import checkpoint_steps
 from mugrpo.commits.policies import PolicyRef, parse_policy_ref
+from mugrpo.common.scratch import scratch, scratch_dir
 from mugrpo.storage.layout import POLICY_REF_FILE, RunLayout
 from mugrpo.storage.store import COMPLETE_MARKER, Store
 
@@ -134,7 +134,7 @@ def write_checkpoint(
         raise ValueError("write_checkpoint: give exactly one of save_model and policy_ref")
     if store.exists(rel):  # an uncommitted leftover of a killed run: replace it whole
         store.delete(rel, recursive=True)
-    tmp = Path(tempfile.mkdtemp(prefix="mugrpo-ckpt-", dir=tmp_root))
+    tmp = scratch_dir("ckpt", parent=tmp_root)
     try:
         if policy_ref is not None:
             (tmp / POLICY_REF_FILE).write_bytes(policy_ref.to_bytes())
@@ -254,7 +254,7 @@ def read_optimizer_state(store: Store, rel: str) -> dict[str, Any]:
     if local is not None:  # a local store: hash and load the committed file in place, no 1 GB-scale copy
         store.verify_file(path, expected)
         return torch.load(local, map_location="cpu", weights_only=True)
-    with tempfile.TemporaryDirectory(prefix="mugrpo-optim-") as tmp:  # streamed and hashed on the fly
-        copy = Path(tmp) / OPTIMIZER_FILE
+    with scratch("optim") as tmp:  # streamed and hashed on the fly
+        copy = tmp / OPTIMIZER_FILE
         store.read_to_file(path, copy, expected_sha256=expected)
         return torch.load(copy, map_location="cpu", weights_only=True)

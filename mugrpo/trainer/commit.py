@@ -18,7 +18,6 @@ and their files, counts and metrics to the job manifest (:meth:`~mugrpo.algorith
 from __future__ import annotations
 
 import shutil
-import tempfile
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -32,6 +31,7 @@ from mugrpo.algorithms import CheckpointAt, CommitRecord, StageCommit, TrainHook
 from mugrpo.commits.manifest import latest_checkpoint, write_job_manifest
 from mugrpo.commits.policies import committed_policy_ref
 from mugrpo.common.progress import console
+from mugrpo.common.scratch import scratch, scratch_dir
 from mugrpo.policy.adapters import base_ref, is_lora_model, save_adapter
 from mugrpo.storage.layout import RunLayout
 from mugrpo.storage.store import COMPLETE_MARKER, Store
@@ -255,8 +255,8 @@ def _publish(live: LivePolicy, spec: TrainSpec, state: dict[str, torch.Tensor]) 
     re-run after a kill between the policy's marker and the checkpoint's); every rank calls it."""
     store = spec.store()
     if live.accelerator.is_main_process and not store.is_complete_dir(spec.output_policy_dir):
-        with tempfile.TemporaryDirectory(prefix=f"mugrpo-publish-{spec.stage}-") as tmp:
-            out = Path(tmp) / "policy"
+        with scratch(f"publish-{spec.stage}") as tmp:
+            out = tmp / "policy"
             save_policy(live, spec, state, out)
             meta = {"stage": spec.stage + 1, "policy_version": spec.policy_version + spec.train.updates_per_stage}
             store.upload_dir(out, spec.output_policy_dir, meta=meta)
@@ -364,7 +364,7 @@ def finish_without_updates(
 
 def _copy_committed_dir(store: Store, src_rel: str, dest_rel: str, meta: dict) -> dict[str, str]:
     """Re-commit the committed folder ``src_rel`` at ``dest_rel`` (files verified, marker last)."""
-    tmp = Path(tempfile.mkdtemp(prefix="mugrpo-copy-"))
+    tmp = scratch_dir("copy")
     try:
         store.download_dir(src_rel, tmp)
         return store.upload_dir(tmp, dest_rel, meta=meta)

@@ -15,12 +15,11 @@ weights are bitwise those of an uninterrupted run.
 from __future__ import annotations
 
 import shutil
-import tempfile
 import time
-from pathlib import Path
 
 from mugrpo.commits.manifest import read_job_manifest
 from mugrpo.common.progress import console
+from mugrpo.common.scratch import scratch_dir
 from mugrpo.coordination.start_gate import StartGate
 from mugrpo.storage.layout import RunLayout
 from mugrpo.trainer.commit import commit_training, finish_without_updates, publish_policy, write_stage_checkpoint
@@ -82,7 +81,7 @@ class Trainer(Resident):
             if self.weights_stage == spec.stage:  # unchanged weights: the next stage's behavior policy
                 self.weights_stage = spec.stage + 1
             return manifest
-        workdir = Path(tempfile.mkdtemp(prefix=f"mugrpo-train-{spec.stage}-"))
+        workdir = scratch_dir(f"train-{spec.stage}")
         try:
             run = setup_stage(spec, data=data, hooks=hooks, resident=self, workdir=workdir)
             # The behavior log-prob recompute pass is a forward over this stage's rollouts: training work, so it
