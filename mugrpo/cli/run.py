@@ -30,7 +30,7 @@ def _execute(cfg) -> None:
     from mugrpo.config.precision import SHOWN_ENV, describe
     from mugrpo.coordination.lease import RunLease, RunLeaseHeld
     from mugrpo.orchestration.preflight import Refusal, preflight
-    from mugrpo.storage.store import StorageError
+    from mugrpo.storage.store import LocalLockTimeout, StorageError
 
     # Every refusal happens here, before Prefect starts and before anything is written (docs/reliability.md,
     # "Refusals"): one block, printed once, exit 2 (what was asked is wrong) or 3 (the run's state refuses it).
@@ -53,7 +53,7 @@ def _execute(cfg) -> None:
         try:
             with storage_guard(uri, cfg.run.storage_options):
                 lease.acquire()
-        except RunLeaseHeld as e:
+        except (RunLeaseHeld, LocalLockTimeout) as e:  # another writer: live, or frozen inside a commit
             refuse_state(str(e))
         except StorageError as e:  # e.g. the disk filled between the probe and the lease: no temporary file is left
             err.print(f"Error: cannot take the run lease of {uri}: {e}", style="red", markup=False, highlight=False)

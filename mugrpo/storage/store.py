@@ -42,8 +42,10 @@ CHUNK_BYTES = 2**20
 MAX_PARTS = 9_000
 _S3_PROTOCOLS = ("s3://", "s3a://")
 #: Seconds a local store waits for a lock another process holds (:meth:`Store.local_lock`) before it names the holder
-#: and fails: the sections under it (a compare and a rename) take milliseconds.
+#: and fails: the sections under it (a compare and a rename) take milliseconds. ``MUGRPO_LOCAL_LOCK_WAIT_S``
+#: overrides it (a slow network filesystem).
 LOCAL_LOCK_WAIT_S = 60.0
+LOCAL_LOCK_WAIT_ENV = "MUGRPO_LOCAL_LOCK_WAIT_S"
 
 
 class RetryBudget(BaseModel):
@@ -549,7 +551,7 @@ class Store:
         """An exclusive ``flock`` on a hidden lock file beside ``rel`` (local stores), held for the block.
 
         Every section held under it is short (a compare and a rename), so a lock still held after ``wait_s``
-        (default :data:`LOCAL_LOCK_WAIT_S`) belongs to a writer that is frozen (SIGSTOP, a paused container) or stuck
+        (default :data:`LOCAL_LOCK_WAIT_S`, or ``MUGRPO_LOCAL_LOCK_WAIT_S``) belongs to a writer that is frozen (SIGSTOP, a paused container) or stuck
         inside a commit on this machine. Waiting on would hang silently, and taking the object without the lock would
         let that writer's rename land later over what this one commits; the wait therefore ends in an error that
         names the lock's holder (its pid and state, from ``/proc/locks``).
@@ -563,7 +565,7 @@ class Store:
         path = self.full(rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         lock = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}{TMP_TAG}lock")
-        limit = LOCAL_LOCK_WAIT_S if wait_s is None else wait_s
+        limit = float(os.environ.get(LOCAL_LOCK_WAIT_ENV) or LOCAL_LOCK_WAIT_S) if wait_s is None else wait_s
         with open(lock, "a") as f:
             start, pause = time.monotonic(), 0.001
             while True:

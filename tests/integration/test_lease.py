@@ -215,11 +215,13 @@ def test_a_second_mugrpo_run_is_refused_at_once_naming_the_holder(store, tmp_pat
 def test_a_writer_frozen_inside_a_local_commit_is_named_instead_of_waited_on_forever(tmp_path, monkeypatch):
     """A process frozen while it holds the local lease lock (inside a commit's compare-and-rename) keeps its flock:
     a takeover may not commit past it, and it no longer hangs either. It fails after the lock's wait, naming the
-    holder's pid and state, and writes nothing."""
+    holder's pid and state, and writes nothing: in the library, and as `mugrpo run`'s one-block refusal (exit 3)."""
     import signal
 
+    import yaml
+
     import mugrpo.storage.store as store_module
-    from mugrpo.storage.store import LocalLockTimeout
+    from mugrpo.storage.store import LOCAL_LOCK_WAIT_ENV, LocalLockTimeout
 
     root = str(tmp_path / "runs")
     holder = subprocess.Popen(
@@ -247,6 +249,22 @@ def test_a_writer_frozen_inside_a_local_commit_is_named_instead_of_waited_on_for
             RunLease(store, RUN, ttl_s=30).acquire()
         assert 1.0 <= time.monotonic() - t0 < 10
         assert not store.exists(RunLayout(RUN).lease)
+
+        path = tmp_path / "run.yaml"
+        path.write_text(yaml.safe_dump({"run": {"id": RUN, "root": root}}))
+        env = {**os.environ, LOCAL_LOCK_WAIT_ENV: "1"}
+        out = subprocess.run(
+            [sys.executable, "-m", "mugrpo.cli", "run", str(path)],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 3, out.stdout + out.stderr
+        assert f"pid {holder.pid} (stopped)" in out.stderr and "Traceback" not in out.stderr, out.stderr
+        assert sum(line.startswith("Error:") for line in out.stderr.splitlines()) == 1, out.stderr
+        assert not store.exists(RunLayout(RUN).lease) and not store.exists(RunLayout(RUN).run_json)
     finally:
         holder.send_signal(signal.SIGCONT)
         holder.kill()
