@@ -551,10 +551,10 @@ class Store:
         """An exclusive ``flock`` on a hidden lock file beside ``rel`` (local stores), held for the block.
 
         Every section held under it is short (a compare and a rename), so a lock still held after ``wait_s``
-        (default :data:`LOCAL_LOCK_WAIT_S`, or ``MUGRPO_LOCAL_LOCK_WAIT_S``) belongs to a writer that is frozen (SIGSTOP, a paused container) or stuck
-        inside a commit on this machine. Waiting on would hang silently, and taking the object without the lock would
-        let that writer's rename land later over what this one commits; the wait therefore ends in an error that
-        names the lock's holder (its pid and state, from ``/proc/locks``).
+        (default :data:`LOCAL_LOCK_WAIT_S`, or ``MUGRPO_LOCAL_LOCK_WAIT_S``) belongs to a writer that is frozen
+        (SIGSTOP, a paused container) or stuck inside a commit on this machine. Waiting on would hang silently, and
+        taking the object without the lock would let that writer's rename land later over what this one commits;
+        the wait therefore ends in an error that names the lock's holder (its pid and state, from ``/proc/locks``).
 
         Raises:
             LocalLockTimeout: the lock was held by another process for ``wait_s`` seconds; nothing was written.
