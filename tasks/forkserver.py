@@ -28,6 +28,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import IO
 
+from mugrpo.common.processes import process_alive
+
 logger = logging.getLogger(__name__)
 
 #: Environment variables a forked job sets itself (they are read after start-up): jobs differing only in them
@@ -72,7 +74,7 @@ class ForkedProcess:
             if not chunk:  # the server died: its children died with it
                 self._lost = True
                 self._conn.close()
-                if not _exists(self.pid):
+                if not process_alive(self.pid):
                     self.returncode = -int(signal.SIGKILL)
                 return
             self._buf += chunk
@@ -84,7 +86,7 @@ class ForkedProcess:
     def poll(self) -> int | None:
         """The exit code if the job has ended, else None (negative: killed by that signal)."""
         if self.returncode is None and self._lost:
-            if not _exists(self.pid):
+            if not process_alive(self.pid):
                 self.returncode = -int(signal.SIGKILL)
         else:
             self._read_status(0.0)
@@ -105,16 +107,6 @@ class ForkedProcess:
             else:
                 self._read_status(0.2 if end is None else max(min(0.2, end - time.monotonic()), 0.0))
         return self.returncode
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class ForkServer:

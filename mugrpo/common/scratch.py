@@ -20,6 +20,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from mugrpo.common.processes import process_alive
+
 #: ``mugrpo-<kind>-n<pid namespace inode>p<pid>-<random>``
 _NAME = re.compile(r"^mugrpo-(?P<kind>[A-Za-z0-9_.-]+?)-n(?P<ns>\d+)p(?P<pid>\d+)-")
 
@@ -32,16 +34,6 @@ def _pid_namespace() -> str | None:
         return None
     digits = re.sub(r"\D", "", link)
     return digits or None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
 
 
 def sweep_orphans(parent: str | Path | None = None) -> list[Path]:
@@ -62,7 +54,7 @@ def sweep_orphans(parent: str | Path | None = None) -> list[Path]:
         if match is None or match["ns"] != ns or not entry.is_dir(follow_symlinks=False):
             continue
         pid = int(match["pid"])
-        if pid == os.getpid() or _alive(pid):
+        if pid == os.getpid() or process_alive(pid):
             continue
         shutil.rmtree(entry.path, ignore_errors=True)
         removed.append(Path(entry.path))

@@ -36,6 +36,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
+from mugrpo.common.processes import process_stat
 from mugrpo.storage.layout import RunLayout
 from mugrpo.storage.store import CommitRefused, PreconditionFailed, StorageError, Store
 
@@ -93,11 +94,8 @@ class LeaseRecord:
 def _process_start(pid: int) -> str:
     """Start time of ``pid`` in clock ticks since boot (from /proc; '' if the process does not exist). Guards
     against a reused pid."""
-    try:
-        stat = open(f"/proc/{pid}/stat").read()
-    except OSError:
-        return ""
-    return stat.rsplit(")", 1)[1].split()[19]
+    fields = process_stat(pid)
+    return "" if fields is None else fields[19]
 
 
 class RunLease:

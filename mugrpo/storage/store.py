@@ -30,6 +30,8 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from pydantic import BaseModel, ConfigDict, Field
 
+from mugrpo.common.processes import process_stat
+
 COMPLETE_MARKER = "_COMPLETE"
 TMP_TAG = ".tmp-"
 #: The S3 multipart part size (the AWS CLI's default ``multipart_chunksize``, 8 MiB), also the read-ahead block of
@@ -121,19 +123,15 @@ def describe_flock_holders(lock_path: str) -> str:
     holders = []
     for row in rows:
         # "1: FLOCK  ADVISORY  WRITE 4242 08:01:131090 0 EOF" (a blocked waiter's row has "->" after the id)
-        fields = [x for x in row if x != "->"]
-        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5].rsplit(":", 1)[-1] == str(inode):
-            pid = fields[4]
-            if "->" in row:  # a process waiting for the lock, not holding it
-                continue
+        if "->" in row:  # a process waiting for the lock, not holding it
+            continue
+        if len(row) >= 6 and row[1] == "FLOCK" and row[5].rsplit(":", 1)[-1] == str(inode):
+            pid = row[4]
             if pid == str(os.getpid()):
                 holders.append(f"pid {pid} (this process)")
                 continue
-            try:
-                with open(f"/proc/{pid}/stat") as st:
-                    state = st.read().rsplit(")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                state = "?"
+            fields = process_stat(int(pid))
+            state = fields[0] if fields else "?"
             holders.append(f"pid {pid} ({states.get(state, state)})")
     return ", ".join(holders) or "another process"
 
@@ -546,6 +544,11 @@ class Store:
             raise
         return tmp
 
+    def local_lock_path(self, rel: str) -> str:
+        """The hidden lock file beside ``rel`` that :meth:`local_lock` ``flock``s (local stores)."""
+        path = self.full(rel)
+        return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}{TMP_TAG}lock")
+
     @contextlib.contextmanager
     def local_lock(self, rel: str, *, wait_s: float | None = None) -> Iterator[None]:
         """An exclusive ``flock`` on a hidden lock file beside ``rel`` (local stores), held for the block.
@@ -564,7 +567,7 @@ class Store:
 
         path = self.full(rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        lock = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}{TMP_TAG}lock")
+        lock = self.local_lock_path(rel)
         limit = float(os.environ.get(LOCAL_LOCK_WAIT_ENV) or LOCAL_LOCK_WAIT_S) if wait_s is None else wait_s
         with open(lock, "a") as f:
             start, pause = time.monotonic(), 0.001

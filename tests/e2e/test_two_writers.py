@@ -64,8 +64,7 @@ def freeze_between_commits(pid: int, store: Store, lease: str) -> None:
     if not store.is_local:
         signal_tree(pid, signal.SIGSTOP)
         return
-    path = store.full(lease)
-    lock = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}{TMP_TAG}lock")
+    lock = store.local_lock_path(lease)
     for _ in range(200):
         signal_tree(pid, signal.SIGSTOP)
         with open(lock, "a") as f:
