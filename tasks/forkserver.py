@@ -22,13 +22,13 @@ import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import IO
 
 from mugrpo.common.processes import process_alive
+from mugrpo.common.scratch import scratch_dir
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +122,8 @@ class ForkServer:
     """
 
     def __init__(self, python: str, env: Mapping[str, str], preexec: Callable[[], None] | None = None) -> None:
-        self.dir = tempfile.mkdtemp(prefix="mugrpo-forkserver-")
+        # a scratch folder named for this process: one left by a SIGKILLed launcher is swept by the next scratch_dir
+        self.dir = str(scratch_dir("forkserver"))
         self.path = os.path.join(self.dir, "jobs.sock")
         self.proc = subprocess.Popen(
             [python, "-m", "mugrpo.jobs.forkserver", self.path],

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -181,3 +183,30 @@ def test_jobs_die_with_their_fork_server(tmp_path):
     assert "error" in result and result["error"].exit_code == -9
     spec2 = write_spec(tmp_path / "spec2.json", before=["again"])
     assert "again" in launch_job(standin(spec2), SubprocessLauncher(fork=True)).last_lines
+
+
+def test_a_killed_launchers_fork_server_folder_is_swept(tmp_path):
+    """A launcher SIGKILLed while its fork server runs can clean nothing up: the server dies with it (its
+    parent-death signal) and its socket folder stays behind, until the next scratch folder made on this machine
+    (any trainer's or server's, mugrpo.common.scratch) sweeps the folders of dead processes."""
+    from mugrpo.common.scratch import sweep_orphans
+
+    driver = (
+        "import os, sys, time\n"
+        "from tasks.forkserver import ForkServer\n"
+        "from tasks.launchers.processes import parent_death_signal\n"
+        "server = ForkServer(sys.executable, dict(os.environ), parent_death_signal())\n"
+        "print(server.dir, server.proc.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    env = {**os.environ, **FORK_ENV, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    launcher_proc = subprocess.Popen([sys.executable, "-c", driver], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        folder, server = launcher_proc.stdout.readline().split()
+    finally:
+        launcher_proc.kill()
+        launcher_proc.wait()
+    assert wait_gone([int(server)]) == []  # the server died with its launcher
+    assert (Path(folder) / "jobs.sock").exists()  # and nobody removed its folder
+    assert Path(folder) in sweep_orphans()
+    assert not Path(folder).exists()
