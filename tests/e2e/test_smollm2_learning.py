@@ -7,8 +7,8 @@ Everything is real: the SmolLM2 GGUF converted to HF (the ``smollm2_dir`` fixtur
 verifier, the Prefect flow, the job processes, Parquet and SQL; fp32 (the suite pins ``auto`` to it).
 
 The recipe is the main job's (same reward: the exact answer plus 0.1 for a boxed one) at the size of a test
-(TEST_RECIPE): one stage, LoRA rank 16 at lr 1e-4 (the main job's documented LoRA variant: a few MB of adapter per
-run instead of ~1.6 GB of full weights and AdamW moments, and the recipe these figures were measured on), and one
+(TEST_RECIPE): one stage, LoRA rank 16 at lr 1e-4 (the main job's documented LoRA variant: ~60 MB per stage
+of adapter and its AdamW moments instead of ~1.6 GB for full weights, and the recipe these figures were measured on), and one
 worked example instead of two, so that the base policy boxes about half of its answers at T = 1 (57% of the stage-0
 rollouts; two examples: 91-100%, none: 0-3%) and the format reward has room to rise within one stage; 32 held-out
 problems x 8 samples at the training temperature measure the final policies.
