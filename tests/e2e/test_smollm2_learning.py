@@ -7,11 +7,11 @@ Everything is real: the SmolLM2 GGUF converted to HF (the ``smollm2_dir`` fixtur
 verifier, the Prefect flow, the job processes, Parquet and SQL; fp32 (the suite pins ``auto`` to it).
 
 The recipe is the main job's (same reward: the exact answer plus 0.1 for a boxed one) at the size of a test
-(TEST_RECIPE): one stage, LoRA rank 16 at lr 1e-4 (the main job's documented LoRA variant: ~60 MB per stage
-of adapter and its AdamW moments instead of ~1.6 GB for full weights, and the recipe these figures were measured on), and one
-worked example instead of two, so that the base policy boxes about half of its answers at T = 1 (57% of the stage-0
-rollouts; two examples: 91-100%, none: 0-3%) and the format reward has room to rise within one stage; 32 held-out
-problems x 8 samples at the training temperature measure the final policies.
+(TEST_RECIPE): one stage, LoRA rank 16 at lr 1e-4 (the main job's documented LoRA variant: ~60 MB per stage of
+adapter and its AdamW moments instead of ~1.6 GB for full weights, and the recipe these figures were measured on),
+and one worked example instead of two, so that the base policy boxes about half of its answers at T = 1 (57% of the
+stage-0 rollouts; two examples: 91-100%, none: 0-3%) and the format reward has room to rise within one stage; 32
+held-out problems x 8 samples at the training temperature measure the final policies.
 What each check is for (the mutation it catches):
 - both arms sample the same stage-0 rollouts with the same rewards, and only the advantages differ: the control is
   the real stage with one change (a control that samples differently measures something else);
