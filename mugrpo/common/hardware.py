@@ -150,7 +150,15 @@ def bf16_verdict() -> Bf16Verdict:
     forced = f" ({UNITS_ENV}={overrides[UNITS_ENV]})" if UNITS_ENV in overrides else ""
     if not units:
         native = False
-        reason = f"CPU {capability} has no bf16 units{forced}: bf16 is emulated, {fp32 / bf16:.1f}x slower ({figures})"
+        if bf16 < fp32:
+            reason = (
+                f"CPU {capability} has no bf16 units{forced}: bf16 is emulated, {fp32 / bf16:.1f}x slower ({figures})"
+            )
+        else:  # units switched off by the override on a machine that has them
+            reason = (
+                f"CPU {capability} treated as having no bf16 units{forced}, although the probe runs bf16 at "
+                f"{bf16 / fp32:.1f}x fp32 ({figures})"
+            )
     elif bf16 < MIN_SPEEDUP * fp32:
         native = False
         reason = (

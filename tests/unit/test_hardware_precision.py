@@ -49,6 +49,20 @@ def test_verdict_without_units_is_fp32_and_gives_the_measured_ratio(fresh_verdic
     assert data["slowdown"] == pytest.approx(data["fp32_gflops"] / data["bf16_gflops"])
 
 
+def test_units_forced_off_name_the_probe_ratio_in_the_right_direction(fresh_verdict, monkeypatch):
+    """MUGRPO_CPU_BF16_UNITS=0 on a machine whose bf16 is fast: fp32 is chosen, and the reason does not call a faster
+    bf16 "slower"."""
+    monkeypatch.setenv(hardware.UNITS_ENV, "0")
+    speeds = {"torch.float32": 40.0, "torch.bfloat16": 80.0}
+    monkeypatch.setattr(hardware, "matmul_gflops", lambda dtype, *a, **k: speeds[str(dtype)])
+    verdict = bf16_verdict()
+    assert not verdict.native and "slower" not in verdict.reason and "treated as having no bf16 units" in verdict.reason
+    assert "bf16 at 2.0x fp32" in verdict.reason
+    speeds["torch.bfloat16"] = 1.0  # an emulated bf16: the usual reading
+    bf16_verdict.cache_clear()
+    assert "bf16 is emulated, 40.0x slower" in bf16_verdict().reason
+
+
 def test_units_alone_do_not_make_bf16_native_when_the_probe_disagrees(fresh_verdict, monkeypatch):
     monkeypatch.setenv(hardware.UNITS_ENV, "1")
     speeds = {"torch.float32": 50.0, "torch.bfloat16": 2.0}
