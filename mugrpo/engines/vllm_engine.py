@@ -23,15 +23,18 @@ and the row a request gets depends on that history: its samples are then other, 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import os
-from collections.abc import Iterable
+import shutil
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from transformers import GenerationConfig
 
+from mugrpo.common.scratch import scratch_dir
 from mugrpo.engines.base import ROLLOUT_ENGINES, ClosingEngine, FinishReason, Sample, SamplingParams, check_prompts
 from mugrpo.engines.vllm_worker import WORKER_EXTENSION, pack_weights
 from mugrpo.policy.models import eos_token_ids, load_tokenizer
@@ -57,6 +60,45 @@ def cpu_defaults(llm_kwargs: dict[str, Any]) -> dict[str, Any]:
     if not sized and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
         out["kv_cache_memory_bytes"] = CPU_DEFAULT_KV_CACHE_BYTES
     return out
+
+
+#: The longest path of a Unix socket (``sun_path``, 108 bytes with its terminating NUL on Linux).
+_UNIX_SOCKET_PATH_MAX = 107
+#: vLLM names each ZMQ IPC socket ``<VLLM_RPC_BASE_PATH>/<uuid4>``: 36 characters and the separator.
+_IPC_NAME_LENGTH = 37
+
+
+@contextlib.contextmanager
+def ipc_sockets_folder() -> Iterator[Path | None]:
+    """Point vLLM's ZMQ IPC sockets (``VLLM_RPC_BASE_PATH``) at a scratch folder of this process while an engine
+    starts; yields the folder, which the engine removes when it closes, or None where the user set
+    ``VLLM_RPC_BASE_PATH`` (theirs is kept) or a folder's socket paths would pass the Unix limit (vLLM's default,
+    the temp dir, is kept).
+
+    vLLM (0.32) creates its front-end/engine-core sockets as ``<temp dir>/<uuid4>`` and never removes them: each
+    engine start leaves its set in /tmp for good. Inside a :func:`~mugrpo.common.scratch.scratch_dir` they go with
+    :meth:`VLLMEngine.close`, and after a SIGKILL with the next scratch folder made on the machine. The variable is
+    read while ``vllm.LLM`` starts, which makes the socket paths; it is restored when the block ends.
+
+    Raises:
+        OSError: the scratch folder could not be created (a full or read-only temp dir).
+    """
+    if os.environ.get("VLLM_RPC_BASE_PATH"):
+        yield None
+        return
+    folder = scratch_dir("vllm-ipc")
+    if len(os.fsencode(folder)) + _IPC_NAME_LENGTH > _UNIX_SOCKET_PATH_MAX:
+        shutil.rmtree(folder, ignore_errors=True)
+        yield None
+        return
+    os.environ["VLLM_RPC_BASE_PATH"] = str(folder)
+    try:
+        yield folder
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    finally:
+        os.environ.pop("VLLM_RPC_BASE_PATH", None)
 
 
 @ROLLOUT_ENGINES.register("vllm")
@@ -128,17 +170,18 @@ class VLLMEngine(ClosingEngine):
             from mugrpo.common.hardware import auto_dtype
 
             dtype = auto_dtype()
-        self._llm = vllm.LLM(
-            model=str(model_dir),
-            seed=seed,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            logprobs_mode="processed_logprobs",
-            generation_config="vllm",
-            enable_prefix_caching=enable_prefix_caching,
-            worker_extension_cls=WORKER_EXTENSION,
-            **llm_kwargs,
-        )
+        with ipc_sockets_folder() as self._ipc_folder:
+            self._llm = vllm.LLM(
+                model=str(model_dir),
+                seed=seed,
+                dtype=dtype,
+                max_model_len=max_model_len,
+                logprobs_mode="processed_logprobs",
+                generation_config="vllm",
+                enable_prefix_caching=enable_prefix_caching,
+                worker_extension_cls=WORKER_EXTENSION,
+                **llm_kwargs,
+            )
         self.reset(seed)
 
     def reset(self, seed: int) -> None:
@@ -155,7 +198,8 @@ class VLLMEngine(ClosingEngine):
         self.seed = seed
 
     def close(self) -> None:
-        """Shut the engine core down and free its memory (the engine is unusable afterwards)."""
+        """Shut the engine core down, free its memory and remove its IPC sockets' folder (the engine is unusable
+        afterwards)."""
         llm, self._llm = getattr(self, "_llm", None), None
         if llm is None:
             return
@@ -164,6 +208,8 @@ class VLLMEngine(ClosingEngine):
             engine_core.shutdown()
         del llm
         gc.collect()
+        if self._ipc_folder is not None:
+            shutil.rmtree(self._ipc_folder, ignore_errors=True)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         """Load new policy weights into the running engine, in place (warm execution's weight sync).

@@ -15,8 +15,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -52,7 +54,17 @@ pytestmark = pytest.mark.vllm  # needs MUGRPO_VLLM_PYTHON: skipped without it, a
 # Runs under MUGRPO_VLLM_PYTHON. One engine for every case (engine start is the slow part).
 SCRIPT = textwrap.dedent(
     """
-    import json, sys, time
+    import json, os, stat, sys, tempfile, time
+
+    def sockets():  # the Unix sockets under this process's temp dir (a folder of the test's), relative to it
+        root = tempfile.gettempdir()
+        found = []
+        for folder, _, names in os.walk(root):
+            for name in names:
+                path = os.path.join(folder, name)
+                if stat.S_ISSOCK(os.lstat(path).st_mode):
+                    found.append(os.path.relpath(path, root))
+        return sorted(found)
 
     def main():
         from mugrpo.engines import SamplingParams, make_engine
@@ -64,7 +76,7 @@ SCRIPT = textwrap.dedent(
         engine = make_engine(
             "vllm", spec["model_dir"], seed=0, max_model_len=512, max_num_batched_tokens=128, enforce_eager=True
         )
-        out = {"start_s": time.perf_counter() - started, "cases": {}}
+        out = {"start_s": time.perf_counter() - started, "cases": {}, "sockets_alive": sockets()}
         for name, case in spec["cases"].items():
             started = time.perf_counter()
             groups = engine.generate(case["prompts"], SamplingParams(**case["params"]))
@@ -74,6 +86,8 @@ SCRIPT = textwrap.dedent(
                 "groups": [[sample.__dict__ for sample in group] for group in groups],
             }
         engine.close()
+        out["sockets_after_close"] = sockets()
+        out["rpc_base_path_after_start"] = os.environ.get("VLLM_RPC_BASE_PATH")
         json.dump(out, open(sys.argv[2], "w"))
 
     if __name__ == "__main__":  # vLLM's engine core is a spawned process: guard the entry point
@@ -126,21 +140,25 @@ def vllm_run(tiny_model_dir, policy, tmp_path_factory):
     spec, result, script = work / "spec.json", work / "result.json", work / "run_vllm.py"
     spec.write_text(json.dumps({"model_dir": str(tiny_model_dir), "cases": cases}))
     script.write_text(SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TOKENIZERS_PARALLELISM": "false"}
+    # the engine's temp dir, where vLLM would leave its IPC sockets: short, as socket paths have a 107-byte limit
+    temp = Path(tempfile.mkdtemp(prefix="mv-", dir="/tmp"))
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TOKENIZERS_PARALLELISM": "false", "TMPDIR": str(temp)}
+    env.pop("VLLM_RPC_BASE_PATH", None)
     proc = subprocess.run(
         [VLLM_PYTHON, str(script), str(spec), str(result)], env=env, capture_output=True, text=True, timeout=900
     )
+    shutil.rmtree(temp, ignore_errors=True)
     assert proc.returncode == 0, proc.stderr[-5000:]
     out = json.loads(result.read_text())
     print(f"\nvLLM engine start {out['start_s']:.1f}s", file=sys.stderr)
     for name, case in out["cases"].items():
         tokens = sum(len(s["response_token_ids"]) for g in case["groups"] for s in g)
         print(f"  {name}: {tokens} tokens in {case['seconds']:.2f}s", file=sys.stderr)
-    return cases, out["cases"]
+    return cases, out["cases"], out
 
 
 def samples_of(vllm_run, name):
-    cases, results = vllm_run
+    cases, results, _ = vllm_run
     prompts = cases[name]["prompts"]
     groups = results[name]["groups"]
     return prompts, groups, [p for p, g in zip(prompts, groups, strict=True) for _ in g], [s for g in groups for s in g]
@@ -149,6 +167,19 @@ def samples_of(vllm_run, name):
 def max_diff(samples, reference) -> float:
     pairs = [zip(s["behavior_logprobs"], ref, strict=True) for s, ref in zip(samples, reference, strict=True)]
     return max(abs(a - b) for pair in pairs for a, b in pair)
+
+
+def test_ipc_sockets_live_in_a_scratch_folder_that_close_removes(vllm_run):
+    """vLLM (0.32) leaves each engine's ZMQ IPC sockets as ``<temp dir>/<uuid4>`` for good; VLLMEngine points them at
+    a scratch folder of its process (mugrpo.common.scratch: swept after a SIGKILL too) and removes it on close.
+    The check fails if the sockets land in the temp dir itself (the folder not used), if close leaves them, or if the
+    variable leaks past the engine's start."""
+    _, _, out = vllm_run
+    alive = out["sockets_alive"]
+    assert alive, "the running engine should have IPC sockets under the temp dir"
+    assert all(Path(s).parent.name.startswith("mugrpo-vllm-ipc-") and len(Path(s).parts) == 2 for s in alive), alive
+    assert out["sockets_after_close"] == []
+    assert out["rpc_base_path_after_start"] is None
 
 
 def test_shapes_finish_reasons_and_logprobs_match_a_teacher_forced_forward(vllm_run, policy):
