@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import posixpath
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from mugrpo.storage.cache import cached
 from mugrpo.storage.layout import POLICY_REF_FILE, RunLayout
 from mugrpo.storage.store import COMPLETE_MARKER, ChecksumError, Store
 
@@ -125,12 +124,8 @@ def local_policy_dir(store: Store, rel: str) -> Path:
     if local is not None:
         verify_committed_dir(store, rel)
     else:
-        cache_root = Path(os.environ.get("MUGRPO_CACHE", Path(tempfile.gettempdir()) / "mugrpo-cache"))
         key = hashlib.sha256(store.uri(rel).encode()).hexdigest()[:16]
-        local = cache_root / key
-        if not (local / ".verified").exists():
-            store.download_dir(rel, local)
-            (local / ".verified").touch()
+        local = cached(f"remote-{key}", lambda folder: store.download_dir(rel, folder))
     if not (local / "config.json").exists() and (local / "model" / "config.json").exists():
         return local / "model"  # a training checkpoint: its HF policy dir
     return local

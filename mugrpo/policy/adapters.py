@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,6 +33,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from mugrpo.commits.policies import local_policy_dir
+from mugrpo.storage.cache import cached
 from mugrpo.storage.store import COMPLETE_MARKER, ChecksumError, Store, sha256_bytes
 
 #: File of a LoRA policy folder naming its base policy: ``{"policy": run-relative dir, "files": {name: sha256}}``.
@@ -182,32 +182,23 @@ def load_trainable(store: Store, policy_dir: Path, base_model: torch.nn.Module |
 
 def merged_policy_dir(store: Store, policy_dir: Path) -> Path:
     """A local plain HF policy folder for ``policy_dir``: the folder itself for a full policy; for an adapter, its
-    base with the adapter merged (``W + (alpha / r) B A``, in fp32, then saved), cached by the adapter's sha256 for
-    the life of the machine's temp folder (``MUGRPO_CACHE``). What the engines load."""
+    base with the adapter merged (``W + (alpha / r) B A``, in fp32, then saved), kept in the machine's bounded policy
+    cache (:mod:`mugrpo.storage.cache`) under the sha256 of the adapter's files. What the engines load."""
     if not is_adapter_dir(policy_dir):
         return policy_dir
-    from mugrpo.policy.models import load_model
-
     digest = hashlib.sha256(
         b"".join(sha256_bytes((policy_dir / f).read_bytes()).encode() for f in sorted(os.listdir(policy_dir)))
     ).hexdigest()[:16]
-    cache = Path(os.environ.get("MUGRPO_CACHE", Path(tempfile.gettempdir()) / "mugrpo-cache")) / f"merged-{digest}"
-    if (cache / ".complete").exists():
-        return cache
-    base = base_dir(store, policy_dir)
-    merged = load_adapter(load_model(base), policy_dir, trainable=False).merge_and_unload()
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix="merging-", dir=cache.parent))
-    merged.save_pretrained(tmp)
-    load_tokenizer(policy_dir).save_pretrained(tmp)
-    for name in ("generation_config.json",):
-        if (base / name).exists() and not (tmp / name).exists():
-            (tmp / name).write_bytes((base / name).read_bytes())
-    (tmp / ".complete").touch()
-    try:
-        os.replace(tmp, cache)
-    except OSError:  # another process merged it first
-        import shutil
 
-        shutil.rmtree(tmp, ignore_errors=True)
-    return cache
+    def merge(folder: Path) -> None:
+        from mugrpo.policy.models import load_model
+
+        base = base_dir(store, policy_dir)
+        merged = load_adapter(load_model(base), policy_dir, trainable=False).merge_and_unload()
+        merged.save_pretrained(folder)
+        load_tokenizer(policy_dir).save_pretrained(folder)
+        for name in ("generation_config.json",):
+            if (base / name).exists() and not (folder / name).exists():
+                (folder / name).write_bytes((base / name).read_bytes())
+
+    return cached(f"merged-{digest}", merge)
