@@ -48,10 +48,12 @@ GRPO = REPO / "configs" / "smollm2-arithmetic-grpo.yaml"
 #: arm -> (config, overrides). LoRA runs cold only (a warm segment samples from the trainer's live module), so the
 #: paired comparison trains both methods with full fine-tuning; ``mu-lora`` is the main job with LoRA at ~10x its
 #: lr ("LoRA Without Regret").
+#: The main job's LoRA variant: rank 16 at ~10x full fine-tuning's lr (README; tests/unit/test_budgets.py).
+LORA_VARIANT = ["train.lora={rank: 16, alpha: 32}", "train.lr=1.0e-4"]
 ARMS = {
     "mu": (MAIN, []),
     "grpo-warm": (GRPO, []),
-    "mu-lora": (MAIN, ["train.lora={rank: 16, alpha: 32}", "train.lr=1.0e-4"]),
+    "mu-lora": (MAIN, LORA_VARIANT),
 }
 BENCHMARK = "arithmetic-heldout"
 TARGET_GAIN = 0.10

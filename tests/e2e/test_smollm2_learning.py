@@ -43,6 +43,7 @@ pytest.importorskip("reasoning_gym")
 from _prefect import prefect_api, prefect_server  # noqa: F401  (fixtures)
 from _tiny import REPO_ROOT
 
+from bench.real_lm import LORA_VARIANT
 from mugrpo.data.answers import extract_boxed
 from mugrpo.evaluation.metrics import paired_difference_ci
 from mugrpo.sql import connect
@@ -56,8 +57,7 @@ HELDOUT_PROBLEMS = 32
 #: The main job, sized for a test: one stage, LoRA, one worked example instead of two, the held-out problems sampled.
 TEST_RECIPE = [
     "run.num_stages=1",
-    "train.lora={rank: 16, alpha: 32}",
-    "train.lr=1.0e-4",
+    *LORA_VARIANT,
     'data.prompt.examples=[{"question": "Calculate 7 + 5.", "response": "7 + 5 = 12. The answer is \\\\boxed{12}."}]',
     "eval.every_stage=false",
     "eval.benchmarks="

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bench.real_lm import LORA_VARIANT
 from mugrpo.config import load_config
 from mugrpo.orchestration.runs import evaluates_stage, policy_version
 from mugrpo.schedules.stages import stage_plan, total_updates
@@ -150,7 +151,7 @@ def test_arithmetic_configs_are_one_experiment_on_one_budget():
     ``mu-lora`` arm) differs from it in the adapters and their lr only."""
     main = load_config(CONFIGS / "smollm2-arithmetic.yaml")
     grpo = load_config(CONFIGS / "smollm2-arithmetic-grpo.yaml")
-    lora = load_config(CONFIGS / "smollm2-arithmetic.yaml", ["train.lora={rank: 16, alpha: 32}", "train.lr=1.0e-4"])
+    lora = load_config(CONFIGS / "smollm2-arithmetic.yaml", LORA_VARIANT)
     extra = {
         k for k in _diff(main, grpo) if k not in SCHEDULE and not k.startswith(ALGORITHM_PREFIXES + EXECUTION_PREFIXES)
     }
