@@ -78,7 +78,10 @@ class _CoreSections(_Section):
                     "train.lora needs orchestration.execution = cold: a warm segment samples from the trainer's live "
                     "module, and a LoRA policy is sampled from its merged weights (mugrpo.policy.adapters)"
                 )
-            require_peft()
+            try:
+                require_peft()
+            except ImportError as e:  # a config error like any other (one line from the CLI), not a traceback
+                raise ValueError(str(e)) from e
         return self
 
     def schedule_inputs(self) -> ScheduleInputs:

@@ -24,17 +24,20 @@ peft is an optional dependency (``pip install -e '.[lora]'``); a config with ``t
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from mugrpo.commits.policies import local_policy_dir
 from mugrpo.storage.cache import cached
 from mugrpo.storage.store import COMPLETE_MARKER, ChecksumError, Store, sha256_bytes
+
+if TYPE_CHECKING:  # torch is imported where the weights are touched: a config (`mugrpo status`) never needs it
+    import torch
 
 #: File of a LoRA policy folder naming its base policy: ``{"policy": run-relative dir, "files": {name: sha256}}``.
 BASE_REF_FILE = "base.ref.json"
@@ -64,11 +67,10 @@ class LoraSection(BaseModel):
 
 
 def require_peft() -> None:
-    """Raises ImportError naming the extra when peft is missing."""
-    try:
-        import peft  # noqa: F401
-    except ImportError as e:
-        raise ImportError("train.lora needs the 'peft' package: pip install -e '.[lora]'") from e
+    """Raises ImportError naming the extra when peft is not installed (looked up, not imported: a config is
+    validated by read-only commands too, and importing peft takes seconds)."""
+    if importlib.util.find_spec("peft") is None:
+        raise ImportError("train.lora needs the 'peft' package: pip install -e '.[lora]'")
 
 
 def is_adapter_dir(path: str | os.PathLike) -> bool:
@@ -84,6 +86,7 @@ def attach_lora(model: torch.nn.Module, section: LoraSection, seed: int) -> torc
         ImportError: peft is missing.
     """
     require_peft()
+    import torch
     from peft import LoraConfig, get_peft_model
 
     config = LoraConfig(
@@ -103,6 +106,7 @@ def load_adapter(base: torch.nn.Module, adapter_dir: str | os.PathLike, *, train
     """``base`` with the adapter of ``adapter_dir`` (peft ``PeftModel.from_pretrained``), trainable or not. The
     global RNG is left as it was (peft draws initial adapters before it loads the saved ones)."""
     require_peft()
+    import torch
     from peft import PeftModel
 
     with torch.random.fork_rng(devices=[]):

@@ -66,3 +66,14 @@ def test_lora_runs_cold(tiny_model_dir, tmp_path):
         config_from_dict(
             tiny_config(tmp_path, tiny_model_dir, train={"lora": {"rank": 2}}, orchestration={"execution": "warm"})
         )
+
+
+def test_lora_without_peft_names_the_extra(tiny_model_dir, tmp_path, monkeypatch):
+    """peft is looked up, not imported, when a config is validated (read-only commands validate configs too); where
+    it is not installed the config error names the extra."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"train.lora needs the 'peft' package: pip install -e '\.\[lora\]'"):
+        config_from_dict(tiny_config(tmp_path, tiny_model_dir, train={"lora": {"rank": 2}}))
