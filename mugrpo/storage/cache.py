@@ -80,7 +80,7 @@ def cached(name: str, build: Callable[[Path], object], *, root: Path | None = No
             build(tmp)
             (tmp / COMPLETE).touch()
             if entry.exists() and not (entry / COMPLETE).exists():
-                _remove(entry)  # an incomplete leftover (a build killed before this scheme's atomic rename)
+                _remove(entry)  # a folder at the entry's name that this cache never completed (put there by hand)
             try:
                 os.replace(tmp, entry)
             except OSError:  # a concurrent build landed first: use that one

@@ -86,7 +86,7 @@ def test_a_failed_build_leaves_no_entry_and_no_folder(tmp_path):
 
 def test_an_incomplete_leftover_is_replaced(tmp_path):
     (tmp_path / "remote-abc").mkdir()
-    (tmp_path / "remote-abc" / "truncated.bin").write_bytes(b"x")  # a download killed before it was marked
+    (tmp_path / "remote-abc" / "truncated.bin").write_bytes(b"x")  # not made by the cache (put there by hand)
     entry = cache.cached("remote-abc", lambda folder: (folder / "model.bin").write_bytes(b"full"), root=tmp_path)
     assert sorted(p.name for p in entry.iterdir()) == sorted([cache.COMPLETE, cache.LOCK_NAME, "model.bin"])
 
