@@ -88,7 +88,7 @@ def _run_leased(cfg: Config, lease: RunLease) -> dict[str, Any]:
     t0 = time.monotonic()
     if cfg.orchestration.verify_on_resume:  # never build on a corrupted committed stage (mugrpo.commits.verify), and
         store = open_store(cfg)  # refuse before init_run records the resume in run.json's history
-        checked = refuse_corrupted(store, cfg.run.id, cfg.run.num_stages)
+        checked = refuse_corrupted(store, cfg.run.id, cfg.run.num_stages, cfg.layout)
         logger.info("verified %d committed files (%.1f MiB)", checked.total_files, checked.total_bytes / 2**20)
     started = start_run(cfg)
     store, cfg = started.store, started.config  # the concrete config: auto precision resolved once, at run start

@@ -130,11 +130,10 @@ def _worker_spec_urls(cfg: Config, job: str, stage: int) -> list[str]:
     from mugrpo.coordination.fanout import worker_spec_paths
     from mugrpo.evaluation.worker import EvalSpec
     from mugrpo.generation import GenerateSpec
-    from mugrpo.storage.layout import RunLayout
 
     store = open_store(cfg)
     spec_cls = {"generate": GenerateSpec, "eval": EvalSpec}[job]
-    spec = spec_cls.model_validate_json(store.read_bytes(RunLayout(cfg.run.id).job_spec(stage, job)))
+    spec = spec_cls.model_validate_json(store.read_bytes(cfg.layout.job_spec(stage, job)))
     return [store.uri(p) for p in worker_spec_paths(store, cfg.run.id, stage, job, spec, spec.workers)]
 
 
@@ -153,12 +152,11 @@ def launch_workers(cfg: Config, job: str, stage: int) -> float:
     from mugrpo.coordination.fanout import missing_workers
     from mugrpo.evaluation.worker import EvalSpec, commit_eval
     from mugrpo.generation import GenerateSpec, commit_generation
-    from mugrpo.storage.layout import RunLayout
 
     logger = get_run_logger()
     store = open_store(cfg)
     spec_cls, finalize = {"generate": (GenerateSpec, commit_generation), "eval": (EvalSpec, commit_eval)}[job]
-    spec = spec_cls.model_validate_json(store.read_bytes(RunLayout(cfg.run.id).job_spec(stage, job)))
+    spec = spec_cls.model_validate_json(store.read_bytes(cfg.layout.job_spec(stage, job)))
     n = spec.workers
     urls = _worker_spec_urls(cfg, job, stage)
     todo = missing_workers(store, cfg.run.id, stage, job, n)
@@ -243,7 +241,6 @@ def segment_flow(config: dict[str, Any], first: int, count: int) -> list[dict[st
     launcher task as the cold jobs; its progress lines update a Prefect progress artifact while it runs, and each
     stage it commits gets the stage flow's summary artifact. Returns the stage manifests."""
     from mugrpo.execution.warm import SegmentSpec
-    from mugrpo.storage.layout import RunLayout
 
     cfg = config_from_dict(config, source="segment_flow(config)")
     logger = get_run_logger()
@@ -252,7 +249,7 @@ def segment_flow(config: dict[str, Any], first: int, count: int) -> list[dict[st
     if all(read_manifest(store, cfg.run.id, k) is not None for k in stages):
         logger.info("stages %d..%d already committed: skipping", stages[0], stages[-1])
     else:
-        rel = RunLayout(cfg.run.id).job_spec(first, "segment")
+        rel = cfg.layout.job_spec(first, "segment")
         store.write_bytes(rel, SegmentSpec.from_config(cfg, first, count).model_dump_json(indent=2).encode())
         with tags(f"run:{cfg.run.id}", f"segment:{first}"):
             wall = launch(cfg, "segment", store.uri(rel), first, stages=len(stages))

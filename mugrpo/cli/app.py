@@ -98,9 +98,9 @@ def stored_config(run: str, root: str | None, storage_options: dict | None = Non
 
 def refuse(e: Exception) -> None:
     """Print a refusal (:class:`mugrpo.orchestration.resume.RunRefused`, a config error) once, as one block, and exit
-    2."""
+    2 (or the refusal's own ``exit_code``: 3 where the run's state refuses it, docs/reliability.md)."""
     err.print(f"Error: {e}", style="red", markup=False, highlight=False)
-    raise typer.Exit(2) from None
+    raise typer.Exit(getattr(e, "exit_code", 2)) from None
 
 
 def refuse_state(message: str) -> None:

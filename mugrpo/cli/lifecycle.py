@@ -36,10 +36,9 @@ def stop_controller(cfg, uri: str):
     def hint() -> str:
         """The command that continues the run, as it stands at the stop."""
         from mugrpo.orchestration.runs import open_store
-        from mugrpo.storage.layout import RunLayout
 
         try:
-            started = open_store(cfg).exists(RunLayout(cfg.run.id).run_json)
+            started = open_store(cfg).exists(cfg.layout.run_json)
         except Exception:  # storage unreachable: the run may well exist
             started = True
         if started:

@@ -24,7 +24,7 @@ from mugrpo.cli.lifecycle import prefect_env, prefect_server, quiet_clean_failur
 from mugrpo.storage.cli_support import storage_guard
 
 
-def _execute(cfg) -> None:
+def execute(cfg) -> None:
     """Preflight, then the run flow under the run lease, the stop controller and the temporary Prefect server."""
     prefect_env()
     from mugrpo.config.precision import SHOWN_ENV, describe
@@ -82,11 +82,10 @@ def _taken_over(cfg, uri: str, detail: str) -> None:
     now) and whether the run is already complete; never advise a resume of a run another writer holds or finished."""
     from mugrpo.coordination.lease import LeaseRecord
     from mugrpo.orchestration.runs import open_store, run_status
-    from mugrpo.storage.layout import RunLayout
 
     store = open_store(cfg)
     try:
-        current = store.read_versioned(RunLayout(cfg.run.id).lease)
+        current = store.read_versioned(cfg.layout.lease)
         holder = LeaseRecord.from_bytes(current[0], uri).owner if current else "another writer (its lease is gone)"
         complete = run_status(store, cfg).complete
     except Exception:  # noqa: BLE001 - the message below stands without these details
@@ -172,7 +171,7 @@ def run_cmd(
     Each stage is a Prefect flow: generate -> train -> eval -> manifest. Prefect's temporary local server starts by
     itself unless PREFECT_API_URL points at a server.
     """
-    _execute(load_or_exit(config, overrides))
+    execute(load_or_exit(config, overrides))
 
 
 @app.command("resume")
@@ -200,7 +199,7 @@ def resume_cmd(
         cfg = resume_config(stored, overrides or [], open_store(stored).uri(stored.run.id))
     except (RunRefused, ConfigError) as e:
         refuse(e)
-    _execute(cfg)
+    execute(cfg)
 
 
 def _final_line(metrics: dict[str, float]) -> str:

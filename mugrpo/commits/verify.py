@@ -126,8 +126,9 @@ def _check_manifest(store: Store, layout: RunLayout, rel: str, cls: type, out: S
     except (ValidationError, ValueError) as e:
         out.corrupted[layout.rel(rel)] = f"manifest does not parse ({str(e).splitlines()[0]})"
         return
+    owner = RunLayout(manifest.run_id)  # a fork's inherited stage: the parent's manifest, paths in its run
     for rec in manifest.files:
-        _check_file(store, layout, rec.path, rec.sha256, out)
+        _check_file(store, layout, layout.rel(owner.abs(rec.path)), rec.sha256, out)
 
 
 def _check_folder(store: Store, layout: RunLayout, rel: str, out: StageCheck) -> None:
@@ -152,9 +153,12 @@ def _check_folder(store: Store, layout: RunLayout, rel: str, out: StageCheck) ->
             _check_file(store, layout, layout.rel(posixpath.join(ref.policy_dir, name)), digest, out, via=via)
 
 
-def verify_stage(store: Store, run_id: str, stage: int, label: str | None = None) -> StageCheck:
-    """Check stage ``stage`` of ``run_id`` (see the module docstring)."""
-    layout = RunLayout(run_id)
+def verify_stage(
+    store: Store, run_id: str, stage: int, label: str | None = None, layout: RunLayout | None = None
+) -> StageCheck:
+    """Check stage ``stage`` of ``run_id`` (see the module docstring); ``layout``: the run's, when it is a fork (its
+    parent's folders below the fork stage are checked as the fork's, shown as ``../PARENT/...``)."""
+    layout = layout or RunLayout(run_id)
     out = StageCheck(stage=stage, label=label or str(stage))
     _check_manifest(store, layout, layout.stage_manifest(stage), StageManifest, out)
     for job in JOBS:
@@ -167,11 +171,12 @@ def verify_stage(store: Store, run_id: str, stage: int, label: str | None = None
     return out
 
 
-def verify_run(store: Store, run_id: str, num_stages: int) -> VerifyReport:
-    """Check stages 0..K-1 and the final evaluation/policy (stage K) of ``run_id``."""
-    stages = [verify_stage(store, run_id, k) for k in range(num_stages)]
-    final = verify_stage(store, run_id, num_stages, label="final")  # stage K has no stage manifest, only these:
-    layout = RunLayout(run_id)
+def verify_run(store: Store, run_id: str, num_stages: int, layout: RunLayout | None = None) -> VerifyReport:
+    """Check stages 0..K-1 and the final evaluation/policy (stage K) of ``run_id`` (``layout``: as in
+    :func:`verify_stage`)."""
+    layout = layout or RunLayout(run_id)
+    stages = [verify_stage(store, run_id, k, layout=layout) for k in range(num_stages)]
+    final = verify_stage(store, run_id, num_stages, "final", layout)  # stage K has no stage manifest, only these:
     if store.is_complete_dir(layout.policy_dir(num_stages)):
         final.holds.append("final policy")
     if store.exists(layout.job_manifest(num_stages, "eval")):
@@ -181,13 +186,13 @@ def verify_run(store: Store, run_id: str, num_stages: int) -> VerifyReport:
     return VerifyReport(store.uri(RunLayout(run_id).run_dir), stages)
 
 
-def refuse_corrupted(store: Store, run_id: str, num_stages: int) -> VerifyReport:
+def refuse_corrupted(store: Store, run_id: str, num_stages: int, layout: RunLayout | None = None) -> VerifyReport:
     """:func:`verify_run`, raising when anything committed is corrupted or missing (resume calls it first).
 
     Raises:
         CorruptedRunError: names every bad file and how to recover.
     """
-    report = verify_run(store, run_id, num_stages)
+    report = verify_run(store, run_id, num_stages, layout)
     if not report.ok:
         raise CorruptedRunError(
             f"run {run_id!r} has corrupted committed files; refusing to build on them:\n" + "\n".join(report.problems())

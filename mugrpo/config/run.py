@@ -16,6 +16,31 @@ from mugrpo.storage.layout import validate_run_id
 from mugrpo.storage.store import RetryBudget
 
 
+class ForkSection(_Section):
+    """Where a forked run branches from its parent (``run.parent``), written by ``mugrpo fork`` (docs/branching.md):
+    the fork's stages below ``stage`` are the parent's committed stages, referenced, not copied, and its stage
+    ``stage`` starts from the parent's policy of that stage and the final checkpoint of the stage before."""
+
+    run_id: str = Field(description="The parent run: a run id under the same `run.root`.")
+    stage: int = Field(ge=1, description="K: the first stage the fork computes itself.")
+    reuse_rollouts: bool = Field(
+        False,
+        description="Stage K is not sampled again: the parent's stored stage-K responses are re-scored with this "
+        "run's reward config, their advantages recomputed, and trained on. Only keys that leave the behavior "
+        "distribution unchanged may differ from the parent (reward, advantage, loss, optimizer, updates).",
+    )
+    fresh_optimizer: bool = Field(
+        False,
+        description="Stage K starts from fresh AdamW moments instead of the parent's final checkpoint of stage K-1 "
+        "(needed when that checkpoint was pruned); recorded, so the fork's first stage is known to differ.",
+    )
+
+    @field_validator("run_id")
+    @classmethod
+    def _check_parent_id(cls, v: str) -> str:
+        return validate_run_id(v)
+
+
 class RunSection(_Section):
     """Identity and storage of a run."""
 
@@ -40,6 +65,11 @@ class RunSection(_Section):
     seed: int = Field(0, description="Seeds data order, sampling and initialization of every job.")
     num_stages: int = Field(4, ge=1, description="K: rollout refreshes. Mu-GRPO uses 4 stages (arXiv 2605.17570).")
     stage_schedule: StageScheduleConfig = Field(default_factory=StageScheduleConfig)
+    parent: ForkSection | None = Field(
+        None,
+        description="A fork's parent run and fork stage (set by `mugrpo fork`, never by hand: a new run that names "
+        "a parent without the fork's run.json is refused). None: a run of its own.",
+    )
 
     @field_validator("id")
     @classmethod

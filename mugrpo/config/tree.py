@@ -20,6 +20,7 @@ from mugrpo.policy.adapters import require_peft
 from mugrpo.rewards import RewardConfig
 from mugrpo.schedules.stages import ScheduleInputs, stage_sizes
 from mugrpo.scoring.advantages import AdvantageConfig
+from mugrpo.storage.layout import RunLayout
 
 
 class _CoreSections(_Section):
@@ -83,6 +84,14 @@ class _CoreSections(_Section):
             except ImportError as e:  # a config error like any other (one line from the CLI), not a traceback
                 raise ValueError(str(e)) from e
         return self
+
+    @property
+    def layout(self) -> RunLayout:
+        """The run's storage layout (:class:`mugrpo.storage.layout.RunLayout`), a fork's naming its parent."""
+        parent = self.run.parent
+        if parent is None:
+            return RunLayout(self.run.id)
+        return RunLayout(self.run.id, parent=parent.run_id, fork_stage=parent.stage)
 
     def schedule_inputs(self) -> ScheduleInputs:
         """What the stage schedule reads of this config (:func:`mugrpo.schedules.stages.stage_plan`)."""

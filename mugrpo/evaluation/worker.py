@@ -32,7 +32,6 @@ from mugrpo.evaluation.metrics import avg_at_k, clustered_mean_ci, maj_at_k, mea
 from mugrpo.policy.adapters import merged_policy_dir
 from mugrpo.rewards import RewardConfig, RewardInput
 from mugrpo.scoring.verifiers import VerifierPoolOwner
-from mugrpo.storage.layout import RunLayout
 from mugrpo.storage.store import Store, sha256_bytes
 from schemas import FileRecord, JobManifest
 
@@ -64,7 +63,7 @@ class EvalSpec(JobSpec):
         cfg = concrete(cfg)
         return cls(
             **cls.run_fields(cfg, stage),
-            policy_dir=RunLayout(cfg.run.id).policy_dir(stage),
+            policy_dir=cfg.layout.policy_dir(stage),
             benchmarks=cfg.eval.benchmarks,
             prompt=cfg.data.prompt,
             engine=cfg.generation.engine,
@@ -205,7 +204,7 @@ class EvalWorker(VerifierPoolOwner):
 
         origin = time.monotonic() if origin is None else origin
         store = spec.store()
-        layout = RunLayout(spec.run_id)
+        layout = spec.layout
         done = read_job_manifest(store, spec.run_id, spec.stage, "eval")
         if done is not None:
             console.print(f"eval policy {spec.stage}: already committed")
@@ -275,7 +274,7 @@ def commit_eval(spec: EvalSpec) -> JobManifest | None:
 
 def _eval_manifest(spec: EvalSpec, store: Store, parts: list[JobManifest]) -> JobManifest:
     """The eval manifest from the committed worker manifests (see :func:`commit_eval`)."""
-    layout = RunLayout(spec.run_id)
+    layout = spec.layout
     digests = {f.path: f.sha256 for p in parts for f in p.files}
     files, metrics, counts = [], {}, {}
     for bench in spec.benchmarks:

@@ -50,7 +50,6 @@ from typing import Protocol
 from mugrpo.commits.manifest import read_job_manifest, read_manifest
 from mugrpo.config import Config
 from mugrpo.orchestration.runs import commit_stage, open_store, overlaps_next_generation, prestarts, write_job_specs
-from mugrpo.storage.layout import RunLayout
 from schemas import StageManifest, StageTimings
 
 #: The job-reported seconds of real work, by job kind; the rest of a job's wall time is switching overhead.
@@ -134,6 +133,9 @@ def run_stage(cfg: Config, stage: int, launcher: StageJobs, say: Callable[[str],
             if job not in urls:
                 continue
             committed = read_job_manifest(store, cfg.run.id, stage, job)
+            if committed is not None and committed.run_id != cfg.run.id:  # a fork's, inherited: no time here
+                say(f"stage {stage}: {job} job inherited from run {committed.run_id} (mugrpo fork): not launched")
+                continue
             if committed is not None:  # from an earlier attempt, or started by the stage before: its own timings
                 say(f"stage {stage}: {job} job already committed: not relaunched")
                 walls[job] = committed.timings.get("total", 0.0)
@@ -200,7 +202,7 @@ def _train_beside_next_generation(
             the train job ended (so its checkpoint is committed for the resume).
         RuntimeError: the train job returned without committing.
     """
-    store, layout = open_store(cfg), RunLayout(cfg.run.id)
+    store, layout = open_store(cfg), cfg.layout
     submitted = datetime.now(UTC)
     train = launcher.submit("train", stage, url)
     while not train.done() and not store.is_complete_dir(layout.policy_dir(stage + 1)):

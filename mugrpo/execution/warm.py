@@ -178,11 +178,10 @@ class WarmSegment:
         from mugrpo.evaluation.worker import EvalWorker
         from mugrpo.generation import GenerationWorker
         from mugrpo.orchestration.runs import open_store
-        from mugrpo.storage.layout import RunLayout
         from mugrpo.trainer.loop import Trainer
 
         cfg = concrete(cfg)
-        self.cfg, self.store, self.layout = cfg, open_store(cfg), RunLayout(cfg.run.id)
+        self.cfg, self.store, self.layout = cfg, open_store(cfg), cfg.layout
         self.trainer = Trainer(cfg.train.mixed_precision)
         if self.trainer.accelerator.num_processes > 1:
             raise ValueError(

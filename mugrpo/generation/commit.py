@@ -17,7 +17,6 @@ from mugrpo.common.progress import console
 from mugrpo.coordination.fanout import commit_when_all_committed, slowest_timings, worker_job
 from mugrpo.generation.spec import GenerateSpec, GenerationError
 from mugrpo.provenance.prompt_plan import check_rollouts_follow_plan
-from mugrpo.storage.layout import RunLayout
 from mugrpo.storage.store import Store, sha256_bytes
 from schemas import FileRecord, JobManifest
 
@@ -50,7 +49,7 @@ def commit_worker(
     Raises:
         GenerationError: a shard is not a readable Parquet file (names it; delete it and re-run the worker).
     """
-    layout = RunLayout(spec.run_id)
+    layout = spec.layout
     files = []
     for s in mine:
         rel = layout.rollout_shard(spec.stage, s)
@@ -101,7 +100,7 @@ def commit_generation(spec: GenerateSpec) -> JobManifest | None:
 
 def _committed_rows(spec: GenerateSpec, store: Store, files: list[FileRecord]) -> list[dict]:
     """The summarized columns of every row of ``files`` (each verified against its sha256)."""
-    layout = RunLayout(spec.run_id)
+    layout = spec.layout
     fields = [c.field for c in declared_columns()]
     columns = _SUMMARY_COLUMNS + [f.name for f in fields]
     rows = []

@@ -14,7 +14,6 @@ from mugrpo.engines.base import SamplingParams
 from mugrpo.rewards import RewardConfig
 from mugrpo.schedules.stages import stage_plan
 from mugrpo.scoring.advantages import AdvantageConfig
-from mugrpo.storage.layout import RunLayout
 
 
 class GenerationError(RuntimeError):
@@ -44,6 +43,11 @@ class _GenerateSpecCore(JobSpec):
     max_context: int | None = Field(None, description="Prompt + response token limit; None = the model's.")
     workers: int = Field(1, ge=1, description="Generation workers of the stage (generation.workers).")
     worker: int = Field(0, ge=0, description="This worker's index w: it samples shards w, w + workers, ...")
+    reuse_rollouts_of: str | None = Field(
+        None,
+        description="A run id whose committed responses of this stage are re-scored instead of sampled (a fork's "
+        "parent with run.parent.reuse_rollouts; mugrpo.generation.stored). None: sample with the engine.",
+    )
 
     @model_validator(mode="after")
     def _worker_in_range(self) -> _GenerateSpecCore:
@@ -64,7 +68,7 @@ class _GenerateSpecCore(JobSpec):
         return cls(
             **cls.run_fields(cfg, stage),
             policy_version=policy_version,
-            policy_dir=RunLayout(cfg.run.id).policy_dir(stage),
+            policy_dir=cfg.layout.policy_dir(stage),
             dataset=cfg.data.train,
             prompt=cfg.data.prompt,
             prompt_start=plan.prompt_start,
@@ -79,6 +83,11 @@ class _GenerateSpecCore(JobSpec):
             on_bad_prompt=cfg.data.on_bad_prompt,
             max_context=cfg.model.max_context,
             workers=g.workers,
+            reuse_rollouts_of=(
+                cfg.run.parent.run_id
+                if cfg.run.parent and cfg.run.parent.reuse_rollouts and stage == cfg.run.parent.stage
+                else None
+            ),
             **sections_of(cfg, "generate"),
         )
 

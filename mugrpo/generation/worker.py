@@ -47,6 +47,7 @@ from mugrpo.generation.commit import commit_generation, commit_worker
 from mugrpo.generation.prompts import PreparedPrompt, prepare_prompts
 from mugrpo.generation.shards import generate_groups, sample_shard, shard_rows
 from mugrpo.generation.spec import GenerateSpec, GenerationError
+from mugrpo.generation.stored import StoredResponses
 from mugrpo.policy.adapters import merged_policy_dir
 from mugrpo.provenance.prompt_plan import stage_prompts
 from mugrpo.rewards import RewardScorer
@@ -139,7 +140,7 @@ class GenerationWorker(VerifierPoolOwner):
 
         from mugrpo.engines import make_engine
 
-        layout = RunLayout(spec.run_id)
+        layout = spec.layout
         policy = merged_policy_dir(store, local_policy_dir(store, spec.policy_dir))  # LoRA: merged once
         tokenizer = AutoTokenizer.from_pretrained(policy)
         max_context = spec.max_context or int(AutoConfig.from_pretrained(policy).max_position_embeddings)
@@ -161,14 +162,16 @@ class GenerationWorker(VerifierPoolOwner):
             # The verifier pool's workers start (spawned interpreters importing the reward modules) while this
             # process loads the engine; verifier_pool() below then waits them ready.
             self.start_verifier_pool(spec.reward)
-            own_engine = self._engine is None
+            reuse = spec.reuse_rollouts_of is not None  # a fork re-scoring its parent's responses (docs/branching.md)
+            own_engine = self._engine is None or reuse
             if self.progress is not None:
                 self.progress.set_phase(f"loading the policy ({spec.engine}, {spec.dtype})")
-            engine = (
-                make_engine(spec.engine, policy, dtype=spec.dtype, seed=spec.seed, **spec.engine_kwargs)
-                if own_engine
-                else self._engine
-            )
+            if reuse:
+                engine = StoredResponses(store, spec.reuse_rollouts_of, spec.stage)
+            elif own_engine:
+                engine = make_engine(spec.engine, policy, dtype=spec.dtype, seed=spec.seed, **spec.engine_kwargs)
+            else:
+                engine = self._engine
             try:
                 scorer = self.verifier_pool(spec.reward)
                 t_switch = time.monotonic() - origin  # (process start, imports,) engine start and weight load
@@ -264,7 +267,7 @@ def _sample_and_commit(
 
     With algorithm hooks, each shard is planned first (:func:`plan_shard`), after the previous shard's commit
     finished, so the verifier pool serves one caller at a time."""
-    layout = RunLayout(spec.run_id)
+    layout = spec.layout
     declared = [c.field for c in declared_columns()]
 
     def commit(shard: int, live: list[PreparedPrompt], groups: list[list], plan: ShardPlan | None) -> int:

@@ -106,12 +106,12 @@ def preflight(cfg: Any) -> Cleared:
     with _storage(uri, options):
         try:
             check = check_resume(store, cfg)
-        except (RunRefused, ConfigError) as e:
-            raise Refusal(str(e)) from None
+        except (RunRefused, ConfigError) as e:  # a fork's broken lineage is the run's state (3)
+            raise Refusal(str(e), getattr(e, "exit_code", ASKED_WRONG)) from None
         check_stage_sizes(cfg)
         if cfg.orchestration.verify_on_resume:
             try:
-                refuse_corrupted(store, cfg.run.id, cfg.run.num_stages)
+                refuse_corrupted(store, cfg.run.id, cfg.run.num_stages, cfg.layout)
             except CorruptedRunError as e:
                 raise Refusal(str(e), STATE_REFUSES) from None
         check_writable(store, cfg.run.id, uri)

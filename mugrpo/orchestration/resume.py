@@ -81,20 +81,29 @@ def stored_config(store: Store, run_id: str) -> dict[str, Any]:
     return config_from_dict(store.read_json(rel)["config"], source=store.uri(rel)).to_json_dict()
 
 
-def check_resume(store: Store, cfg: Any) -> ResumeCheck:
+def check_resume(store: Store, cfg: Any, *, forking: bool = False) -> ResumeCheck:
     """Check that run ``cfg.run.id`` can start or continue with config ``cfg`` (a :class:`mugrpo.config.Config`);
-    reads only.
+    reads only. A fork (``run.parent``) is also checked against what it references of its parent
+    (:func:`mugrpo.orchestration.fork.check_lineage`); ``forking``: the check of ``mugrpo fork`` itself, before the
+    fork's run.json exists.
 
     Raises:
         ConfigMismatchError: a semantic key differs from run.json's config.
         InputChangedError: an input's content differs from its recorded fingerprint, or an input is missing.
+        mugrpo.orchestration.fork.ForkRefused: a new run names a parent (only ``mugrpo fork`` makes forks), or a
+            fork's parent files are gone or changed.
     """
-    layout = RunLayout(cfg.run.id)
+    from mugrpo.orchestration.fork import check_lineage
+
+    layout = cfg.layout
     uri = store.uri(layout.run_dir)
     if not store.exists(layout.run_json):
+        if not forking:
+            check_lineage(store, cfg, None)  # a new run naming a parent by hand: refused
         inputs = _fingerprints(cfg, {}, uri, starting=True)
         return ResumeCheck(doc=None, inputs=inputs, precision=resolve_precision(cfg))
     doc = store.read_json(layout.run_json)
+    check_lineage(store, cfg, doc)
     stored = stored_config(store, cfg.run.id)
     precision = resolve_precision(cfg, stored=config_from_dict(stored, source=store.uri(layout.run_json)))
     cfg = precision.config
@@ -157,7 +166,7 @@ def _fingerprints(cfg: Any, recorded: dict[str, InputFingerprint], uri: str, *, 
         ) from None
 
 
-def record_resume(store: Store, cfg: Any, check: ResumeCheck) -> dict[str, Any]:
+def record_resume(store: Store, cfg: Any, check: ResumeCheck, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write run.json after a passed :func:`check_resume`: a new run's document (config, code version, input
     fingerprints, a ``start`` history entry), or, for an existing run, the config with the accepted operational
     changes, the inputs' current fingerprints and a ``resume``
@@ -179,6 +188,7 @@ def record_resume(store: Store, cfg: Any, check: ResumeCheck) -> dict[str, Any]:
         if check.precision is not None:
             doc["precision"] = check.precision.record
         doc.update(inputs=inputs, history=[event])
+        doc.update({k: v for k, v in (extra or {}).items() if v is not None})  # a fork's lineage (and precision)
     else:
         doc = dict(check.doc)
         if check.changes:
@@ -190,7 +200,7 @@ def record_resume(store: Store, cfg: Any, check: ResumeCheck) -> dict[str, Any]:
         doc["config"] = cfg.to_json_dict()
         doc["inputs"] = {**(doc.get("inputs") or {}), **inputs}
         doc["history"] = [*(doc.get("history") or []), event]
-    store.write_json(RunLayout(cfg.run.id).run_json, doc)
+    store.write_json(cfg.layout.run_json, doc)
     return doc
 
 

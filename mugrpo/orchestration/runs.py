@@ -71,11 +71,30 @@ def start_run(cfg: Config) -> StartedRun:
     return StartedRun(store, concrete, precision.record if precision else {}, precision.warning if precision else None)
 
 
+def create_fork(store: Store, plan) -> dict:
+    """Write the fork a :func:`mugrpo.orchestration.fork.plan_fork` planned: the verbatim copies of the parent's
+    metadata, then run.json with its ``lineage`` block and the parent's precision record (the fork's commit point: a
+    fork killed before it leaves no run.json, and the same ``mugrpo fork`` starts over). Returns the run.json
+    document.
+
+    Raises:
+        InputChangedError: an input of the parent's config is missing or changed.
+    """
+    from mugrpo.orchestration.fork import lineage_record, write_copies
+
+    write_copies(store, plan)
+    check = check_resume(store, plan.config, forking=True)
+    precision = store.read_json(plan.parent.layout.run_json).get("precision")
+    return record_resume(
+        store, plan.config, check, extra={"lineage": lineage_record(store, plan), "precision": precision}
+    )
+
+
 def ensure_initial_policy(cfg: Config, store: Store) -> None:
     """Convert the configured model once into an HF dir at policies/stage=0 (skipped when already committed)."""
     from mugrpo.policy.models import convert_to_hf_dir
 
-    rel = RunLayout(cfg.run.id).policy_dir(0)
+    rel = cfg.layout.policy_dir(0)
     if store.is_complete_dir(rel):
         return
     source = model_source_path(cfg.model.source)  # the file or folder it names (the lab policy: from its cache)
@@ -127,7 +146,7 @@ def behavior_policy_dir(store: Store, cfg: Config, stage: int) -> str:
     """
     from mugrpo.commits.manifest import latest_checkpoint
 
-    layout = RunLayout(cfg.run.id)
+    layout = cfg.layout
     for k in range(stage, -1, -1):
         if store.is_complete_dir(layout.policy_dir(k)):
             return layout.policy_dir(k)
@@ -191,7 +210,7 @@ def start_markers(cfg: Config, stage: int, job: str) -> list[str]:
 
     if not prestarts(cfg, stage):
         return []
-    layout = RunLayout(cfg.run.id)
+    layout = cfg.layout
     previous = [layout.stage_manifest(stage - 1)] if stage > 0 else []
     if job == "generate":
         policy = [f"{layout.policy_dir(stage)}/{COMPLETE_MARKER}"]
@@ -225,7 +244,7 @@ def build_job_specs(cfg: Config, stage: int, *, with_eval: bool | None = None, a
         raise ValueError(f"stage {stage}: its jobs are not pre-started, so their specs cannot be written ahead")
     store = open_store(cfg)
     version = policy_version(cfg, stage)
-    behavior = RunLayout(cfg.run.id).policy_dir(stage) if ahead else behavior_policy_dir(store, cfg, stage)
+    behavior = cfg.layout.policy_dir(stage) if ahead else behavior_policy_dir(store, cfg, stage)
     specs = {
         "generate": GenerateSpec.from_config(cfg, stage, version).model_copy(update={"policy_dir": behavior}),
         "train": TrainSpec.from_config(cfg, stage, version).model_copy(
@@ -249,7 +268,7 @@ def write_job_specs(
     """Write the generate/train/eval specs of a stage (:func:`build_job_specs`; only ``jobs`` when given) to
     storage; returns {job: URL}. A spec file that already holds the same bytes is left as it is."""
     store = open_store(cfg)
-    layout = RunLayout(cfg.run.id)
+    layout = cfg.layout
     urls = {}
     for job, spec in build_job_specs(cfg, stage, with_eval=with_eval, ahead=ahead).items():
         if jobs and job not in jobs:
@@ -269,7 +288,7 @@ def write_final_eval_spec(cfg: Config) -> str | None:
     if not cfg.eval.benchmarks:
         return None
     store = open_store(cfg)
-    rel = RunLayout(cfg.run.id).job_spec(cfg.run.num_stages, "eval")
+    rel = cfg.layout.job_spec(cfg.run.num_stages, "eval")
     store.write_bytes(rel, EvalSpec.from_config(cfg, cfg.run.num_stages).model_dump_json(indent=2).encode())
     return store.uri(rel)
 
@@ -297,15 +316,16 @@ def commit_stage(cfg: Config, stage: int, timings: StageTimings) -> StageManifes
         m = read_job_manifest(store, cfg.run.id, stage, job)
         if m is None:
             raise RuntimeError(f"stage {stage}: the {job} job has not committed; cannot write the stage manifest")
-        files.extend(m.files)
+        owner = RunLayout(m.run_id)  # a fork's job inherited from its parent: its files, referenced
+        files.extend(f.model_copy(update={"path": cfg.layout.rel(owner.abs(f.path))}) for f in m.files)
         counts.update({f"{job}/{k}": v for k, v in m.counts.items()})
         metrics.update({f"{job}/{k}": v for k, v in m.metrics.items()})
         if m.code_version:
             versions[job] = m.code_version
-    plan = RunLayout(cfg.run.id).prompt_plan(stage)
+    plan = cfg.layout.prompt_plan(stage)
     if store.exists(plan):  # the stage's prompt plan (mugrpo.provenance.prompt_plan), covered by `mugrpo verify`
         data = store.read_bytes(plan)
-        files.append(FileRecord(path=RunLayout(cfg.run.id).rel(plan), sha256=sha256_bytes(data), bytes=len(data)))
+        files.append(FileRecord(path=cfg.layout.rel(plan), sha256=sha256_bytes(data), bytes=len(data)))
     manifest = new_manifest(
         cfg.run.id, stage, files, counts=counts, metrics=metrics, timings=timings, job_code_versions=versions
     )
@@ -322,7 +342,7 @@ def prune_stage_checkpoints(store: Store, cfg: Config, stage: int) -> list[str]:
     from mugrpo.commits.manifest import checkpoint_steps
     from mugrpo.storage.store import COMPLETE_MARKER
 
-    layout = RunLayout(cfg.run.id)
+    layout = cfg.layout
     keep = behavior_policy_dir(store, cfg, stage + 1) if stage + 1 <= cfg.run.num_stages else None
     doomed = [
         layout.checkpoint_dir(k, step)
@@ -363,7 +383,7 @@ class RunStatus:
 
 def run_status(store: Store, cfg: Config) -> RunStatus:
     """What is committed of a run: per stage its manifest, jobs, shards and checkpoints."""
-    layout = RunLayout(cfg.run.id)
+    layout = cfg.layout
     stages = []
     for k in range(cfg.run.num_stages):
         st = StageStatus(stage=k, committed=False)

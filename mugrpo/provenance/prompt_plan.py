@@ -95,7 +95,7 @@ def _training_set_changed(store: Store, spec: Any, problems: list[Problem]) -> s
     full, and the digest of the problems recorded at the start against ``problems``, those this stage read), else
     None (also when there is no run.json or it has no fingerprints: a run of an older version, or a job run on its
     own)."""
-    rel = RunLayout(spec.run_id).run_json
+    rel = spec.layout.run_json
     if not store.exists(rel):
         return None
     recorded = (store.read_json(rel).get("inputs") or {}).get(TRAIN_ROLE)
@@ -109,7 +109,7 @@ def _training_set_changed(store: Store, spec: Any, problems: list[Problem]) -> s
     new.problems_sha256 = problems_digest(problems)
     if new.sha256 == old.sha256 and old.problems_sha256 in (None, new.problems_sha256):
         return None
-    message = changed_inputs_message(spec.run_id, store.uri(RunLayout(spec.run_id).run_dir), [(old, new)])
+    message = changed_inputs_message(spec.run_id, store.uri(spec.layout.run_dir), [(old, new)])
     if old.problems_sha256 not in (None, new.problems_sha256):
         message += (
             f"\n  stage {spec.stage} read problems with digest {new.problems_sha256}; the run started on "
@@ -153,7 +153,7 @@ def _check_same_training_set(store: Store, spec: Any, digest: str) -> None:
         if earlier is not None and earlier.dataset_sha256 != digest:
             raise PlanError(
                 f"stage {spec.stage}: the training set {spec.dataset.path or spec.dataset.name} is not the one stage "
-                f"{j} was planned on ({store.uri(RunLayout(spec.run_id).prompt_plan(j))}): problems sha256 "
+                f"{j} was planned on ({store.uri(spec.layout.prompt_plan(j))}): problems sha256 "
                 f"{earlier.dataset_sha256} then, {digest} now. Nothing was sampled: restore the training set the run "
                 "started with, or start a new run id"
             )
@@ -170,7 +170,7 @@ def stage_prompts(store: Store, spec: Any, problems: list[Problem]) -> list[Prob
             since the run started (its file's sha256, or its problems' digest against the earlier plans': an edit
             that kept the file's size and mtime).
     """
-    layout = RunLayout(spec.run_id)
+    layout = spec.layout
     plan = read_plan(store, spec.run_id, spec.stage)
     if plan is not None:
         by_id = {p.prompt_id: p for p in problems}

@@ -6,6 +6,7 @@ Every path here is relative to the store's root URL (see :class:`mugrpo.storage.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from dataclasses import dataclass
 
@@ -29,12 +30,24 @@ def validate_run_id(run_id: str) -> str:
 
 @dataclass(frozen=True)
 class RunLayout:
-    """Paths of one run, relative to the store root: ``{run_id}/...``."""
+    """Paths of one run, relative to the store root: ``{run_id}/...``.
+
+    A run forked from another (``mugrpo fork``, docs/branching.md) names its parent in ``parent`` and the stage it
+    was forked at in ``fork_stage`` (K): the folders of what it builds on are the parent's, referenced, never copied:
+    the behavior policies of stages 0..K (``policies/stage=k``), the checkpoints of stages below K and the algorithm
+    state files of stages below K. Everything the fork writes (stage K on) lives under its own ``run_id``.
+    """
 
     run_id: str
+    parent: str | None = None
+    fork_stage: int = 0
 
     def __post_init__(self) -> None:
         validate_run_id(self.run_id)
+        if self.parent is not None:
+            validate_run_id(self.parent)
+            if self.parent == self.run_id or self.fork_stage < 1:
+                raise ValueError(f"run {self.run_id!r}: a fork needs another parent run and a fork stage >= 1")
 
     @property
     def run_dir(self) -> str:
@@ -43,16 +56,34 @@ class RunLayout:
     def _p(self, *parts: str) -> str:
         return "/".join((self.run_id, *parts))
 
+    def _owner(self, stage: int, *, through: bool = False) -> str:
+        """The run id whose folder holds stage ``stage``'s data: the parent's below the fork stage (``through``: up
+        to and including it, for the behavior policy of the fork stage)."""
+        if self.parent is not None and (stage < self.fork_stage or (through and stage == self.fork_stage)):
+            return self.parent
+        return self.run_id
+
     def rel(self, path: str) -> str:
-        """Path relative to the run directory (as stored in manifests)."""
+        """Path relative to the run directory (as stored in manifests); a path in another run of the same root (a
+        fork's parent) is ``../{other run id}/...``."""
         prefix = self.run_id + "/"
-        if not path.startswith(prefix):
-            raise ValueError(f"{path!r} is not inside run {self.run_id!r}")
-        return path[len(prefix) :]
+        if path.startswith(prefix):
+            return path[len(prefix) :]
+        other = path.split("/", 1)
+        if len(other) == 2 and _RUN_ID.match(other[0]) and not path.startswith("../"):
+            return f"../{path}"
+        raise ValueError(f"{path!r} is not inside run {self.run_id!r} nor a run of its root")
 
     def abs(self, rel_path: str) -> str:
-        """Inverse of :meth:`rel`."""
-        return self._p(rel_path)
+        """Inverse of :meth:`rel`: a store path (``../other/...`` resolves to a run beside this one).
+
+        Raises:
+            ValueError: the path leaves the store root.
+        """
+        path = posixpath.normpath(self._p(rel_path))
+        if path.startswith("../") or path in ("..", ".") or path.startswith("/"):
+            raise ValueError(f"{rel_path!r} (in run {self.run_id!r}) leaves the store root")
+        return path
 
     # run-level
     @property
@@ -66,8 +97,9 @@ class RunLayout:
 
     # per stage
     def policy_dir(self, stage: int) -> str:
-        """HF-format model dir: the behavior policy of stage ``stage`` (stage K = final policy)."""
-        return self._p("policies", f"stage={stage}")
+        """HF-format model dir: the behavior policy of stage ``stage`` (stage K = final policy); a fork's policies
+        up to its fork stage are its parent's."""
+        return "/".join((self._owner(stage, through=True), "policies", f"stage={stage}"))
 
     def rollouts_dir(self, stage: int) -> str:
         return self._p("rollouts", f"stage={stage}")
@@ -93,15 +125,16 @@ class RunLayout:
     def stage_state(self, name: str, stage: int, file: str) -> str:
         """State file ``file`` of algorithm ``name`` after the last update of ``stage`` (written at the stage's
         train commit, listed in its job manifest), e.g. ``replay_buffer/stage=k/buffer.parquet``."""
-        return self._p(name, f"stage={stage}", file)
+        return "/".join((self._owner(stage), name, f"stage={stage}", file))
 
     def checkpoints_dir(self, stage: int) -> str:
-        return self._p("checkpoints", f"stage={stage}")
+        """The checkpoints of a stage (a fork's stages below its fork stage: the parent's)."""
+        return "/".join((self._owner(stage), "checkpoints", f"stage={stage}"))
 
     def checkpoint_dir(self, stage: int, step: int) -> str:
         """A checkpoint folder. The final one of a stage that publishes its policy holds no weights of its own: its
         :data:`POLICY_REF_FILE` references the files of ``policy_dir(stage + 1)`` (the same tensors)."""
-        return self._p("checkpoints", f"stage={stage}", f"step={step:06d}")
+        return f"{self.checkpoints_dir(stage)}/step={step:06d}"
 
     def evals_dir(self, stage: int) -> str:
         return self._p("evals", f"stage={stage}")
@@ -137,6 +170,19 @@ class RunLayout:
         """The prompts stage ``stage`` samples (:mod:`mugrpo.provenance.prompt_plan`), written once, before its first
         shard."""
         return self._p("jobs", f"stage={stage}", "generate.plan.json")
+
+    # re-scored rewards (mugrpo.orchestration.rescore): written beside the rollouts, never over them
+    def rescore_dir(self, name: str, stage: int) -> str:
+        """The shards of re-scoring ``name`` of stage ``stage``'s rollouts."""
+        return self._p("rescores", name, f"stage={stage}")
+
+    def rescore_shard(self, name: str, stage: int, shard: int) -> str:
+        """Re-scored rows of rollout shard ``shard`` (one output file per input shard, same number)."""
+        return self._p("rescores", name, f"stage={stage}", f"shard={shard:05d}.parquet")
+
+    def rescore_manifest(self, name: str, stage: int) -> str:
+        """The commit point of a re-scoring: written last, lists its shards with their sha256."""
+        return self._p("rescores", name, f"stage={stage}.json")
 
 
 def parse_checkpoint_step(name: str) -> int | None:

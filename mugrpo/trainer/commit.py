@@ -106,7 +106,7 @@ def save_policy(live: LivePolicy, spec: TrainSpec, state: dict[str, torch.Tensor
     """Write the live policy with tensors ``state`` as a policy folder at ``dest``: an HF model dir, or for a LoRA
     policy its adapter with a reference to its base, ``policies/stage=0`` (:mod:`mugrpo.policy.adapters`)."""
     if is_lora_model(live.policy):
-        ref = base_ref(spec.store(), RunLayout(spec.run_id).policy_dir(0))
+        ref = base_ref(spec.store(), spec.layout.policy_dir(0))
         save_adapter(live.policy, state, dest, ref, live.tokenizer)
     else:
         save_hf_dir(live.policy, state, dest, live.tokenizer)
@@ -288,7 +288,7 @@ def commit_training(
     Raises:
         RuntimeError: train_steps do not hold updates 1..N exactly once.
     """
-    store, layout, total = spec.store(), RunLayout(spec.run_id), spec.train.updates_per_stage
+    store, layout, total = spec.store(), spec.layout, spec.train.updates_per_stage
     steps, part_records = read_steps(store, layout, spec.stage)
     if steps.num_rows != total or steps.column("stage_update").to_pylist() != list(range(1, total + 1)):
         raise RuntimeError(
@@ -334,7 +334,7 @@ def finish_without_updates(
 ) -> JobManifest:
     """No trainable rollout (every group zero-variance): publish the behavior policy unchanged, let each algorithm
     carry its state over unchanged, commit 0 updates."""
-    store, layout = spec.store(), RunLayout(spec.run_id)
+    store, layout = spec.store(), spec.layout
     console.print(
         f"[yellow]train stage {spec.stage}: no trainable rollouts ({data.counts}); the policy is published "
         "unchanged[/yellow]"

@@ -211,11 +211,12 @@ def load_rollouts(
                 f"stage {stage}: the generation job has not committed "
                 f"({store.uri(layout.job_manifest(stage, 'generate'))} does not exist)"
             )
-        prefix = layout.rel(layout.rollouts_dir(stage)) + "/"
+        owner = RunLayout(manifest.run_id)  # a fork's inherited stage: the parent's manifest, paths in its run
+        prefix = owner.rel(owner.rollouts_dir(stage)) + "/"
         for record in sorted(manifest.files, key=lambda r: r.path):
             if not record.path.startswith(prefix):
                 continue
-            rel = layout.abs(record.path)
+            rel = owner.abs(record.path)
             table = read_table(store, rel, "rollouts", expected_sha256=record.sha256, extra=fields)
             digest.update(f"{record.path}:{record.sha256}".encode())
             where = store.uri(rel)

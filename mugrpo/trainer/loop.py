@@ -21,7 +21,6 @@ from mugrpo.commits.manifest import read_job_manifest
 from mugrpo.common.progress import console
 from mugrpo.common.scratch import scratch_dir
 from mugrpo.coordination.start_gate import StartGate
-from mugrpo.storage.layout import RunLayout
 from mugrpo.trainer.commit import commit_training, finish_without_updates, publish_policy, write_stage_checkpoint
 from mugrpo.trainer.records import delete_parts_after
 from mugrpo.trainer.setup import Resident, load_stage_data, setup_stage
@@ -69,7 +68,7 @@ class Trainer(Resident):
             ValueError: a checkpoint made for another LR schedule.
         """
         origin = time.monotonic() if origin is None else origin
-        store, layout = spec.store(), RunLayout(spec.run_id)
+        store, layout = spec.store(), spec.layout
         done = read_job_manifest(store, spec.run_id, spec.stage, "train")
         if done is not None and (not spec.publish_policy or store.is_complete_dir(spec.output_policy_dir)):
             console.print(f"train stage {spec.stage}: already committed ({done.counts.get('updates', 0)} updates)")

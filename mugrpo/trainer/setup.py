@@ -35,7 +35,6 @@ from mugrpo.losses import row_inputs
 from mugrpo.policy.adapters import LoraSection, attach_lora, is_adapter_dir, is_lora_model, load_trainable
 from mugrpo.policy.adapters import load_tokenizer as adapter_tokenizer
 from mugrpo.policy.models import load_model, load_policy
-from mugrpo.storage.layout import RunLayout
 from mugrpo.storage.store import Store
 from mugrpo.trainer.checkpoint import LoadedCheckpoint
 from mugrpo.trainer.data import MinibatchOrder, RolloutSet, load_rollouts, make_minibatch_order
@@ -169,7 +168,7 @@ def setup_stage(
         RuntimeError: ``carry_optimizer_state`` and the previous stage's training has not committed.
         FileNotFoundError: a policy the stage starts from is not committed.
     """
-    store, layout, train = spec.store(), RunLayout(spec.run_id), spec.train
+    store, layout, train = spec.store(), spec.layout, spec.train
     seeds = stage_seeds(spec)
     order = make_minibatch_order(
         data, rollouts_per_update=train.rollouts_per_update, group_minibatches=train.group_minibatches, seed=seeds.order

@@ -11,7 +11,6 @@ from mugrpo.coordination.jobspec import JobSpec
 from mugrpo.losses.config import PolicyLossConfig
 from mugrpo.losses.registry import check_trainer_settings
 from mugrpo.schedules.stages import stage_plan, total_updates
-from mugrpo.storage.layout import RunLayout
 
 
 class _TrainSpecCore(JobSpec):
@@ -68,7 +67,7 @@ class _TrainSpecCore(JobSpec):
 
     @model_validator(mode="after")
     def _defaults(self) -> _TrainSpecCore:
-        layout = RunLayout(self.run_id)
+        layout = self.layout
         self.train = concrete_train(self.train)  # a spec built without a run: auto precision resolved here
         if not self.rollout_stages:
             self.rollout_stages = [self.stage]
@@ -117,12 +116,14 @@ class _TrainSpecCore(JobSpec):
         """
         cfg = concrete(cfg)
         updates = stage_plan(cfg, stage).updates
+        parent = cfg.run.parent  # a fork's first stage may start from fresh AdamW moments (docs/branching.md)
         return cls(
             **cls.run_fields(cfg, stage),
             policy_version=policy_version,
             max_response_len=cfg.generation.sampling.max_new_tokens,
             total_updates=total_updates(cfg),
             train=cfg.train.model_copy(update={"updates_per_stage": updates}),
+            carry_optimizer_state=not (parent is not None and parent.fresh_optimizer and stage == parent.stage),
             loss=cfg.loss,
             **sections_of(cfg, "train"),
         )

@@ -71,7 +71,8 @@ def read_stage_buffer(store: Store, layout: RunLayout, stage: int, config: Repla
     manifest = read_job_manifest(store, layout.run_id, stage, "train")
     if manifest is None:
         raise FileNotFoundError(f"stage {stage}: the train job has not committed; its replay buffer is unknown")
-    record = next((f for f in manifest.files if f.path == layout.rel(rel)), None)
+    owner = RunLayout(manifest.run_id)  # a fork's inherited stage: the parent's manifest, paths in its run
+    record = next((f for f in manifest.files if f.path == owner.rel(rel)), None)
     if record is None:
         raise FileNotFoundError(
             f"{store.uri(layout.job_manifest(stage, 'train'))} lists no replay buffer ({layout.rel(rel)}): "
