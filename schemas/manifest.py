@@ -111,5 +111,6 @@ STAGE_VIEW_SCHEMA = pa.schema(
         pa.field("t_overlap", pa.float64()),  # of it, seconds beside this stage's checkpoint write (hidden)
         pa.field("code_version", pa.string()),  # the code that committed the stage; NULL in older manifests
         pa.field("job_code_versions", pa.map_(pa.string(), pa.string())),  # job -> the code that committed it
+        pa.field("inherited_from", pa.string()),  # a fork's stage below its fork stage: the parent run that holds it
     ]
 )

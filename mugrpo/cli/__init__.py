@@ -6,13 +6,15 @@ stays fast.
 - :mod:`~mugrpo.cli.run`: ``mugrpo run``, ``mugrpo resume`` (preflight in :mod:`mugrpo.orchestration.preflight`);
 - :mod:`~mugrpo.cli.lifecycle`: the stop controller, the temporary Prefect server, the console filter of a run;
 - :mod:`~mugrpo.cli.inspecting`: ``mugrpo status``, ``verify``, ``report``, ``audit``;
+- :mod:`~mugrpo.cli.branching`: ``mugrpo fork`` (:mod:`mugrpo.orchestration.fork`);
+- :mod:`~mugrpo.cli.rescoring`: ``mugrpo rescore`` (:mod:`mugrpo.orchestration.rescore`);
 - the subsystems' own groups: ``mugrpo sql`` (:mod:`mugrpo.sql.cli`), ``mugrpo lab`` (:mod:`mugrpo.lab.cli`),
   ``mugrpo env`` (:mod:`mugrpo.inspection.environment`).
 """
 
 from __future__ import annotations
 
-from mugrpo.cli import configs, inspecting, run  # noqa: F401  (importing registers the commands)
+from mugrpo.cli import branching, configs, inspecting, rescoring, run  # noqa: F401  (importing registers the commands)
 from mugrpo.cli.app import app, console, err, split_run
 
 __all__ = ["app", "console", "err", "main", "split_run"]

@@ -67,6 +67,12 @@ def status_cmd(
             f"{t.t_total:.0f}s" if t else "-",
         )
     Console(width=max(console.width, 180)).print(table)
+    if cfg.run.parent is not None:  # a fork: its parent, K and what changed (run.json's lineage block)
+        from mugrpo.inspection.lineage import fork_line
+
+        lineage = open_store(cfg).read_json(cfg.layout.run_json).get("lineage")
+        if lineage:
+            console.print(fork_line(lineage), markup=False, highlight=False, soft_wrap=True)
     if st.latest_update is not None:
         console.print(health_line(st.latest_update))
     left = [s.stage for s in st.stages if not s.committed]
@@ -96,7 +102,7 @@ def verify_cmd(
     cfg = stored_config(run, root, storage_options(storage_option))
     store = open_store(cfg)
     with storage_guard(store.uri(cfg.run.id), cfg.run.storage_options):
-        report = verify_run(store, cfg.run.id, cfg.run.num_stages)
+        report = verify_run(store, cfg.run.id, cfg.run.num_stages, cfg.layout)
     table = Table(title=f"verify {store.uri(cfg.run.id)}")
     for col in ("stage", "committed", "files", "intact", "corrupted", "missing"):
         table.add_column(col, justify="right", no_wrap=True)

@@ -20,6 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from mugrpo.algorithms import excluding_columns  # noqa: E402
 from mugrpo.commits.exclusion import training_rows_sql  # noqa: E402
+from mugrpo.inspection.lineage import ForkInfo, collect_fork, lineage_section  # noqa: E402
 from mugrpo.sql import connect  # noqa: E402
 from schemas.tables import TRAIN_STEP_V4_COLUMNS  # noqa: E402
 
@@ -47,6 +48,7 @@ class ReportData:
     audit: list[dict] = field(default_factory=list)  # `mugrpo audit` rows of the run (mugrpo.audit)
     verifier_audit: list[dict] = field(default_factory=list)  # the `verifier_audit` SQL view (false negatives)
     corrections: list[dict] = field(default_factory=list)  # the `stage_corrections` SQL view (per stage)
+    fork: ForkInfo | None = None  # a fork's parent and its paired differences (evals: the parent's for stages <= K)
 
 
 #: The correctness component of a rollout: math_correctness, or the reasoning_gym task's own score (mugrpo.data.gym).
@@ -102,6 +104,9 @@ def collect(target: str, storage_options: dict | None = None) -> ReportData:
         corrections = _rows(cat, "SELECT * FROM stage_corrections ORDER BY stage")
         uri = cat.target.url
     files = _parquet_files(target, storage_options, run_id)
+    fork = collect_fork(target, storage_options, evals, EVALS_QUERY)
+    if fork is not None:
+        evals = fork[0]
     return ReportData(
         run_id,
         uri,
@@ -115,6 +120,7 @@ def collect(target: str, storage_options: dict | None = None) -> ReportData:
         _audit_rows(target, storage_options, run_id),
         verifier,
         corrections,
+        fork[1] if fork else None,
     )
 
 
@@ -229,7 +235,7 @@ class _Axes:
 
     timing: dict[int, dict]
     benches: list[str]
-    acc: dict[tuple[int, str], dict]
+    acc: dict[tuple[int, str], dict]  # rows of a fork's parent carry from_parent
     policies: list[int]
     clock: dict[int, float]
     updates: dict[int, int]
@@ -264,6 +270,7 @@ def _stage_table(ax: _Axes) -> str:
     for k in ax.policies:
         tm = ax.timing.get(k, {})
         row = [f"stage {k}" if k in ax.timing else f"final (policy {k})"]
+        row[0] += " (parent)" if any(ax.acc.get((k, b), {}).get("from_parent") for b in ax.benches) else ""
         for b in ax.benches:
             e = ax.acc.get((k, b))
             row.append(f"{e['avg_at_k']:.3f} {_ci(e['ci95_low'], e['ci95_high'])}" if e else "-")
@@ -277,13 +284,20 @@ def _stage_table(ax: _Axes) -> str:
 
 
 def _accuracy_series(ax: _Axes, x) -> list:
+    """Per benchmark (and, for a fork, per source: the parent's stages <= K, then the fork's) the avg@k curve."""
+    sources = sorted({bool(e.get("from_parent")) for e in ax.acc.values()}, reverse=True)
     return [
         (
-            b,
-            [x(k) for k in ax.policies if (k, b) in ax.acc],
-            [ax.acc[(k, b)]["avg_at_k"] for k in ax.policies if (k, b) in ax.acc],
+            f"{b} (parent)" if parent else b,
+            [x(k) for k in ax.policies if (k, b) in ax.acc and bool(ax.acc[(k, b)].get("from_parent")) == parent],
+            [
+                ax.acc[(k, b)]["avg_at_k"]
+                for k in ax.policies
+                if (k, b) in ax.acc and bool(ax.acc[(k, b)].get("from_parent")) == parent
+            ],
         )
         for b in ax.benches
+        for parent in sources
     ]
 
 
@@ -418,6 +432,7 @@ with its 95% CI (Miller 2024, arXiv 2411.00640): a gain whose interval excludes 
 is the generation wall time (the paper's T_roll), T_switch the job start, engine start and weight-load overhead
 inside all the jobs.</p>
 {_stage_table(ax)}
+{lineage_section(data.fork, _table)}
 <h2>Plots</h2>
 <div class="plots">{"".join(_plots(data, ax))}</div>
 <h2>Health panel</h2>

@@ -23,6 +23,13 @@ Views (one set per connection, over the files committed when it was opened; :fun
   unboxed answer on purpose (docs/rewards.md).
 - ``verifier_audit_samples``: those responses, one row each, with the loose reading.
 - ``runs``: one row per run: ``run.json`` fields (NULL when it is absent) and counts of committed stages and files.
+- ``rescores``: one row per rollout re-scored by ``mugrpo rescore`` (:mod:`mugrpo.orchestration.rescore`): the
+  re-scoring's ``name``, its reward, components, status, extracted answer, group advantage, and the stored
+  ``old_reward``.
+- ``reward_flips``: each re-scored rollout beside its stored row (response, gold, both extracted answers) and its
+  ``flip``: ``false_negative`` (new reward higher), ``false_positive`` (lower), NULL (equal).
+- ``lineage``: one row per run: a fork's parent, fork stage and changed keys (:mod:`mugrpo.sql.lineage`; NULL for
+  a run of its own).
 
 A view over a table with no file yet is empty but has the table's columns, so queries never fail for lack of data.
 """
@@ -40,6 +47,7 @@ import pyarrow as pa
 from pydantic import TypeAdapter, ValidationError
 
 from mugrpo.sql.discover import TABLE_FILES, Target, TargetError, resolve_target
+from mugrpo.sql.lineage import lineage_rows
 from mugrpo.sql.readonly import (
     PROTOCOL,
     ReadOnlyFileSystem,
@@ -74,12 +82,27 @@ VIEWS = (
     *TABLE_FILES,
     "stages",
     "runs",
+    "lineage",
     "eval_problems",
     "eval_scores",
     "verifier_audit_samples",
     "verifier_audit",
     "stage_corrections",
+    "rescores",
+    "reward_flips",
 )
+
+#: ``reward_flips``: each re-scored rollout beside its stored row. A flip is a changed reward: ``false_negative``
+#: where the re-scoring's reward is higher (the run's verifier under-credited the rollout), ``false_positive`` where
+#: it is lower, NULL where they are equal (:func:`mugrpo.orchestration.rescore.flip_kind`).
+REWARD_FLIPS_VIEW = """
+    SELECT s.run_id, s.stage, s.name, s.prompt_id, s.sample_idx, s.old_reward, s.reward AS new_reward,
+           CASE WHEN s.reward > s.old_reward THEN 'false_negative'
+                WHEN s.reward < s.old_reward THEN 'false_positive' END AS flip,
+           r.response_text, r.ground_truth, r.extracted_answer, s.extracted_answer AS new_extracted_answer
+    FROM rescores s LEFT JOIN rollouts r
+      ON r.run_id = s.run_id AND r.stage = s.stage AND r.prompt_id = s.prompt_id AND r.sample_idx = s.sample_idx
+     AND coalesce(r.is_probe, false) = s.is_probe"""
 
 #: The eval contract's derived views, over ``evals`` (their definitions are the formulas of
 #: :mod:`mugrpo.evaluation.metrics`: maj@k votes on the stripped extracted answer, ties to the lowest sample index;
@@ -179,16 +202,17 @@ def _read_all(target: Target, rels: list[str]) -> dict[str, bytes]:
 
 
 def _stage_rows(target: Target) -> pa.Table:
-    rels = [rel for files in target.runs.values() for rel in files.manifests.values()]
+    owners = {rel: run_id for run_id, files in target.runs.items() for rel in files.manifests.values()}
     rows = []
-    for rel, data in sorted(_read_all(target, rels).items()):
+    for rel, data in sorted(_read_all(target, list(owners)).items()):
         try:
             m = StageManifest.model_validate_json(data)
         except ValidationError as e:
             raise TargetError(f"{target.store.uri(rel)} is not a valid stage manifest: {e}") from None
         rows.append(
             {
-                "run_id": m.run_id,
+                "run_id": owners[rel],  # a fork's inherited stage is its stage too (the manifest names the parent)
+                "inherited_from": m.run_id if m.run_id != owners[rel] else None,
                 "stage": m.stage,
                 "status": m.status,
                 "created_at": m.created_at,
@@ -203,21 +227,29 @@ def _stage_rows(target: Target) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=STAGE_VIEW_SCHEMA)
 
 
-def _run_rows(target: Target) -> pa.Table:
+def _run_docs(target: Target) -> dict[str, dict[str, Any]]:
+    """Run id -> its parsed run.json (``{}`` when absent), for the ``runs`` and ``lineage`` views."""
     run_json = _read_all(target, [f.run_json for f in target.runs.values() if f.run_json])
-    rows = []
+    docs: dict[str, dict[str, Any]] = {}
     for run_id, files in target.runs.items():
-        doc: dict[str, Any] = {}
-        created_at = None
+        docs[run_id] = {}
         if files.run_json:
-            where = target.store.uri(files.run_json)
             try:
-                doc = json.loads(run_json[files.run_json])
-                created_at = _datetime.validate_python(doc.get("created_at"))
+                docs[run_id] = json.loads(run_json[files.run_json])
+                _datetime.validate_python(docs[run_id].get("created_at"))
             except (json.JSONDecodeError, AttributeError, ValidationError) as e:
                 raise TargetError(
-                    f"{where} is not a valid run.json (a JSON object with an ISO created_at): {e}"
+                    f"{target.store.uri(files.run_json)} is not a valid run.json (a JSON object with an ISO "
+                    f"created_at): {e}"
                 ) from None
+    return docs
+
+
+def _run_rows(target: Target, docs: dict[str, dict[str, Any]]) -> pa.Table:
+    rows = []
+    for run_id, files in target.runs.items():
+        doc = docs[run_id]
+        created_at = _datetime.validate_python(doc.get("created_at"))
         code_version = doc.get("code_version")
         config = doc.get("config", doc) if doc else None
         stages = sorted(files.manifests)
@@ -236,6 +268,21 @@ def _run_rows(target: Target) -> pa.Table:
             }
         )
     return pa.Table.from_pylist(rows, schema=RUNS_SCHEMA)
+
+
+def _create_rescore_views(con: duckdb.DuckDBPyConnection, target: Target) -> None:
+    """``rescores`` (every ``rescores/NAME/stage=k/shard=*.parquet`` of the target's runs, written by ``mugrpo
+    rescore``; empty with its columns when there is none) and ``reward_flips`` over it and ``rollouts``."""
+    from mugrpo.orchestration.rescore import RESCORE_SCHEMA
+
+    paths = [p for files in target.runs.values() for p in files.rescores]
+    empty = _register(con, "empty_rescores", RESCORE_SCHEMA.empty_table())
+    source = empty
+    if paths:  # the `stage` folder is the only key=value one: the name folder is a column of the files
+        files = ", ".join(sql_string(f"{PROTOCOL}://{p}") for p in paths)
+        source = f"read_parquet([{files}], hive_partitioning = true, hive_types = {{'stage': INTEGER}})"
+    con.execute(f"CREATE VIEW rescores AS SELECT * FROM {source}")
+    con.execute(f"CREATE VIEW reward_flips AS {REWARD_FLIPS_VIEW}")
 
 
 def _register(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table) -> str:
@@ -366,8 +413,8 @@ def connect(target: str, storage_options: dict[str, Any] | None = None) -> RunCa
             never written into SQL, errors or logs; prefer the environment (``AWS_ACCESS_KEY_ID``...).
 
     Returns:
-        a :class:`RunCatalog` whose views are ``rollouts``, ``train_steps``, ``evals``, ``replay``, ``stages``
-        and ``runs``.
+        a :class:`RunCatalog` whose views are ``rollouts``, ``train_steps``, ``evals``, ``replay``, ``stages``,
+        ``runs``, ``lineage`` and the derived views of :data:`VIEWS`.
 
     Raises:
         TargetError: the target is missing, holds no run, or a manifest/run.json is invalid.
@@ -393,9 +440,16 @@ def connect(target: str, storage_options: dict[str, Any] | None = None) -> RunCa
                 source = f"(SELECT * FROM {empty} UNION ALL BY NAME SELECT * FROM {source})"
                 source = _with_older_defaults(source, table)
             con.execute(f"CREATE VIEW {table} AS SELECT * FROM {source}")
+        _create_rescore_views(con, tgt)
         con.execute(f"CREATE VIEW stages AS SELECT * FROM {_register(con, 'stages', _stage_rows(tgt))}")
-        runs = _register(con, "runs", _run_rows(tgt))
+        docs = _run_docs(tgt)
+        runs = _register(con, "runs", _run_rows(tgt, docs))
         con.execute(f"CREATE VIEW runs AS SELECT * REPLACE (config::JSON AS config) FROM {runs}")
+        try:
+            family = lineage_rows(docs, {r: tgt.store.uri(f.run_json or r) for r, f in tgt.runs.items()})
+        except ValueError as e:
+            raise TargetError(str(e)) from None
+        con.execute(f"CREATE VIEW lineage AS SELECT * FROM {_register(con, 'lineage', family)}")
         for name, query in {**EVAL_VIEWS, **TRAIN_VIEWS}.items():
             con.execute(f"CREATE VIEW {name} AS {query}")
         lock_down(con, f"{PROTOCOL}://{tgt.scope}/" if tgt.scope else f"{PROTOCOL}://")

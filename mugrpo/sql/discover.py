@@ -17,6 +17,8 @@ from typing import Any
 
 import fsspec
 
+from mugrpo.orchestration.rescore import validate_rescore_name
+from mugrpo.provenance.refusals import RunRefused
 from mugrpo.storage.layout import RunLayout, parse_shard, validate_run_id
 from mugrpo.storage.store import Store
 from schemas import TABLES
@@ -69,6 +71,7 @@ class RunFiles:
     run_json: str | None = None
     manifests: dict[int, str] = field(default_factory=dict)  # stage -> stages/stage={k}.json
     tables: dict[str, list[str]] = field(default_factory=lambda: {t: [] for t in TABLE_FILES})
+    rescores: list[str] = field(default_factory=list)  # rescores/NAME/stage={k}/shard=NNNNN.parquet
 
 
 @dataclass
@@ -99,6 +102,20 @@ def _classify(rel: str, runs: dict[str, RunFiles]) -> None:
     elif len(parts) == 4 and parts[1] in TABLE_FILES and (m := _STAGE_DIR.fullmatch(parts[2])):
         if rel == TABLE_FILES[parts[1]](layout, int(m.group(1)), parts[3]):
             runs.setdefault(layout.run_id, RunFiles(layout.run_id)).tables[parts[1]].append(rel)
+    elif len(parts) == 5 and parts[1] == "rescores" and _is_rescore_shard(layout, parts):
+        runs.setdefault(layout.run_id, RunFiles(layout.run_id)).rescores.append(rel)
+
+
+def _is_rescore_shard(layout: RunLayout, parts: list[str]) -> bool:
+    """``{run}/rescores/NAME/stage={k}/shard=NNNNN.parquet`` exactly as :meth:`RunLayout.rescore_shard` builds it (a
+    re-scoring of ``mugrpo rescore``, :mod:`mugrpo.orchestration.rescore`)."""
+    m, shard = _STAGE_DIR.fullmatch(parts[3]), parse_shard(parts[4])
+    if m is None or shard is None:
+        return False
+    try:
+        return "/".join(parts) == layout.rescore_shard(validate_rescore_name(parts[2]), int(m.group(1)), shard)
+    except RunRefused:  # not a name mugrpo rescore writes
+        return False
 
 
 def _split_parent(url: str) -> tuple[str, str]:
@@ -152,4 +169,5 @@ def resolve_target(target: str, storage_options: dict[str, Any] | None = None) -
     for files in runs.values():
         for paths in files.tables.values():
             paths.sort()
+        files.rescores.sort()
     return Target(url=url, store=store, single_run=single_run, runs=dict(sorted(runs.items())))

@@ -430,8 +430,8 @@ def test_shell_reads_piped_statements(root: Path):
     result = run_cli(str(root), input=script)
     out = result.stdout
     assert out.splitlines()[0] == (
-        "rollouts  train_steps  evals  replay  stages  runs  eval_problems  eval_scores  verifier_audit_samples  "
-        "verifier_audit  stage_corrections"
+        "rollouts  train_steps  evals  replay  stages  runs  lineage  eval_problems  eval_scores  "
+        "verifier_audit_samples  verifier_audit  stage_corrections  rescores  reward_flips"
     )
     assert " n\n--\n48\n(1 row)\n" in out
     assert "stages(\n  run_id VARCHAR,\n  stage INTEGER," in out
