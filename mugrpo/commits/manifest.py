@@ -73,6 +73,7 @@ def new_manifest(run_id: str, stage: int, files: list[FileRecord], **fields) -> 
 
 __all__ = [
     "ChecksumError",
+    "behavior_policy_dir",
     "checkpoint_steps",
     "latest_checkpoint",
     "new_manifest",
@@ -99,3 +100,31 @@ def latest_checkpoint(store: Store, layout: RunLayout, stage: int) -> int | None
     """The stage update of the latest committed checkpoint of ``stage``, or None."""
     steps = checkpoint_steps(store, layout, stage)
     return steps[-1] if steps else None
+
+
+def behavior_policy_dir(store: Store, layout: RunLayout, stage: int) -> str:
+    """Store path of the behavior policy of stage ``stage`` (a folder :func:`mugrpo.commits.policies.local_policy_dir`
+    reads): ``policies/stage={stage}`` when published, else the final checkpoint of the stage before (a
+    ``checkpoints/stage=j/step=n`` folder holding the policy in ``model/``), going back over stages that made no
+    update (their policy is their behavior policy). A fork's layout resolves the early stages in its parent.
+
+    Raises:
+        FileNotFoundError: neither exists (the previous stage has not committed its training).
+    """
+    for k in range(stage, -1, -1):
+        if store.is_complete_dir(layout.policy_dir(k)):
+            return layout.policy_dir(k)
+        if k == 0:
+            break
+        train = read_job_manifest(store, layout.run_id, k - 1, "train")
+        if train is None:
+            break  # stage k-1 has not finished training: its checkpoints are not final
+        step = latest_checkpoint(store, layout, k - 1)
+        if step is not None and step == train.counts.get("updates"):
+            return layout.checkpoint_dir(k - 1, step)
+        if train.counts.get("updates", 0) != 0:
+            break  # its final checkpoint is gone: no policy to fall back to
+    raise FileNotFoundError(
+        f"no behavior policy for stage {stage} under {store.uri(layout.run_dir)}: neither "
+        f"{layout.policy_dir(stage)} nor a final checkpoint of stage {stage - 1} is committed"
+    )

@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from mugrpo.commits.manifest import latest_checkpoint, read_job_manifest, read_manifest
+from mugrpo.commits.manifest import behavior_policy_dir, latest_checkpoint, read_job_manifest, read_manifest
 from mugrpo.config_keys import ConfigChange, config_changes
 from mugrpo.provenance.refusals import RunRefused
 from mugrpo.schedules.stages import stage_plan
 from mugrpo.storage.layout import RunLayout
-from mugrpo.storage.store import COMPLETE_MARKER, Store, sha256_bytes
+from mugrpo.storage.store import Store, sha256_bytes
 
 #: Keys whose change makes the evaluation of the fork stage's policy differ from the parent's: with none of them
 #: changed, the fork takes the parent's evaluation of that policy instead of computing it again.
@@ -154,15 +154,11 @@ def plan_fork(
     if reuse_rollouts:
         _refuse_keys(changes, BEHAVIOR_KEYS, "--reuse-rollouts reuses responses sampled with them", uri)
     _check_plans(parent, child, stage, reuse_rollouts, uri)
-    final = final_checkpoint(store, parent.run.id, playout, stage - 1)
-    if final is None and not store.is_complete_dir(playout.policy_dir(stage)):
-        raise ForkRefused(
-            f"cannot fork {uri} at stage {stage}: no policy of stage {stage} is committed (neither "
-            f"{store.uri(playout.policy_dir(stage))} nor a final checkpoint of stage {stage - 1}). Nothing was "
-            "written.",
-            3,
-        )
-    if final is None and not fresh_optimizer:
+    try:
+        behavior_policy_dir(store, playout, stage)
+    except FileNotFoundError as e:
+        raise ForkRefused(f"cannot fork {uri} at stage {stage}: {e}. Nothing was written.", 3) from None
+    if not fresh_optimizer and moments_gone(store, parent.run.id, playout, stage - 1):
         raise ForkRefused(
             f"cannot fork {uri} at stage {stage}: the final checkpoint of its stage {stage - 1} (the AdamW moments the "
             f"fork's stage {stage} starts from) is not under {store.uri(playout.checkpoints_dir(stage - 1))}: it was "
@@ -208,14 +204,12 @@ def _check_plans(parent: Any, child: Any, stage: int, reuse: bool, uri: str) -> 
             )
 
 
-def final_checkpoint(store: Store, run_id: str, layout: RunLayout, stage: int) -> str | None:
-    """The store path of the final checkpoint of ``stage`` (its train job's last update), or None when it is gone
-    (or the stage made no update)."""
+def moments_gone(store: Store, run_id: str, layout: RunLayout, stage: int) -> bool:
+    """Whether stage ``stage`` made updates but its final checkpoint (the AdamW moments the next stage starts from)
+    is no longer committed. A stage without updates has no moments: the next stage starts fresh, as its run did."""
     train = read_job_manifest(store, run_id, stage, "train")
-    step = latest_checkpoint(store, layout, stage)
-    if train is None or step is None or step != train.counts.get("updates"):
-        return None
-    return layout.checkpoint_dir(stage, step)
+    updates = train.counts.get("updates", 0) if train is not None else None
+    return updates is None or (updates > 0 and latest_checkpoint(store, layout, stage) != updates)
 
 
 def _refuse_generation_algorithms(child: Any, uri: str) -> None:
@@ -299,13 +293,14 @@ def check_lineage(store: Store, cfg: Any, doc: dict[str, Any] | None) -> None:
                 broken.append(f"{store.uri(where)} is missing")
             elif sha256_bytes(store.read_bytes(where)) != digest:
                 broken.append(f"{store.uri(where)} changed (sha256 differs from the one recorded at the fork)")
-    final = final_checkpoint(store, cfg.run.id, layout, fork.stage - 1)
-    if final is None and not fork.fresh_optimizer:
+    if not fork.fresh_optimizer and moments_gone(store, cfg.run.id, layout, fork.stage - 1):
         broken.append(
             f"the final checkpoint of stage {fork.stage - 1} under "
             f"{store.uri(layout.checkpoints_dir(fork.stage - 1))} is gone"
         )
-    if final is None and not store.exists(f"{layout.policy_dir(fork.stage)}/{COMPLETE_MARKER}"):
+    try:
+        behavior_policy_dir(store, layout, fork.stage)
+    except FileNotFoundError:
         broken.append(f"the policy of stage {fork.stage}, {store.uri(layout.policy_dir(fork.stage))}, is gone")
     if broken:
         raise ForkRefused(

@@ -136,34 +136,16 @@ def publishes_policy(cfg: Config, stage: int) -> bool:
 
 
 def behavior_policy_dir(store: Store, cfg: Config, stage: int) -> str:
-    """Store path of the behavior policy of stage ``stage`` (a folder :func:`mugrpo.commits.policies.local_policy_dir`
-    reads): ``policies/stage={stage}`` when published, else the final checkpoint of the stage before (a
-    ``checkpoints/stage=j/step=n`` folder holding the policy in ``model/``), going back over stages that made no
-    update (their policy is their behavior policy).
+    """Store path of the behavior policy of stage ``stage``
+    (:func:`mugrpo.commits.manifest.behavior_policy_dir`, in the run's layout: a fork's early policies are its
+    parent's).
 
     Raises:
-        FileNotFoundError: neither exists (the previous stage has not committed its training).
+        FileNotFoundError: no policy is committed for it (the previous stage has not committed its training).
     """
-    from mugrpo.commits.manifest import latest_checkpoint
+    from mugrpo.commits.manifest import behavior_policy_dir as resolve
 
-    layout = cfg.layout
-    for k in range(stage, -1, -1):
-        if store.is_complete_dir(layout.policy_dir(k)):
-            return layout.policy_dir(k)
-        if k == 0:
-            break
-        train = read_job_manifest(store, cfg.run.id, k - 1, "train")
-        if train is None:
-            break  # stage k-1 has not finished training: its checkpoints are not final
-        step = latest_checkpoint(store, layout, k - 1)
-        if step is not None and step == train.counts.get("updates"):
-            return layout.checkpoint_dir(k - 1, step)
-        if train.counts.get("updates", 0) != 0:
-            break  # its final checkpoint is gone: no policy to fall back to
-    raise FileNotFoundError(
-        f"no behavior policy for stage {stage} under {store.uri(layout.run_dir)}: neither "
-        f"{layout.policy_dir(stage)} nor a final checkpoint of stage {stage - 1} is committed"
-    )
+    return resolve(store, cfg.layout, stage)
 
 
 def overlaps_next_generation(cfg: Config, stage: int) -> bool:
