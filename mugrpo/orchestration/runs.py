@@ -320,7 +320,8 @@ def commit_stage(cfg: Config, stage: int, timings: StageTimings) -> StageManifes
 def prune_stage_checkpoints(store: Store, cfg: Config, stage: int) -> list[str]:
     """Once stage ``stage`` has committed, delete the checkpoints of earlier stages except the one that holds the
     behavior policy of stage ``stage + 1`` (checkpoints carry the resume; published policies stay). Returns the
-    deleted folders. Markers go first, so an interrupted deletion leaves folders that nothing reads."""
+    deleted folders. Markers go first, so an interrupted deletion leaves folders that nothing reads. A fork prunes
+    its own stages only: the checkpoints below its fork stage are its parent's (and may serve other forks)."""
     from mugrpo.commits.manifest import checkpoint_steps
     from mugrpo.storage.store import COMPLETE_MARKER
 
@@ -328,7 +329,7 @@ def prune_stage_checkpoints(store: Store, cfg: Config, stage: int) -> list[str]:
     keep = behavior_policy_dir(store, cfg, stage + 1) if stage + 1 <= cfg.run.num_stages else None
     doomed = [
         layout.checkpoint_dir(k, step)
-        for k in range(stage)
+        for k in range(cfg.run.parent.stage if cfg.run.parent else 0, stage)
         for step in checkpoint_steps(store, layout, k)
         if layout.checkpoint_dir(k, step) != keep
     ]

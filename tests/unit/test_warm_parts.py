@@ -140,3 +140,26 @@ def test_warm_bf16_engine_samples_as_the_cold_engine(tiny_model_dir):
         for a, b in zip(got_group, want_group, strict=True):
             assert a.response_token_ids == b.response_token_ids
             assert a.behavior_logprobs == b.behavior_logprobs
+
+
+def test_a_fork_prunes_its_own_checkpoints_never_its_parents(tmp_path):
+    """A fork at stage 2 with policies published every 2 stages: its commits prune its own stages' checkpoints; the
+    parent's checkpoints below the fork stage (which other forks may start from) are never deleted."""
+    root = tmp_path / "root"
+    store, parent = Store(str(root)), RunLayout(RUN)
+    for k in range(2):
+        _commit_dir(store, tmp_path, parent.checkpoint_dir(k, 4), f"p{k}")
+        _train_done(store, k, 4)
+    cfg = Config.model_validate(
+        {
+            "run": {"id": "child", "root": str(root), "num_stages": 4, "parent": {"run_id": RUN, "stage": 2}},
+            "orchestration": {"publish_policy_every": 2},
+        }
+    )
+    child = cfg.layout
+    assert child.checkpoint_dir(1, 4) == parent.checkpoint_dir(1, 4)  # the fork reads them where they are
+    _commit_dir(store, tmp_path, child.checkpoint_dir(2, 2), "c22")
+    _commit_dir(store, tmp_path, child.checkpoint_dir(2, 4), "c24")
+    _commit_dir(store, tmp_path, child.policy_dir(4), "c4")  # the next behavior policy is published
+    assert prune_stage_checkpoints(store, cfg, 3) == [child.checkpoint_dir(2, 2), child.checkpoint_dir(2, 4)]
+    assert checkpoint_steps(store, parent, 0) == [4] and checkpoint_steps(store, parent, 1) == [4]
