@@ -95,7 +95,7 @@ def ensure_initial_policy(cfg: Config, store: Store) -> None:
     from mugrpo.policy.models import convert_to_hf_dir
 
     rel = cfg.layout.policy_dir(0)
-    if store.is_complete_dir(rel):
+    if store.is_complete_dir(rel) or cfg.run.parent is not None:  # a fork's is its parent's: never written here
         return
     source = model_source_path(cfg.model.source)  # the file or folder it names (the lab policy: from its cache)
     with scratch("policy0") as tmp:
