@@ -34,8 +34,9 @@ class StoredResponses:
     """A rollout engine over the committed rollouts of stage ``stage`` of run ``source`` (a fork's parent).
 
     Shards are read lazily, in order, each verified against the sha256 its generate job manifest recorded, so a
-    parent file changed or deleted since it committed is refused before any of it is used. Rows a shard's plan added
-    beyond the G training samples (an algorithm's extra groups) are never served.
+    parent file changed or deleted since it committed is refused before any of it is used. Runs whose algorithms
+    plan their shards (extra groups) are not served: ``mugrpo fork`` refuses to reuse them
+    (:func:`mugrpo.orchestration.fork.plan_fork`).
 
     Args:
         store: the store both runs live in.

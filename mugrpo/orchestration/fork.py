@@ -167,6 +167,7 @@ def plan_fork(
             3,
         )
     if reuse_rollouts:
+        _refuse_generation_algorithms(parent, uri)  # its shards hold their extra groups
         _refuse_generation_algorithms(child, uri)
         if read_job_manifest(store, parent.run.id, stage, "generate") is None:
             raise ForkRefused(
@@ -212,11 +213,12 @@ def moments_gone(store: Store, run_id: str, layout: RunLayout, stage: int) -> bo
     return updates is None or (updates > 0 and latest_checkpoint(store, layout, stage) != updates)
 
 
-def _refuse_generation_algorithms(child: Any, uri: str) -> None:
-    """Refuse reuse when an algorithm is on whose generation hooks sample (their extra groups cannot be served)."""
+def _refuse_generation_algorithms(cfg: Any, uri: str) -> None:
+    """Refuse reuse when ``cfg`` (the parent's or the fork's) turns on an algorithm whose generation hooks sample:
+    their extra groups cannot be served from, nor told apart in, stored responses."""
     from mugrpo.algorithms import make_generation_hooks, sections_of
 
-    sections = sections_of(child, "generate")
+    sections = sections_of(cfg, "generate")
     on = [name for name, section in sections.items() if make_generation_hooks({name: section})]
     if on:
         raise ForkRefused(

@@ -164,10 +164,12 @@ def test_refusals(parent_root):
     assert "generation.sampling.temperature" in str(e) and "--reuse-rollouts" in str(e)
     assert "train.updates_per_stage" not in str(refused(1, "c3", ["train.updates_per_stage=3"]))  # the plan, named
     assert refused(1, PARENT, []).exit_code == 3  # an existing run id
+    assert "agpo" in str(refused(1, "c4", ["agpo={probe: true}"], reuse_rollouts=True))  # probes cannot be served
     assert not (parent_root / "c0").exists() and not (parent_root / "c2").exists()
 
 
 def test_a_changed_or_missing_parent_file_is_refused_naming_it(parent_root, tmp_path):
+    from mugrpo.orchestration.preflight import Refusal, preflight
     from mugrpo.orchestration.resume import check_resume
 
     cfg, _ = fork(parent_root, "guarded", "train.lr=0.002")
@@ -182,6 +184,16 @@ def test_a_changed_or_missing_parent_file_is_refused_naming_it(parent_root, tmp_
     finally:
         manifest.write_bytes(saved)
     check_resume(store, cfg)  # restored: it may continue
+    shard = parent_root / PARENT / "rollouts/stage=0/shard=00000.parquet"  # a data file the fork references
+    saved = shard.read_bytes()
+    shard.write_bytes(saved[:-1] + bytes([saved[-1] ^ 1]))
+    try:
+        with pytest.raises(Refusal) as refused:
+            preflight(cfg)  # what `mugrpo resume` checks before anything starts (orchestration.verify_on_resume)
+        assert refused.value.exit_code == 3
+        assert f"{PARENT}/rollouts/stage=0/shard=00000.parquet" in refused.value.message
+    finally:
+        shard.write_bytes(saved)
     ckpt = RunLayout(PARENT).checkpoints_dir(0)
     moved = tmp_path / "ckpt"
     os.rename(parent_root / ckpt, moved)
