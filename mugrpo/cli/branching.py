@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import typer
 
-from mugrpo.cli.app import OverridesArg, StorageOptionsOpt, app, console, refuse, storage_options, stored_config
+from mugrpo.cli.app import StorageOptionsOpt, app, console, refuse, storage_options, stored_config
 
 
 @app.command("fork")
 def fork_cmd(
     parent: str = typer.Argument(..., help="The parent run: its folder/URL ROOT/RUN_ID, or a run id with --root."),
-    overrides: list[str] | None = OverridesArg,
+    overrides: list[str] | None = typer.Argument(
+        None, help="Overrides of the parent's config, from stage K on, e.g. train.lr=1e-5 (docs/branching.md)."
+    ),
     at_stage: int = typer.Option(..., "--at-stage", help="K: the first stage the fork computes itself (>= 1)."),
     child_id: str = typer.Option(..., "--id", help="The fork's run id (under the parent's root)."),
     reuse_rollouts: bool = typer.Option(
