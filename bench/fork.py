@@ -3,6 +3,7 @@ the same config (docs/branching.md).
 
     python bench/fork.py                       # the main job (configs/smollm2-arithmetic.yaml), K = 2, lr 1e-5
     python bench/fork.py --quick               # a tiny random policy, 2 stages, K = 1: the plumbing, not the figures
+    python bench/fork.py --baseline parent     # the parent itself as the fresh run (same work, lr 5e-6): half the time
 
 The parent is the main job as shipped (one `mugrpo run`, not timed). Then, per repeat, two arms in alternating order
 (the machine's load drifts), each the command a user runs:
@@ -50,7 +51,7 @@ def _cli(args: list[str], log: Path) -> float:
     return time.monotonic() - started
 
 
-def _report(root: Path, run_id: str, wall: float, started: float) -> dict:
+def _report(root: Path, run_id: str, wall_s: float, started: float) -> dict:
     """Wall seconds, seconds to the final policy, and the held-out score of each problem at each policy the run
     evaluated itself (a fork's policy of stage K is evaluated by its parent)."""
     from mugrpo.evaluation.metrics import clustered_mean_ci
@@ -67,7 +68,7 @@ def _report(root: Path, run_id: str, wall: float, started: float) -> dict:
         scores.setdefault(int(r["stage"]), {})[r["prompt_id"]] = float(r["score"])
     return {
         "run_id": run_id,
-        "wall_s": round(wall, 1),
+        "wall_s": round(wall_s, 1),
         "to_final_policy_s": round(final.stat().st_mtime - started, 1),
         "accuracy": {k: round(clustered_mean_ci(list(v.values())).mean, 3) for k, v in sorted(scores.items())},
         "final_scores": scores[max(scores)],
@@ -95,6 +96,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     parser.add_argument("--keep", type=Path, help="keep the runs under this folder (default: a temporary one)")
     parser.add_argument("--quick", action="store_true", help="tiny random policy, 2 stages: the plumbing")
+    parser.add_argument(
+        "--baseline",
+        choices=["fresh", "parent"],
+        default="fresh",
+        help="fresh: a new run of the fork's config (the default); parent: the parent run itself, the same stages, "
+        "prompts, G and updates at the main job's lr (half the bench's time: the lr changes no amount of work)",
+    )
     args = parser.parse_args()
 
     from mugrpo.inspection.environment import environment_report
@@ -115,11 +123,22 @@ def main() -> None:
     print(f"runs under {root}; their output in {log}")
     results: dict[str, list[dict]] = {"fresh": [], "fork": []}
     try:
-        parent_wall = _cli(["run", str(MAIN), f"run.root={root}", "run.id=parent", *extra], log)
-        print(f"parent (the main job as shipped): {parent_wall:.0f} s")
+        timing = root / "parent.timing.json"  # the parent's own figures, kept with it for --keep reruns
+        if not timing.exists():
+            started = time.time()
+            wall = _cli(["run", str(MAIN), f"run.root={root}", "run.id=parent", *extra], log)
+            timing.write_text(json.dumps({"wall_s": wall, "started": started}))
+        parent = _report(root, "parent", **json.loads(timing.read_text()))
+        print(
+            f"parent (the main job as shipped): {parent['wall_s']:.0f} s, final policy after "
+            f"{parent['to_final_policy_s']:.0f} s"
+        )
         for i in range(args.repeats):
             order = ["fresh", "fork"] if i % 2 == 0 else ["fork", "fresh"]
             for arm in order:
+                if arm == "fresh" and args.baseline == "parent":
+                    results[arm].append(parent)  # the same work: the configs differ in train.lr only
+                    continue
                 run_id = f"{arm}-{i}"
                 if arm == "fresh":
                     results[arm].append(run_fresh(root, run_id, args.lr, extra, log))
