@@ -144,12 +144,13 @@ def _rollout_files(store: Store, layout: RunLayout, stage: int) -> list[tuple[in
             f"{store.uri(layout.job_manifest(stage, 'generate'))} is missing; re-score a committed stage "
             "(`mugrpo status` lists them)"
         )
-    prefix = layout.rel(layout.rollouts_dir(stage)) + "/"
+    owner = RunLayout(manifest.run_id)  # a fork's inherited stage: the parent's manifest, its files in the parent
+    prefix = owner.rel(owner.rollouts_dir(stage)) + "/"
     out = []
     for rec in manifest.files:
         shard = parse_shard(posixpath.basename(rec.path)) if rec.path.startswith(prefix) else None
-        if shard is not None:
-            out.append((shard, rec))
+        if shard is not None:  # the path relative to this run (``../PARENT/...`` for a fork's inherited stage)
+            out.append((shard, rec.model_copy(update={"path": layout.rel(owner.abs(rec.path))})))
     return sorted(out, key=lambda sr: sr[0])
 
 

@@ -158,7 +158,8 @@ def sql_command(
 ) -> None:
     """Query rollouts, train steps, evals, stages and runs with SQL (DuckDB), read-only.
 
-    Views: rollouts, train_steps, evals, replay, stages, runs. Example:
+    Views: rollouts, train_steps, evals, replay, stages, runs, lineage, eval_problems, eval_scores, verifier_audit,
+    verifier_audit_samples, stage_corrections, rescores, reward_flips (docs/sql.md). Example:
 
         mugrpo sql runs/exp1 "SELECT stage, avg(reward) FROM rollouts GROUP BY ALL ORDER BY stage"
     """

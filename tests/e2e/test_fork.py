@@ -120,7 +120,18 @@ def test_fork_without_overrides_reproduces_the_parent_bitwise(parent_root, tmp_p
     from mugrpo.commits.verify import verify_run
 
     report = verify_run(Store(str(parent_root)), "same", STAGES, cfg.layout)
-    assert report.ok and report.total_files > 0
+    assert report.ok and any(p.startswith(f"../{PARENT}/rollouts/stage=0/") for p in report.stages[0].intact)
+    from mugrpo.orchestration.rescore import rescore_stage
+    from mugrpo.sql.catalog import connect
+
+    again = rescore_stage(Store(str(parent_root)), cfg, 0, "again")  # an inherited stage: the parent's shards, read
+    assert again.counts["rows"] == 8 and again.counts["unchanged"] == 8
+    assert all(r.path.startswith(f"../{PARENT}/rollouts/stage=0/") for r in again.manifest.source)
+    with connect(str(parent_root / "same")) as cat:  # the stages view: the inherited stage is the fork's, marked
+        rows = cat.arrow("SELECT stage, inherited_from FROM stages ORDER BY stage").to_pylist()
+    assert rows == [{"stage": 0, "inherited_from": PARENT}] + [
+        {"stage": k, "inherited_from": None} for k in range(K, STAGES)
+    ]
 
 
 def test_reuse_rollouts_gives_the_parent_advantages_and_weights_bitwise(parent_root, tmp_path):
@@ -158,11 +169,17 @@ def test_refusals(parent_root):
         assert "Nothing was written" in str(info.value)
         return info.value
 
-    assert "the fork stage must be" in str(refused(0, "c0", []))
+    assert "the fork stage must be 1..3" in str(refused(0, "c0", []))
+    assert "the fork stage must be 1..3" in str(refused(4, "c0", []))
+    assert "run.num_stages > 3" in str(refused(3, "c0", []))  # the parent's last stage: the fork needs more stages
     assert "run.seed" in str(refused(1, "c1", ["run.seed=9"]))
     e = refused(1, "c2", ["generation.sampling.temperature=0.5"], reuse_rollouts=True)
     assert "generation.sampling.temperature" in str(e) and "--reuse-rollouts" in str(e)
-    assert "train.updates_per_stage" not in str(refused(1, "c3", ["train.updates_per_stage=3"]))  # the plan, named
+    plan = refused(1, "c3", ["train.updates_per_stage=3"])  # stage 0's plan would change: named with both plans
+    assert "stage 0 would be planned as 4 prompts from 0 and 3 updates" in str(plan) and "run.stage_schedule" in str(
+        plan
+    )
+    assert plan.exit_code == 2
     assert refused(1, PARENT, []).exit_code == 3  # an existing run id
     assert "agpo" in str(refused(1, "c4", ["agpo={probe: true}"], reuse_rollouts=True))  # probes cannot be served
     assert not (parent_root / "c0").exists() and not (parent_root / "c2").exists()
@@ -201,8 +218,9 @@ def test_a_changed_or_missing_parent_file_is_refused_naming_it(parent_root, tmp_
         with pytest.raises(ForkRefused) as info:
             check_resume(store, cfg)
         assert "final checkpoint of stage 0" in str(info.value)
-        with pytest.raises(ForkRefused, match="pruned"):
+        with pytest.raises(ForkRefused, match="pruned") as info:
             plan_fork(store, load_run_config(str(parent_root), PARENT), K, "late", [])
+        assert info.value.exit_code == 3 and "--fresh-optimizer" in str(info.value)
         plan_fork(store, load_run_config(str(parent_root), PARENT), K, "late", [], fresh_optimizer=True)
     finally:
         os.rename(moved, parent_root / ckpt)

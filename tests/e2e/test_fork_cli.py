@@ -79,7 +79,6 @@ def test_fork_on_s3_writes_no_byte_of_referenced_stages(tmp_path, tiny_model_dir
 
         verify = run_cli(["verify", f"{root}/{CHILD}", *option], env, log)
         assert verify.returncode == 0, verify.stdout + verify.stderr
-        assert f"../{PARENT}/" in verify.stdout or "intact" in verify.stdout.lower()
         query = "SELECT run_id, parent_run_id, fork_stage FROM lineage ORDER BY run_id"
         sql = run_cli(["sql", root, query, *option], env, log)
         assert sql.returncode == 0, sql.stderr
