@@ -71,9 +71,9 @@ def rescore_cmd(
         refuse_state(f"{e}; the committed rollouts changed since they were written (`mugrpo verify` the run)")
     counts = result.counts
     table = Table(title=f"rescore {name} of run {cfg.run.id} stage {stage}")
-    for col in ("rollouts", "false_negative", "false_positive", "unchanged", "not ok"):
+    for col in ("rollouts", "false negative", "false positive", "unchanged", "not ok"):
         table.add_column(col, justify="right", no_wrap=True)
-    table.add_row(*(str(counts.get(k, 0)) for k in ("rows", "false_negative", "false_positive", "unchanged", "not_ok")))
+    table.add_row(*(str(counts.get(k, 0)) for k in ("rows", "false negative", "false positive", "unchanged", "not_ok")))
     console.print(table)
     verb = "already written (identical), at" if result.reused else "written to"
     folder = store.uri(RunLayout(cfg.run.id).rescore_dir(name, stage))

@@ -16,7 +16,8 @@ it is lower (the old verifier over-credited it). Rows whose rewards are equal ar
 ``reward_flips`` (:mod:`mugrpo.sql.catalog`) joins these rows with the rollouts' texts.
 
 Groups are re-normalized as generation normalized them (:func:`mugrpo.generation.shards.rollout_rows`): the
-rollouts of one prompt of one shard, probe rows (AGPO's ``is_probe``) apart from the training rows, each with its
+rollouts of one prompt of one shard, rows not trained on (an algorithm's extra groups, :mod:`mugrpo.commits.exclusion`)
+apart from the training rows, each with its
 own ``group_size``.
 """
 
@@ -62,7 +63,7 @@ RESCORE_SCHEMA = pa.schema(
         pa.field("stage", pa.int32(), nullable=False),
         pa.field("prompt_id", pa.string(), nullable=False),
         pa.field("sample_idx", pa.int32(), nullable=False),
-        pa.field("is_probe", pa.bool_(), nullable=False),  # an AGPO probe row (its sample_idx restarts at 0)
+        pa.field("excluded", pa.bool_(), nullable=False),  # a row not trained on (mugrpo.commits.exclusion)
         pa.field("name", pa.string(), nullable=False),  # the re-scoring's name
         pa.field("reward", pa.float32(), nullable=False),  # new weighted reward
         pa.field("reward_components", pa.map_(pa.string(), pa.float32()), nullable=False),
@@ -76,7 +77,7 @@ RESCORE_SCHEMA = pa.schema(
 )
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_ROLLOUT_COLUMNS = ["prompt_id", "sample_idx", "group_size", "is_probe", "response_text", "ground_truth", "task"]
+_ROLLOUT_COLUMNS = ["prompt_id", "sample_idx", "group_size", "response_text", "ground_truth", "task"]
 
 
 class RescoreManifest(BaseModel):
@@ -91,7 +92,7 @@ class RescoreManifest(BaseModel):
     files: list[FileRecord] = Field(description="The rescore shards, paths relative to the run directory.")
     reward: dict[str, Any] = Field(description="The RewardConfig used, as JSON.")
     advantage: dict[str, Any] = Field(description="The AdvantageConfig used, as JSON.")
-    counts: dict[str, int] = Field(description="rows, false_negative, false_positive, unchanged, not_ok.")
+    counts: dict[str, int] = Field(description="rows, 'false negative', 'false positive', unchanged, not_ok.")
 
 
 @dataclass(frozen=True)
@@ -128,10 +129,10 @@ def validate_rescore_name(name: str) -> str:
 
 
 def flip_kind(old_reward: float, new_reward: float) -> str | None:
-    """``'false_negative'`` (new > old: the old verifier under-credited the rollout), ``'false_positive'``
+    """``'false negative'`` (new > old: the old verifier under-credited the rollout), ``'false positive'``
     (new < old) or None (equal), comparing both as float32 (the rollouts' reward type)."""
     old, new = np.float32(old_reward), np.float32(new_reward)
-    return "false_negative" if new > old else "false_positive" if new < old else None
+    return "false negative" if new > old else "false positive" if new < old else None
 
 
 def _rollout_files(store: Store, layout: RunLayout, stage: int) -> list[tuple[int, FileRecord]]:
@@ -198,7 +199,7 @@ def _group_advantages(rows: list[dict], rewards: np.ndarray, advantage_cfg) -> t
 
     adv = np.zeros(len(rows), dtype=np.float32)
     zero = np.zeros(len(rows), dtype=bool)
-    ids = np.array([f"{r['prompt_id']}/{'probe' if r.get('is_probe') else 'train'}" for r in rows])
+    ids = np.array([f"{r['prompt_id']}/{'extra' if r['excluded'] else 'train'}" for r in rows])
     sizes = np.array([r["group_size"] for r in rows])
     for g in np.unique(sizes):
         mask = sizes == g
@@ -238,6 +239,8 @@ def rescore_stage(store: Store, cfg, stage: int, name: str, reward_cfg=None, adv
         mugrpo.storage.store.ChecksumError: a rollout shard differs from the sha256 its manifest recorded.
         ValueError: a group whose row count differs from its ``group_size``.
     """
+    from mugrpo.algorithms import declared_columns, excluding_columns
+    from mugrpo.commits.exclusion import excluded
     from mugrpo.commits.tables import read_table
     from mugrpo.rewards import RewardScorer
 
@@ -261,15 +264,19 @@ def rescore_stage(store: Store, cfg, stage: int, name: str, reward_cfg=None, adv
             "config, advantage config or set of rollouts; pick another --name, or delete "
             f"{store.uri(layout.rescore_dir(name, stage))} and that manifest to redo it"
         )
-    counts = {"rows": 0, "false_negative": 0, "false_positive": 0, "unchanged": 0, "not_ok": 0}
+    counts = {"rows": 0, "false negative": 0, "false positive": 0, "unchanged": 0, "not_ok": 0}
     files: list[FileRecord] = []
     refs: dict[str, str | None] | None = None
     with RewardScorer(reward_cfg) as scorer:
         for shard, rec in shards:
             rollout_rel = layout.abs(rec.path)
-            rows = read_table(store, rollout_rel, "rollouts", expected_sha256=rec.sha256)
-            old_rewards = rows.column("reward").to_numpy().astype(np.float32)
-            rows = rows.select(_ROLLOUT_COLUMNS).to_pylist()
+            fields = [c.field for c in declared_columns()]
+            table = read_table(store, rollout_rel, "rollouts", expected_sha256=rec.sha256, extra=fields)
+            old_rewards = table.column("reward").to_numpy().astype(np.float32)
+            excluding = [c for c in excluding_columns() if c in table.column_names]
+            rows = table.select(_ROLLOUT_COLUMNS + excluding).to_pylist()
+            for row in rows:  # rows not trained on (an algorithm's extra groups) are normalized apart
+                row["excluded"] = excluded(row, excluding)
             if refs is None and any(r.get("task") for r in rows):
                 refs = _task_refs(cfg)
             results = scorer.score(_reward_inputs(cfg, rows, refs or {}, store.uri(rollout_rel))) if rows else []
@@ -287,7 +294,7 @@ def rescore_stage(store: Store, cfg, stage: int, name: str, reward_cfg=None, adv
                         "stage": stage,
                         "prompt_id": row["prompt_id"],
                         "sample_idx": row["sample_idx"],
-                        "is_probe": bool(row.get("is_probe")),
+                        "excluded": row["excluded"],
                         "name": name,
                         "reward": float(rewards[i]),
                         "reward_components": dict(sorted(res.components.items())),

@@ -102,7 +102,7 @@ REWARD_FLIPS_VIEW = """
            r.response_text, r.ground_truth, r.extracted_answer, s.extracted_answer AS new_extracted_answer
     FROM rescores s LEFT JOIN rollouts r
       ON r.run_id = s.run_id AND r.stage = s.stage AND r.prompt_id = s.prompt_id AND r.sample_idx = s.sample_idx
-     AND coalesce(r.is_probe, false) = s.is_probe"""
+     AND coalesce(r.is_probe, false) = s.excluded"""
 
 #: The eval contract's derived views, over ``evals`` (their definitions are the formulas of
 #: :mod:`mugrpo.evaluation.metrics`: maj@k votes on the stripped extracted answer, ties to the lowest sample index;

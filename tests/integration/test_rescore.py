@@ -34,7 +34,7 @@ RUN_REWARD = {"components": {"math_correctness": 1.0}, "num_workers": 1}
 #: 1 -> 0.5 (false positives of the old verifier, by this definition), the boxed wrong one rises 0 -> 0.5 (a false
 #: negative), the unboxed correct one stays 0.
 FORMAT_ONLY = "reward.components={format: 0.5}"
-EXPECTED = {"rows": PROMPTS * GROUP, "false_negative": PROMPTS, "false_positive": 2 * PROMPTS, "unchanged": PROMPTS}
+EXPECTED = {"rows": PROMPTS * GROUP, "false negative": PROMPTS, "false positive": 2 * PROMPTS, "unchanged": PROMPTS}
 
 runner = CliRunner()
 
@@ -136,7 +136,7 @@ def test_rescore_writes_beside_the_rollouts_and_equals_a_fresh_scoring(run_dir):
     before = _digests(run_dir)
     result = _rescore(run_dir, "--name", "format-only", FORMAT_ONLY)
     assert result.exit_code == 0, result.output
-    assert "false_negative" in result.output and "rescores/format-only/stage=0" in result.output
+    assert "false negative" in result.output and "rescores/format-only/stage=0" in result.output
     after = _digests(run_dir)
     assert {k: v for k, v in after.items() if not k.startswith("rescores/")} == before  # nothing else changed
     assert sorted(k for k in after if k.startswith("rescores/")) == [
@@ -208,8 +208,8 @@ def test_reward_flips_view_counts_the_flips(run_dir):
     assert result.exit_code == 0, result.output
     got = {(r["name"], r["flip"]): int(r["n"]) for r in csv.DictReader(io.StringIO(result.output))}
     assert got == {
-        ("format-only", "false_negative"): EXPECTED["false_negative"],
-        ("format-only", "false_positive"): EXPECTED["false_positive"],
+        ("format-only", "false_negative"): EXPECTED["false negative"],
+        ("format-only", "false_positive"): EXPECTED["false positive"],
         ("format-only", ""): EXPECTED["unchanged"],
         ("same", ""): PROMPTS * GROUP,
     }
@@ -245,8 +245,8 @@ def test_rescore_without_overrides_reproduces_the_stored_rewards(run_dir):
     result = rescore_stage(store, cfg, 0, "same")
     assert result.counts == {
         "rows": PROMPTS * GROUP,
-        "false_negative": 0,
-        "false_positive": 0,
+        "false negative": 0,
+        "false positive": 0,
         "unchanged": 12,
         "not_ok": 0,
     }
