@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.real_lm import BENCHMARK, MAIN, quick_overrides  # noqa: E402
+from bench.real_lm import MAIN, heldout_scores, quick_overrides  # noqa: E402
 
 TARGET = 0.5
 
@@ -55,17 +55,10 @@ def _report(root: Path, run_id: str, wall_s: float, started: float) -> dict:
     """Wall seconds, seconds to the final policy, and the held-out score of each problem at each policy the run
     evaluated itself (a fork's policy of stage K is evaluated by its parent)."""
     from mugrpo.evaluation.metrics import clustered_mean_ci
-    from mugrpo.sql.catalog import connect
 
     cfg = json.loads((root / run_id / "run.json").read_text())["config"]
     final = root / run_id / "policies" / f"stage={cfg['run']['num_stages']}" / "_COMPLETE"
-    with connect(str(root / run_id)) as cat:
-        rows = cat.arrow(
-            f"SELECT stage, prompt_id, score FROM eval_problems WHERE benchmark = '{BENCHMARK}' ORDER BY stage"
-        ).to_pylist()
-    scores: dict[int, dict[str, float]] = {}
-    for r in rows:
-        scores.setdefault(int(r["stage"]), {})[r["prompt_id"]] = float(r["score"])
+    scores = heldout_scores(root / run_id)
     return {
         "run_id": run_id,
         "wall_s": round(wall_s, 1),

@@ -101,22 +101,29 @@ def run_arm(arm: str, seed: int, root: Path, log: Path, extra: list[str], quick:
     return arm_report(root, run_id, wall)
 
 
-def arm_report(root: Path, run_id: str, wall: float) -> dict:
-    """Held-out scores per evaluated policy, the gain over the base, the phase seconds and when each policy was
-    ready (seconds of stage wall clock without in-stage evaluation, from the run's start)."""
-    from mugrpo.config import config_from_dict
-    from mugrpo.evaluation.metrics import clustered_mean_ci, paired_difference_ci
+def heldout_scores(run_dir: Path) -> dict[int, dict[str, float]]:
+    """stage -> {prompt_id: score} of the held-out benchmark, for every policy the run evaluated."""
     from mugrpo.sql.catalog import connect
 
-    run_json = json.loads((root / run_id / "run.json").read_text())
-    cfg = config_from_dict(run_json["config"], source=f"{run_id}/run.json")
-    with connect(str(root / run_id)) as cat:
+    with connect(str(run_dir)) as cat:
         rows = cat.arrow(
             f"SELECT stage, prompt_id, score FROM eval_problems WHERE benchmark = '{BENCHMARK}' ORDER BY stage"
         ).to_pylist()
     scores: dict[int, dict[str, float]] = {}
     for r in rows:
         scores.setdefault(int(r["stage"]), {})[r["prompt_id"]] = float(r["score"])
+    return scores
+
+
+def arm_report(root: Path, run_id: str, wall: float) -> dict:
+    """Held-out scores per evaluated policy, the gain over the base, the phase seconds and when each policy was
+    ready (seconds of stage wall clock without in-stage evaluation, from the run's start)."""
+    from mugrpo.config import config_from_dict
+    from mugrpo.evaluation.metrics import clustered_mean_ci, paired_difference_ci
+
+    run_json = json.loads((root / run_id / "run.json").read_text())
+    cfg = config_from_dict(run_json["config"], source=f"{run_id}/run.json")
+    scores = heldout_scores(root / run_id)
     stages, t = phase_seconds(cfg)
     ready, elapsed = {0: 0.0}, 0.0
     for k, s in enumerate(stages):
