@@ -110,23 +110,68 @@ def write_table(
 DEFAULTS_FOR_OLDER = OLDER_DEFAULTS
 
 
-def check_schema(schema: pa.Schema, name: str, where: str) -> int:
-    """Raise SchemaError unless ``schema``'s metadata says table ``name`` at the current version or an older one
-    listed in ``schemas.OLDER_SCHEMAS``; returns the version."""
+def schema_misfit(schema: pa.Schema, name: str) -> str | None:
+    """Why a Parquet file of Arrow ``schema`` cannot be read as table ``name``, or None when it fits: the one rule
+    of :func:`read_table`, which needs no more than the file's footer (``pq.read_schema``).
+
+    A file fits when its metadata says table ``name`` at the current version or an older one of
+    ``schemas.OLDER_SCHEMAS`` (whose missing columns are filled when read), and its columns are that version's, in
+    order, with their types and nullability, followed by the extension columns its metadata lists. The reason names
+    what differs, e.g. "columns differ from the 'rollouts' schema version 4: missing column `advantage`; column
+    `reward` is string, expected float; unexpected column `bogus`".
+    """
     meta = schema.metadata or {}
     table = meta.get(META_TABLE, b"").decode()
     version = meta.get(META_VERSION, b"").decode()
     if table != name:
-        raise SchemaError(f"{where}: expected a mugrpo {name!r} table, file says {table or 'nothing'!r}")
-    expected = SCHEMA_VERSIONS[name]
-    readable = [expected, *sorted(v for t, v in OLDER_SCHEMAS if t == name)]
+        return f"expected a mugrpo {name!r} table, file says {table or 'nothing'!r}"
+    readable = [SCHEMA_VERSIONS[name], *sorted(v for t, v in OLDER_SCHEMAS if t == name)]
     if version not in {str(v) for v in readable}:
-        raise SchemaError(
-            f"{where}: {name!r} schema version {version or 'missing'!r} is not supported "
-            f"(this mugrpo reads version {', '.join(map(str, readable))}); re-generate the file or use a matching "
-            "mugrpo version"
+        return (
+            f"{name!r} schema version {version or 'missing'!r} is not supported (this mugrpo reads version "
+            f"{', '.join(map(str, readable))}); re-generate the file or use a matching mugrpo version"
         )
-    return int(version)
+    expected = TABLES[name] if int(version) == SCHEMA_VERSIONS[name] else OLDER_SCHEMAS[(name, int(version))]
+    listed = meta.get(META_EXTENSIONS, b"").decode()
+    extensions = [n for n in listed.split(",") if n]
+    problems = []
+    for want in expected:
+        found = [schema.field(i) for i in schema.get_all_field_indices(want.name)]
+        if not found:
+            problems.append(f"missing column `{want.name}`")
+        elif len(found) > 1:
+            problems.append(f"column `{want.name}` appears {len(found)} times")
+        elif not found[0].equals(want):
+            got = found[0]
+            if got.type == want.type and got.nullable != want.nullable:
+                null = {True: "nullable", False: "not nullable"}
+                problems.append(f"column `{want.name}` is {null[got.nullable]}, expected {null[want.nullable]}")
+            else:
+                problems.append(f"column `{want.name}` is {got.type}, expected {want.type}")
+    problems += [f"unexpected column `{n}`" for n in schema.names if n not in expected.names and n not in extensions]
+    problems += [
+        f"extension column `{n}` (listed in the file's metadata) is missing or named like a schema column"
+        for n in extensions
+        if n not in schema.names or n in expected.names
+    ]
+    if not problems and [n for n in schema.names if n not in extensions] != expected.names:
+        problems.append("columns are not in the schema's order")
+    return f"columns differ from the {name!r} schema version {version}: {'; '.join(problems)}" if problems else None
+
+
+def file_schema_misfit(store: Store, rel: str, name: str) -> str | None:
+    """:func:`schema_misfit` of the Parquet file at ``rel`` read from its footer only (a ranged read on S3, never the
+    whole file); a file that is no Parquet is a misfit too. None for a file that is gone (deleted since listed)."""
+    try:
+        with store.fs.open(store.full(rel), "rb") as f:
+            schema = pq.read_schema(f)
+    except FileNotFoundError:
+        return None
+    except OSError as e:  # pyarrow's I/O errors too
+        return f"cannot be read: {e}"
+    except pa.ArrowException as e:
+        return f"not a readable Parquet file: {e}"
+    return schema_misfit(schema, name)
 
 
 def read_table(
@@ -153,18 +198,14 @@ def read_table(
         table = pq.read_table(pa.BufferReader(data))
     except pa.ArrowInvalid as e:
         raise SchemaError(f"{where}: not a readable Parquet file: {e}") from e
-    version = check_schema(table.schema, name, where)
+    misfit = schema_misfit(table.schema, name)
+    if misfit is not None:
+        raise SchemaError(f"{where}: {misfit}")
+    meta = table.schema.metadata or {}
+    version = int(meta[META_VERSION])
     schema = TABLES[name] if version == SCHEMA_VERSIONS[name] else OLDER_SCHEMAS[(name, version)]
-    listed = (table.schema.metadata or {}).get(META_EXTENSIONS, b"").decode()
-    extensions = [n for n in listed.split(",") if n]
-    if [n for n in table.column_names if n not in extensions] != schema.names or any(
-        n not in table.column_names or n in schema.names for n in extensions
-    ):
-        raise SchemaError(f"{where}: columns differ from the {name!r} schema version {version}")
     core = table.select(schema.names)
-    if not core.schema.remove_metadata().equals(schema):
-        raise SchemaError(f"{where}: columns differ from the {name!r} schema version {version}")
-    own = table.select(extensions)
+    own = table.select([n for n in meta.get(META_EXTENSIONS, b"").decode().split(",") if n])
     for missing in (f for f in TABLES[name] if f.name not in schema.names):  # an older version: fill what it lacks
         default = DEFAULTS_FOR_OLDER.get((name, missing.name))
         column = (

@@ -62,7 +62,12 @@ def _rows(cat, query: str) -> list[dict]:
 
 
 def collect(target: str, storage_options: dict | None = None) -> ReportData:
-    """Query everything the report shows from one run folder (local path or URL)."""
+    """Query everything the report shows from one run folder (local path or URL).
+
+    Raises:
+        TargetError: the target is not one readable run, e.g. a table file of it does not fit its table's schema
+            (:func:`mugrpo.sql.connect` refuses the run: the block names each file, what differs, how to recover).
+    """
     with connect(target, storage_options) as cat:
         if len(cat.run_ids) != 1:
             raise ValueError(f"{target} holds {len(cat.run_ids)} runs; give one run folder (ROOT/RUN_ID)")

@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -57,6 +58,7 @@ from mugrpo.sql.readonly import (
     sql_string,
 )
 from mugrpo.sql.redact import Redactor
+from mugrpo.sql.schema_check import Misfit, misfit_files, refusal
 from schemas import OLDER_DEFAULTS, OLDER_SCHEMAS, STAGE_VIEW_SCHEMA, TABLES, StageManifest
 
 log = logging.getLogger(__name__)
@@ -325,13 +327,18 @@ class RunCatalog:
 
     Attributes:
         target: the resolved target (store, runs and their files).
+        misfits: table files of a root's runs left out of the views because they do not fit their table's schema
+            (:mod:`mugrpo.sql.schema_check`; over one run, :func:`connect` refuses them instead).
         duckdb_connection: the underlying connection. Using it directly skips the statement check, but DuckDB's
             own locks (see :mod:`mugrpo.sql.readonly`) still refuse every write.
     """
 
-    def __init__(self, target: Target, con: duckdb.DuckDBPyConnection, redact: Redactor):
+    def __init__(
+        self, target: Target, con: duckdb.DuckDBPyConnection, redact: Redactor, misfits: list[Misfit] | None = None
+    ):
         self.target = target
         self.duckdb_connection = con
+        self.misfits = list(misfits or [])
         self._redact = redact
 
     @property
@@ -417,7 +424,8 @@ def connect(target: str, storage_options: dict[str, Any] | None = None) -> RunCa
         ``runs``, ``lineage`` and the derived views of :data:`VIEWS`.
 
     Raises:
-        TargetError: the target is missing, holds no run, or a manifest/run.json is invalid.
+        TargetError: the target is missing, holds no run, a manifest/run.json is invalid, or it is one run with a
+            table file that does not fit its table's schema (names each such file, what differs, how to recover).
     """
     redact = Redactor(storage_options)
     try:
@@ -426,14 +434,20 @@ def connect(target: str, storage_options: dict[str, Any] | None = None) -> RunCa
         raise TargetError(redact(str(e))) from None
     except (OSError, ValueError) as e:
         raise TargetError(redact(f"cannot open {target}: {e}")) from None
+    # A table file that does not fit its table's schema is never read (docs/sql.md, "Files that do not fit their
+    # table"): one run is refused, naming each; a root leaves them out of its views (the command line warns).
+    misfits = [replace(m, reason=redact(m.reason)) for m in misfit_files(tgt.store, tgt.runs)]
+    if misfits and tgt.single_run:
+        raise TargetError(redact(refusal(misfits, tgt.store.uri(tgt.scope))))
     # Every file read goes through ReadOnlyFileSystem, whose file handles keep a position per thread: DuckDB shares
     # one handle between its threads (see readonly.PositionalReader), so the default thread count is safe.
     con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
     try:
         con.register_filesystem(ReadOnlyFileSystem(path=tgt.store.root, fs=tgt.store.fs))
         con.execute("SET parquet_metadata_cache = true")  # files are immutable once committed
+        left_out = {m.rel for m in misfits}
         for table in TABLE_FILES:
-            paths = [p for files in tgt.runs.values() for p in files.tables[table]]
+            paths = [p for files in tgt.runs.values() for p in files.tables[table] if p not in left_out]
             empty = _register(con, f"empty_{table}", TABLES[table].empty_table())
             source = _parquet_source(paths, table) if paths else empty
             if paths and _has_older_versions(table):  # files of older versions only: still the current columns
@@ -459,5 +473,5 @@ def connect(target: str, storage_options: dict[str, Any] | None = None) -> RunCa
     except (duckdb.Error, OSError) as e:
         con.close()
         raise TargetError(redact(f"cannot open {target}: {e}")) from None
-    log.debug("sql catalog over %s: runs %s", tgt.url, list(tgt.runs))
-    return RunCatalog(tgt, con, redact)
+    log.debug("sql catalog over %s: runs %s, files that do not fit %s", tgt.url, list(tgt.runs), misfits)
+    return RunCatalog(tgt, con, redact, misfits)

@@ -183,6 +183,10 @@ def sql_command(
         typer.echo(f"Error: {e}", err=True)
         raise typer.Exit(2) from None
     with catalog, storage_guard(target, options):
+        from mugrpo.sql.schema_check import skipped
+
+        for misfit in catalog.misfits:  # a root's files that do not fit their table: left out of the views
+            typer.echo(skipped(misfit, catalog.target.store.uri(misfit.run_id)), err=True)
         if parquet and _inside(parquet, catalog):
             typer.echo(f"Error: --parquet {parquet} is inside {catalog.target.url}, which is read-only", err=True)
             raise typer.Exit(2)

@@ -128,6 +128,23 @@ def _split_parent(url: str) -> tuple[str, str]:
     return head, name
 
 
+def _find(fs: fsspec.AbstractFileSystem, store: Store, base: str) -> dict[str, RunFiles]:
+    """The committed files below ``base`` (relative to the store root: a run, or '' for the whole root), by run."""
+    runs: dict[str, RunFiles] = {}
+    for full in fs.find(store.full(base), withdirs=False):
+        rel = posixpath.relpath(full, store.root) if store.is_local else full[len(store.root) :].lstrip("/")
+        _classify(rel, runs)
+    return runs
+
+
+def run_files(store: Store, run_id: str) -> RunFiles:
+    """The committed files of run ``run_id`` of ``store``, found as :func:`resolve_target` finds them."""
+    files = _find(store.fs, store, run_id).get(run_id, RunFiles(run_id))
+    for paths in files.tables.values():
+        paths.sort()
+    return files
+
+
 def resolve_target(target: str, storage_options: dict[str, Any] | None = None) -> Target:
     """Decide whether ``target`` is a run or a root and list the committed files of every run in it.
 
@@ -155,11 +172,7 @@ def resolve_target(target: str, storage_options: dict[str, Any] | None = None) -
     else:
         root_url, run_id = url, ""
     store = Store(root_url, opts)
-    base = store.full(run_id)
-    runs: dict[str, RunFiles] = {}
-    for full in fs.find(base, withdirs=False):
-        rel = posixpath.relpath(full, store.root) if store.is_local else full[len(store.root) :].lstrip("/")
-        _classify(rel, runs)
+    runs = _find(fs, store, run_id)
     if single_run:
         runs.setdefault(run_id, RunFiles(run_id))
     elif not runs:

@@ -475,20 +475,25 @@ def test_s3_root_is_queried_through_s3fs_and_credentials_never_leak(s3_root, cap
     assert single.exit_code == 0, single.stderr
     assert single.stdout == "n\n24\n"
 
-    # A corrupted shard makes the rollouts view fail: the error names the file but never the credentials. The view
-    # reads files by column name (rollouts v1 files lack top_k/min_p), so the footer is read, and fails, at connect.
+    # A corrupted shard (not Parquet) is never read, and named but never with the credentials: over the root it is
+    # skipped with a warning and the rest is served; its run is refused.
     layout = RunLayout("grpo")
     store.write_bytes(layout.rollout_shard(1, 0), b"not parquet at all" * 10)
-    # (rollouts has a readable older schema version, so its view reads every footer when it is created: the error
-    # comes from connect; for a table without older versions it comes from the query)
-    with pytest.raises((SqlError, TargetError)) as failure, connect(url, opts) as cat:
-        cat.arrow("SELECT avg(reward) FROM rollouts")
-    assert "shard=00000.parquet" in str(failure.value) and SECRET not in str(failure.value)
+    with connect(url, opts) as cat:
+        assert [m.rel for m in cat.misfits] == [layout.rollout_shard(1, 0)]
+        assert cat.arrow("SELECT count(*) FROM rollouts").column(0).to_pylist() == [24 - GROUP]
+    with pytest.raises(TargetError) as failure:
+        connect(f"{url}/grpo", opts)
+    assert "shard=00000.parquet: not a readable Parquet file" in str(failure.value)
+    assert SECRET not in str(failure.value)
     config = tmp_path / "run.yaml"  # storage options from a run config (credentials stay in the environment)
     config.write_text(f"run:\n  storage_options:\n    endpoint_url: {opts['endpoint_url']}\n")
-    broken = run_cli(url, "--config", str(config), *secret_opts, "SELECT avg(reward) FROM rollouts")
-    assert broken.exit_code in (1, 2) and "shard=00000.parquet" in broken.stderr  # 2: failed at connect
-    assert SECRET not in broken.output and SECRET not in caplog.text
+    skipped = run_cli(url, "--config", str(config), *secret_opts, "SELECT avg(reward) FROM rollouts")
+    assert skipped.exit_code == 0 and "Warning: skipped s3://" in skipped.stderr
+    assert "shard=00000.parquet" in skipped.stderr
+    broken = run_cli(f"{url}/grpo", "--config", str(config), *secret_opts, "SELECT avg(reward) FROM rollouts")
+    assert broken.exit_code == 2 and "shard=00000.parquet" in broken.stderr
+    assert SECRET not in skipped.output + broken.output and SECRET not in caplog.text
 
 
 def test_redactor_blanks_nested_and_environment_credentials(monkeypatch):

@@ -8,10 +8,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mugrpo.commits.tables import SchemaError, read_table, table_from_rows, write_table
+from mugrpo.commits.tables import (
+    META_EXTENSIONS,
+    SchemaError,
+    read_table,
+    schema_misfit,
+    table_from_rows,
+    write_table,
+)
 from mugrpo.storage.layout import RunLayout
 from mugrpo.storage.store import Store
-from schemas import META_VERSION, ROLLOUT_SCHEMA, SCHEMA_VERSIONS, TABLES
+from schemas import META_VERSION, OLDER_SCHEMAS, ROLLOUT_SCHEMA, SCHEMA_VERSIONS, TABLES
 
 
 def rollout_rows(n: int = 3) -> list[dict]:
@@ -92,6 +99,40 @@ def test_wrong_table_or_missing_column_is_refused(tmp_path):
     pq.write_table(pa.table({"a": [1]}), tmp_path / "r/plain.parquet")
     with pytest.raises(SchemaError, match="file says 'nothing'"):
         read_table(store, "r/plain.parquet", "rollouts")
+
+
+def _stamped(schema: pa.Schema, table: str, version: int, extensions: str = "") -> pa.Schema:
+    meta = {b"mugrpo.table": table.encode(), META_VERSION: str(version).encode()}
+    return schema.with_metadata({**meta, **({META_EXTENSIONS: extensions.encode()} if extensions else {})})
+
+
+def test_schema_misfit_accepts_every_readable_version_and_names_each_difference():
+    """The one rule of read_table, from a schema alone (a file's footer): older versions and listed extension
+    columns fit; a file of another schema is told apart column by column."""
+    for (table, version), schema in OLDER_SCHEMAS.items():
+        assert schema_misfit(_stamped(schema, table, version), table) is None, (table, version)
+    for table, schema in TABLES.items():
+        assert schema_misfit(_stamped(schema, table, SCHEMA_VERSIONS[table]), table) is None, table
+    own = ROLLOUT_SCHEMA.append(pa.field("excludes", pa.bool_()))  # an algorithm's declared column
+    assert schema_misfit(_stamped(own, "rollouts", 4, "excludes"), "rollouts") is None
+    assert "unexpected column `excludes`" in schema_misfit(_stamped(own, "rollouts", 4), "rollouts")
+    other = ROLLOUT_SCHEMA.set(ROLLOUT_SCHEMA.get_field_index("reward"), pa.field("reward", pa.string()))
+    other = other.remove(other.get_field_index("advantage")).append(pa.field("bogus", pa.string()))
+    assert schema_misfit(_stamped(other, "rollouts", 4), "rollouts") == (
+        "columns differ from the 'rollouts' schema version 4: column `reward` is string, expected float; missing "
+        "column `advantage`; unexpected column `bogus`"
+    )
+    v3 = OLDER_SCHEMAS[("train_steps", 3)]
+    assert schema_misfit(_stamped(TABLES["train_steps"], "train_steps", 3), "train_steps") == (
+        "columns differ from the 'train_steps' schema version 3: "
+        + "; ".join(f"unexpected column `{f.name}`" for f in TABLES["train_steps"] if f.name not in v3.names)
+    )
+    nullable = ROLLOUT_SCHEMA.set(0, ROLLOUT_SCHEMA.field(0).with_nullable(True))
+    assert schema_misfit(_stamped(nullable, "rollouts", 4), "rollouts").endswith(
+        "column `run_id` is nullable, expected not nullable"
+    )
+    swapped = pa.schema([ROLLOUT_SCHEMA.field(1), ROLLOUT_SCHEMA.field(0), *list(ROLLOUT_SCHEMA)[2:]])
+    assert schema_misfit(_stamped(swapped, "rollouts", 4), "rollouts").endswith("columns are not in the schema's order")
 
 
 def _train_step(stage: int, update: int, metrics: dict[str, float]) -> dict:
