@@ -120,9 +120,37 @@ class TrainSection(_Section):
         "accelerate's bf16 is torch.autocast('cpu', bfloat16). fp16 is refused (loss scaling skips inf steps, "
         "which the job's NaN/inf guard stops on).",
     )
+    keep_optimizer_state: int | Literal["auto", "all", "last"] = Field(
+        "auto",
+        json_schema_extra=OPERATIONAL,
+        description="How many committed stages keep the AdamW moments (optimizer.pt, two fp32 moments per trainable "
+        "parameter) of their checkpoints: 'all'; 'last' (the latest committed stage); N >= 1 (the latest N); 'auto': "
+        "'all' when one checkpoint's optimizer state is under 4 GiB (a 1B-parameter fp32 AdamW state is ~8 GB), else "
+        "'last', decided from the bytes of the checkpoint just committed. Once a stage commits, the moments of older "
+        "stages are deleted; the policy weights and every other file stay, the checkpoint stays committed (its "
+        "_COMPLETE marker records what was pruned, and `mugrpo verify` passes). The next stage always finds the "
+        "moments it starts from. Pruned moments cannot be branched from or rolled back to: `mugrpo fork --at-stage K` "
+        "needs those of stage K-1 and is refused without --fresh-optimizer; a resume whose next training starts from "
+        "pruned moments (a rollback to before a stage older than the latest N) is refused, naming this key (redo "
+        "from there with `mugrpo fork --at-stage K --fresh-optimizer`). docs/branching.md, 'Retention'. With "
+        "orchestration.publish_policy_every > 1 older stages' checkpoints are deleted whole anyway. A resume may "
+        "change it; a smaller value prunes at the next commit.",
+    )
     python: str | None = Field(
         None, json_schema_extra=OPERATIONAL, description="Interpreter of the training job; None = this one."
     )
+
+    @field_validator("keep_optimizer_state", mode="before")
+    @classmethod
+    def _retention(cls, value: Any) -> Any:
+        """An integer given as text (``"2"``) is that integer; N must be >= 1 (a bool is no count)."""
+        if isinstance(value, bool):
+            raise ValueError(f"must be 'auto', 'all', 'last' or an integer >= 1, got {value!r}")
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"must be an integer >= 1 (or 'auto', 'all', 'last'), got {value}")
+        return value
 
     @field_validator("mixed_precision", mode="before")
     @classmethod

@@ -71,9 +71,12 @@ def load_spec(url: str, cls: type[S]) -> S:
 @contextmanager
 def refuse_untrusted(job: str, stage: int) -> Iterator[None]:
     """Turn a tampered input (:class:`~mugrpo.storage.store.ChecksumError`, naming the file) or a lost run lease
-    (:class:`~mugrpo.coordination.lease.LeaseFenced`) into one error line and exit code 2: running the job again cannot
-    fix either, so the launcher does not retry it. A pre-started job whose inputs were not committed in time
-    (:class:`~mugrpo.coordination.start_gate.StartTimeout`) exits 1: a relaunch once they are may succeed."""
+    (:class:`~mugrpo.coordination.lease.LeaseFenced`), or AdamW moments the job needs that
+    ``train.keep_optimizer_state`` pruned (:class:`~mugrpo.commits.retention.OptimizerStatePruned`) into one error
+    line and exit code 2: running the job again cannot fix any of them, so the launcher does not retry it. A
+    pre-started job whose inputs were not committed in time (:class:`~mugrpo.coordination.start_gate.StartTimeout`)
+    exits 1: a relaunch once they are may succeed."""
+    from mugrpo.commits.retention import OptimizerStatePruned
     from mugrpo.coordination.lease import LeaseFenced
     from mugrpo.coordination.start_gate import StartTimeout
     from mugrpo.storage.store import ChecksumError
@@ -82,7 +85,7 @@ def refuse_untrusted(job: str, stage: int) -> Iterator[None]:
         yield
     except ChecksumError as e:
         fail(f"{job} stage {stage}: refusing a tampered input: {e}", 2)
-    except LeaseFenced as e:
+    except (LeaseFenced, OptimizerStatePruned) as e:
         fail(f"{job} stage {stage}: {e}", 2)
     except StartTimeout as e:
         fail(f"{job} stage {stage}: {e}", 1)

@@ -34,7 +34,8 @@ accelerate, then waits for the generate manifest of its stage (and the previous 
 anything.
 
 Exit codes: 0 done (or already committed), 1 inputs not committed within ``start_timeout_s``, 2 bad spec, bad
-rollouts, a tampered input (checksum mismatch, the file named) or a lost run lease, 3 NaN/inf loss or gradient (the
+rollouts, a tampered input (checksum mismatch, the file named), a lost run lease or AdamW moments it starts from that
+``train.keep_optimizer_state`` pruned (the checkpoint and the key named), 3 NaN/inf loss or gradient (the
 minibatch's prompt ids are in ``jobs/stage=k/train.nonfinite.json``; the last checkpoint is intact).
 """
 

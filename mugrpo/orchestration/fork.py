@@ -21,8 +21,10 @@ config and recomputes the group advantages.
 
 Every start of a fork (:func:`check_lineage`) re-reads what it references: the verbatim copies against run.json's
 record, the parent's originals (a rolled-back parent is refused), and the folders it builds on (the policy of stage K
-and, unless ``fresh_optimizer``, the final checkpoint of stage K-1). ``orchestration.verify_on_resume`` then re-hashes
-every referenced file through the manifests, as for any run.
+and, unless ``fresh_optimizer``, until the fork's stage K has trained, the final checkpoint of stage K-1 with its
+AdamW moments, which the parent's ``train.keep_optimizer_state`` may prune once later stages of the parent commit).
+``orchestration.verify_on_resume`` then checks every referenced file through the manifests, as for any run
+(:mod:`mugrpo.commits.verify`: what the fork's next work reads is re-hashed, the rest checked by the store's word).
 """
 
 from __future__ import annotations
@@ -161,9 +163,9 @@ def plan_fork(
     if not fresh_optimizer and moments_gone(store, parent.run.id, playout, stage - 1):
         raise ForkRefused(
             f"cannot fork {uri} at stage {stage}: the final checkpoint of its stage {stage - 1} (the AdamW moments the "
-            f"fork's stage {stage} starts from) is not under {store.uri(playout.checkpoints_dir(stage - 1))}: it was "
-            "pruned. Fork with --fresh-optimizer to start the stage from fresh moments (recorded in run.json), or "
-            "fork at a stage whose checkpoint is kept. Nothing was written.",
+            f"fork's stage {stage} starts from): {_gone_why(store, playout, stage - 1)}. Fork with --fresh-optimizer "
+            "to start the stage from fresh moments (recorded in run.json), or fork at a stage whose checkpoint is kept "
+            "(train.keep_optimizer_state=all keeps every stage's). Nothing was written.",
             3,
         )
     if reuse_rollouts:
@@ -207,10 +209,36 @@ def _check_plans(parent: Any, child: Any, stage: int, reuse: bool, uri: str) -> 
 
 def moments_gone(store: Store, run_id: str, layout: RunLayout, stage: int) -> bool:
     """Whether stage ``stage`` made updates but its final checkpoint (the AdamW moments the next stage starts from)
-    is no longer committed. A stage without updates has no moments: the next stage starts fresh, as its run did."""
+    is no longer committed, or holds no moments any more (pruned by ``train.keep_optimizer_state``,
+    :func:`moments_pruned`). A stage without updates has no moments: the next stage starts fresh, as its run did."""
     train = read_job_manifest(store, run_id, stage, "train")
     updates = train.counts.get("updates", 0) if train is not None else None
-    return updates is None or (updates > 0 and latest_checkpoint(store, layout, stage) != updates)
+    if updates == 0:
+        return False
+    return (
+        updates is None
+        or latest_checkpoint(store, layout, stage) != updates
+        or bool(moments_pruned(store, layout, stage))
+    )
+
+
+def moments_pruned(store: Store, layout: RunLayout, stage: int) -> str | None:
+    """The reason recorded when the optimizer state of stage ``stage``'s latest committed checkpoint was pruned
+    (``train.keep_optimizer_state=...``, :mod:`mugrpo.commits.retention`), else None."""
+    from mugrpo.commits.retention import KEY, optimizer_pruned
+
+    step = latest_checkpoint(store, layout, stage)
+    record = optimizer_pruned(store, layout.checkpoint_dir(stage, step)) if step is not None else None
+    return None if record is None else str(record.get("reason") or KEY)
+
+
+def _gone_why(store: Store, layout: RunLayout, stage: int) -> str:
+    """Why stage ``stage``'s final checkpoint holds no moments: pruned by the retention (its reason), or gone."""
+    reason = moments_pruned(store, layout, stage)
+    if reason is not None:
+        marker = f"{store.uri(layout.checkpoint_dir(stage, latest_checkpoint(store, layout, stage)))}/_COMPLETE"
+        return f"its optimizer state was pruned by {reason} (recorded in {marker})"
+    return f"it is not under {store.uri(layout.checkpoints_dir(stage))}: it was pruned"
 
 
 def _refuse_generation_algorithms(cfg: Any, uri: str) -> None:
@@ -295,11 +323,9 @@ def check_lineage(store: Store, cfg: Any, doc: dict[str, Any] | None) -> None:
                 broken.append(f"{store.uri(where)} is missing")
             elif sha256_bytes(store.read_bytes(where)) != digest:
                 broken.append(f"{store.uri(where)} changed (sha256 differs from the one recorded at the fork)")
-    if not fork.fresh_optimizer and moments_gone(store, cfg.run.id, layout, fork.stage - 1):
-        broken.append(
-            f"the final checkpoint of stage {fork.stage - 1} under "
-            f"{store.uri(layout.checkpoints_dir(fork.stage - 1))} is gone"
-        )
+    needs_moments = read_job_manifest(store, cfg.run.id, fork.stage, "train") is None  # read by stage K's training
+    if not fork.fresh_optimizer and needs_moments and moments_gone(store, cfg.run.id, layout, fork.stage - 1):
+        broken.append(f"the final checkpoint of stage {fork.stage - 1}: {_gone_why(store, layout, fork.stage - 1)}")
     try:
         behavior_policy_dir(store, layout, fork.stage)
     except FileNotFoundError:

@@ -11,10 +11,13 @@ the code version, and every accepted config change. Re-running a run id (``mugrp
    precision it started with on any machine; a new run resolves them on this machine;
 2. **inputs**: every input is fingerprinted again (every byte is read: size and mtime never decide that a file is
    unchanged); one whose content changed, or that is gone, is refused, naming the file, the recorded and current
-   sha256 and the way out (restore the file, or start a new run id).
+   sha256 and the way out (restore the file, or start a new run id);
+3. **moments**: the training the run continues with does not start from AdamW moments that
+   ``train.keep_optimizer_state`` pruned (after a rollback; :func:`refuse_pruned_moments`).
 
 Refusals are :class:`RunRefused` errors: one block of text, nothing written. The command line checks before it
-starts Prefect (:func:`check_resume`), so a refusal is printed once with exit code 2; the run flow checks again
+starts Prefect (:func:`check_resume`), so a refusal is printed once with exit code 2 (3 for pruned moments, the
+run's state); the run flow checks again
 under the run lease (:func:`mugrpo.orchestration.runs.init_run`) and only then writes run.json (:func:`record_resume`).
 """
 
@@ -137,7 +140,54 @@ def check_resume(store: Store, cfg: Any, *, forking: bool = False) -> ResumeChec
     if changed:
         raise InputChangedError(changed_inputs_message(cfg.run.id, uri, changed))
     stage = first_open_stage(store, cfg.run.id, cfg.run.num_stages)
+    refuse_pruned_moments(store, cfg, stage)
     return ResumeCheck(doc=doc, changes=changes, inputs=current, stage=stage, precision=precision)
+
+
+class MomentsPrunedError(RunRefused):
+    """The training a resume begins with would start from AdamW moments that ``train.keep_optimizer_state`` pruned
+    (after a rollback to before an older stage); the message names the checkpoint, the key and the way out."""
+
+    exit_code = 3  # the run's state refuses it (docs/reliability.md's refusal table)
+
+
+def refuse_pruned_moments(store: Store, cfg: Any, stage: int) -> None:
+    """Refuse to continue run ``cfg`` at ``stage`` (its first stage not committed) when the checkpoint its training
+    starts from has had its optimizer state pruned (:mod:`mugrpo.commits.retention`): the stage's own latest
+    checkpoint, else the previous stage's final one (the moments it carries over). Fresh moments are never taken
+    silently in their place: a fork with ``--fresh-optimizer`` is how a user asks for them. A fork's first stage
+    reads its parent's checkpoint, checked by :func:`mugrpo.orchestration.fork.check_lineage`. Reads one or two
+    folder listings and markers.
+
+    Raises:
+        MomentsPrunedError: names the checkpoint, the reason recorded and the ways out.
+    """
+    from mugrpo.commits.manifest import latest_checkpoint
+    from mugrpo.commits.retention import KEY, optimizer_pruned
+
+    if stage >= cfg.run.num_stages:
+        return
+    layout, first = cfg.layout, (cfg.run.parent.stage if cfg.run.parent is not None else 0)
+    own = latest_checkpoint(store, layout, stage)
+    source = (stage, own) if own is not None else None
+    if source is None and stage > first:
+        previous = latest_checkpoint(store, layout, stage - 1)
+        source = (stage - 1, previous) if previous is not None else None
+    if source is None:
+        return
+    rel = layout.checkpoint_dir(*source)
+    record = optimizer_pruned(store, rel)
+    if record is None:
+        return
+    uri = store.uri(layout.run_dir)
+    raise MomentsPrunedError(
+        f"run {cfg.run.id!r} at {uri} cannot continue at stage {stage}: its training starts from the AdamW moments "
+        f"of {store.uri(rel)}, which were pruned ({record.get('reason', KEY)}; its _COMPLETE marker records it), "
+        "as happens after a rollback to before a stage whose moments the retention no longer kept. Nothing was "
+        f"written. To redo stage {stage} from fresh moments, fork the run there: `mugrpo fork {uri} --at-stage "
+        f"{stage} --id NEW --fresh-optimizer` (recorded in the fork's run.json). A run keeps the moments a rollback "
+        f"or a fork needs with {KEY}=all (or a larger N), set before the later stages commit."
+    )
 
 
 def _differs(old: InputFingerprint, new: InputFingerprint) -> bool:

@@ -5,7 +5,10 @@ A checkpoint of stage k after stage update n lives at ``checkpoints/stage=k/step
     model/               HF dir of the policy (config, model.safetensors, generation config, tokenizer), or
     policy.ref.json      instead, in the final checkpoint of a stage that publishes its policy: the run-relative
                          path and sha256 of each file of policies/stage=k+1, which holds the same weights
-    optimizer.pt         AdamW state dict keyed by parameter name; read with torch.load(weights_only=True)
+    optimizer.pt         AdamW state dict keyed by parameter name; read with torch.load(weights_only=True); pruned
+                         from older stages' checkpoints by train.keep_optimizer_state (mugrpo.commits.retention:
+                         the marker then records it under "pruned", and reading the checkpoint raises
+                         OptimizerStatePruned)
     rng.safetensors      torch CPU (and CUDA) generator states, one set per data-parallel rank
     trainer_state.json   update counters, data cursor, LR schedule, Python and NumPy RNG states (JSON, no pickle)
     _COMPLETE            written last by Store.upload_dir: a folder without it is ignored and replaced
@@ -36,12 +39,13 @@ from safetensors.torch import load_file, save_file
 
 from mugrpo.commits.manifest import checkpoint_steps
 from mugrpo.commits.policies import PolicyRef, parse_policy_ref
+from mugrpo.commits.retention import OPTIMIZER_FILE as OPTIMIZER_FILE
+from mugrpo.commits.retention import refuse_pruned
 from mugrpo.common.scratch import scratch, scratch_dir
 from mugrpo.storage.layout import POLICY_REF_FILE, RunLayout
 from mugrpo.storage.store import COMPLETE_MARKER, Store
 
 MODEL_DIR = "model"
-OPTIMIZER_FILE = "optimizer.pt"
 RNG_FILE = "rng.safetensors"
 STATE_FILE = "trainer_state.json"
 #: 2: the weights may be a reference to the published policy (POLICY_REF_FILE). 1: always ``model/``; still read.
@@ -169,8 +173,10 @@ def read_checkpoint(store: Store, rel: str, local_dir: Path) -> LoadedCheckpoint
         FileNotFoundError: ``rel`` is not a committed checkpoint, or a referenced policy file is missing.
         mugrpo.storage.store.ChecksumError: a file (of the checkpoint or of the referenced policy) differs from its
             recorded checksum (names it).
+        mugrpo.commits.retention.OptimizerStatePruned: its optimizer state was pruned (``train.keep_optimizer_state``).
         ValueError: an unknown checkpoint format.
     """
+    refuse_pruned(store, rel, "the stage's training resumes from this checkpoint")
     store.download_dir(rel, local_dir)
     state = json.loads((local_dir / STATE_FILE).read_text())
     if state.get("format") not in READABLE_FORMATS:
@@ -245,9 +251,11 @@ def read_optimizer_state(store: Store, rel: str) -> dict[str, Any]:
     Raises:
         FileNotFoundError: ``rel`` is not a committed checkpoint.
         mugrpo.storage.store.ChecksumError: ``optimizer.pt`` differs from the marker's checksum.
+        mugrpo.commits.retention.OptimizerStatePruned: it was pruned (``train.keep_optimizer_state``).
     """
     if not store.is_complete_dir(rel):
         raise FileNotFoundError(f"{store.uri(rel)} is not a committed checkpoint")
+    refuse_pruned(store, rel, "the next stage's training starts from them")
     marker = store.read_json(f"{rel}/{COMPLETE_MARKER}")
     path, expected = f"{rel}/{OPTIMIZER_FILE}", marker["files"][OPTIMIZER_FILE]
     local = store.local_path(path)

@@ -57,6 +57,8 @@ def resume_optimizer(
     Raises:
         ValueError: a checkpoint made for another LR schedule.
         RuntimeError: ``carry_optimizer_state`` and the previous stage's train job has not committed.
+        mugrpo.commits.retention.OptimizerStatePruned: the moments to carry over were pruned
+            (``train.keep_optimizer_state``); fresh ones are never taken silently in their place.
     """
     accelerator, inner = resident.accelerator, inner_optimizer(resident.optimizer)
     schedule = build_lr_schedule(spec.train, spec.total_updates)

@@ -59,7 +59,7 @@ class _TrainSpecCore(JobSpec):
         True,
         description="Start AdamW's moments from the previous stage's final checkpoint, so a staged run optimizes "
         "like one continuous run (verl keeps its optimizer across steps); falls back to fresh moments when that "
-        "checkpoint is gone.",
+        "checkpoint is gone, and refuses (OptimizerStatePruned) when train.keep_optimizer_state pruned its moments.",
     )
     keep_checkpoints: int = Field(1, ge=1, description="Complete checkpoints kept per stage (older ones deleted).")
     train: TrainSection = Field(default_factory=TrainSection)
