@@ -86,11 +86,18 @@ def _run(cfg: Config) -> dict[str, Any]:
 def _run_leased(cfg: Config, lease: RunLease) -> dict[str, Any]:
     logger = get_run_logger()
     t0 = time.monotonic()
-    if cfg.orchestration.verify_on_resume:  # never build on a corrupted committed stage (mugrpo.commits.verify), and
-        store = open_store(cfg)  # refuse before init_run records the resume in run.json's history
-        checked = refuse_corrupted(store, cfg.run.id, cfg.run.num_stages, cfg.layout)
-        logger.info("verified %d committed files (%.1f MiB)", checked.total_files, checked.total_bytes / 2**20)
-    started = start_run(cfg)
+    cleared = lease.cleared  # what `mugrpo run` checked before it took this lease (mugrpo.orchestration.preflight)
+    check = None
+    if cleared is not None and cleared.current(cfg):  # nothing written since: one verification per start
+        check = cleared.check
+        if cleared.verified is not None:
+            logger.info("committed files (checked before the lease was taken): %s", cleared.verified.summary())
+    elif cfg.orchestration.verify_on_resume != "off":  # never build on a corrupted committed stage, and refuse
+        store = open_store(cfg)  # before start_run records the resume in run.json's history (mugrpo.commits.verify)
+        quick = cfg.orchestration.verify_on_resume == "quick"
+        checked = refuse_corrupted(store, cfg.run.id, cfg.run.num_stages, cfg.layout, quick=quick)
+        logger.info("committed files: %s", checked.summary())
+    started = start_run(cfg, check)
     store, cfg = started.store, started.config  # the concrete config: auto precision resolved once, at run start
     logger.info("run %s lives at %s", cfg.run.id, store.uri(cfg.run.id))
     if os.environ.get(SHOWN_ENV) != "1":  # not already printed by the command line that started this flow

@@ -18,14 +18,19 @@ def status_cmd(
     root: str | None = typer.Option(None, help="Storage root holding the run (default: runs)."),
     storage_option: list[str] | None = StorageOptionsOpt,
 ):
-    """Show what a run has committed, what is left, and the timings of each stage."""
+    """Show what a run has committed, what is left, the timings of each stage, and the bytes it holds per stage
+    with the total projected for its configured stages."""
     from rich.table import Table
 
+    from mugrpo.inspection.storage_use import storage_use
     from mugrpo.orchestration.runs import health_line, open_store, run_status
+    from mugrpo.sql.schema_check import unhealthy
 
     cfg = stored_config(run, root, storage_options(storage_option))
     with storage_guard(open_store(cfg).uri(cfg.run.id), cfg.run.storage_options):
         st = run_status(open_store(cfg), cfg)
+        use = storage_use(open_store(cfg), cfg, [s.stage for s in st.stages if s.committed])  # one listing
+        not_healthy = unhealthy(open_store(cfg), cfg.run.id)  # table files that do not fit their schema (footers)
     table = Table(title=f"run {st.run_id} ({st.uri}), {cfg.orchestration.execution} execution")
     for col in (
         "stage",
@@ -67,6 +72,7 @@ def status_cmd(
             f"{t.t_total:.0f}s" if t else "-",
         )
     Console(width=max(console.width, 180)).print(table)
+    _print_storage(use)
     if cfg.run.parent is not None:  # a fork: its parent, K and what changed (run.json's lineage block)
         from mugrpo.inspection.lineage import fork_line
 
@@ -75,6 +81,8 @@ def status_cmd(
             console.print(fork_line(lineage), markup=False, highlight=False, soft_wrap=True)
     if st.latest_update is not None:
         console.print(health_line(st.latest_update))
+    for line in not_healthy:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     left = [s.stage for s in st.stages if not s.committed]
     console.print(
         "complete"
@@ -83,11 +91,44 @@ def status_cmd(
     )
 
 
+def _print_storage(use) -> None:
+    """The bytes table of ``mugrpo status`` (:func:`mugrpo.inspection.storage_use.storage_use`) and its projection."""
+    from rich.table import Table
+
+    from mugrpo.inspection.storage_use import KINDS, human
+
+    table = Table(title="storage (bytes per stage: what it wrote, the policy it published included)")
+    for col in ("stage", "policies", "ckpt weights", "ckpt optimizer", "rollouts", "other", "total"):
+        table.add_column(col, justify="right", no_wrap=True)
+    rows = [(str(k), b) for k, b in use.stages.items()] + [("run", use.run), ("all", use.total)]
+    for label, b in rows:
+        table.add_row(label, *(human(getattr(b, k)) for k in KINDS), human(b.total))
+    Console(width=max(console.width, 120)).print(table)
+    own, s = len(use.own_stages), lambda n: "" if n == 1 else "s"
+    if use.projected is None:
+        line = f"projected: - (no stage committed yet); retention: {use.retention}"
+    else:
+        line = (
+            f"projected for {own} stage{s(own)}: {human(use.projected)} ({human(use.per_stage)} per committed stage "
+            f"without optimizer state x {own}, + {human(use.optimizer_per_stage)} of optimizer state x {use.kept} "
+            f"stage{s(use.kept)} keeping it, + {human(use.run.total)} for the run); retention: {use.retention}, "
+            f"prunes {human(use.pruned)} over the run"
+        )
+    console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
 @app.command("verify")
 def verify_cmd(
     run: str = typer.Argument(..., help="Run id (with --root) or run folder/URL ROOT/RUN_ID."),
     root: str | None = typer.Option(None, help="Storage root holding the run (default: runs)."),
     storage_option: list[str] | None = StorageOptionsOpt,
+    quick: bool = typer.Option(
+        False,
+        "--quick",
+        help="Check as a start does: re-hash what the next work reads (the first stage not committed, the "
+        "checkpoints it resumes from) and check every other file by what the store says without reading it (size, "
+        "S3's SHA-256 checksum or the commit's ETag, the local hash cache).",
+    ),
 ):
     """Re-hash every committed file of a run against its manifests; per stage: intact, corrupted or missing.
 
@@ -102,9 +143,9 @@ def verify_cmd(
     cfg = stored_config(run, root, storage_options(storage_option))
     store = open_store(cfg)
     with storage_guard(store.uri(cfg.run.id), cfg.run.storage_options):
-        report = verify_run(store, cfg.run.id, cfg.run.num_stages, cfg.layout)
-    table = Table(title=f"verify {store.uri(cfg.run.id)}")
-    for col in ("stage", "committed", "files", "intact", "corrupted", "missing"):
+        report = verify_run(store, cfg.run.id, cfg.run.num_stages, cfg.layout, quick=quick)
+    table = Table(title=f"verify{' --quick' if quick else ''} {store.uri(cfg.run.id)}")
+    for col in ("stage", "committed", "files", "intact", "corrupted", "missing", "MiB hashed"):
         table.add_column(col, justify="right", no_wrap=True)
     for s in report.stages:
         table.add_row(
@@ -114,13 +155,14 @@ def verify_cmd(
             str(len(s.intact)),
             str(len(s.corrupted)),
             str(len(s.missing)),
+            f"{s.hashed_bytes / 2**20:.1f}",
         )
     Console(width=max(console.width, 120)).print(table)
     for line in report.problems():
         err.print(line, markup=False, highlight=False)
     if not report.ok:
         raise typer.Exit(1)
-    console.print(f"intact: {report.total_files} files, {report.total_bytes / 2**20:.1f} MiB re-hashed")
+    console.print(f"intact: {report.summary()}")
 
 
 @app.command("report")

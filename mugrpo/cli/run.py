@@ -59,6 +59,7 @@ def execute(cfg) -> None:
             err.print(f"Error: cannot take the run lease of {uri}: {e}", style="red", markup=False, highlight=False)
             raise typer.Exit(2) from None
         stops.add_cleanup("run lease", lease.release)  # fenced: a lease taken over meanwhile is left alone
+        lease.cleared = cleared  # the flow builds on these checks instead of making them again
         try:
             with prefect_server(stops):
                 _run_flow(cfg, uri)

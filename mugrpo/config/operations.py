@@ -40,12 +40,23 @@ class OrchestrationSection(_Section):
         "SIGINT, 143 for SIGTERM). A second Ctrl-C stops at once. Under Kubernetes' default 30 s "
         "terminationGracePeriodSeconds.",
     )
-    verify_on_resume: bool = Field(
-        True,
-        description="Before continuing a run, re-hash every committed file against its manifest (`mugrpo verify`) "
-        "and refuse to build on a corrupted or missing one. Costs one read of the run (seconds for a CPU run; turn "
-        "it off for runs of many large checkpoints, whose consumers still verify what they read).",
+    verify_on_resume: Literal["quick", "full", "off"] = Field(
+        "quick",
+        description="What a start checks of the committed files before building on them (mugrpo.commits.verify; a "
+        "corrupted or missing file is refused, exit 3). 'quick': re-hash what the next work reads (the first stage "
+        "not committed, the checkpoints it resumes from, or the final policy) and check earlier stages by what the "
+        "store says without reading them (size, S3's SHA-256 checksum or the ETag recorded at commit, the local hash "
+        "cache): the start's cost follows what it builds on, not the run's length. 'full': re-hash every committed "
+        "file (`mugrpo verify`). 'off': check nothing (the jobs still verify every file they read). Earlier configs' "
+        "true/false read as quick/off.",
     )
+
+    @field_validator("verify_on_resume", mode="before")
+    @classmethod
+    def _verify_from_bool(cls, v):
+        """run.json files written when the key was a bool: true -> quick, false -> off."""
+        return {True: "quick", False: "off"}.get(v, v) if isinstance(v, bool) else v
+
     launcher: Literal["subprocess", "kubernetes"] = Field("subprocess")
     execution: Literal["cold", "warm"] = Field(
         "cold",

@@ -35,6 +35,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from mugrpo.common.processes import process_stat
 from mugrpo.storage.layout import RunLayout
@@ -121,6 +122,10 @@ class RunLease:
         self.version: str | None = None
         self.lost: str | None = None
         self.heartbeats = 0
+        #: What the command line's preflight checked before taking this lease
+        #: (:class:`mugrpo.orchestration.preflight.Cleared`): the run flow, under this lease, uses it instead of
+        #: checking (and hashing) the same files again.
+        self.cleared: Any = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._previous_env: str | None = None

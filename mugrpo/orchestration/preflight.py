@@ -10,11 +10,15 @@ code of docs/reliability.md's refusal table (2: what was asked is wrong; 3: the 
 5. the run may start or continue with this config and these inputs (:func:`mugrpo.orchestration.resume.check_resume`:
    a changed semantic key, a changed or missing input, precision fixed for the run's life) (2);
 6. no stage asks for more prompts than the training set holds (2);
-7. no committed file is corrupted, with ``orchestration.verify_on_resume`` (3);
+7. no committed file is corrupted (:func:`mugrpo.commits.verify.refuse_corrupted`, ``orchestration.verify_on_resume``:
+   quick by default, re-hashing only what the next work reads) (3);
 8. the run root is writable: a real 1 MiB block written, fsynced and removed (2: permission, read-only, full).
 
-The command line calls it, prints a refusal and exits with its code; the run flow checks the resume again under the
-run lease (:func:`mugrpo.orchestration.runs.start_run`).
+The command line calls it, prints a refusal and exits with its code, then takes the run lease and hands what was
+checked to the run flow with it (:attr:`mugrpo.coordination.lease.RunLease.cleared`): when the run is as the checks
+saw it (:meth:`Cleared.current`: run.json's bytes and the first open stage unchanged), the flow checks nothing again,
+so a start hashes each file once; otherwise (another writer ran in between, the flow was started without the
+command line) the flow runs the checks itself under the lease (:func:`mugrpo.orchestration.runs.start_run`).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any
 from mugrpo.config import ConfigError
 from mugrpo.orchestration.resume import ResumeCheck, RunRefused, check_resume
 from mugrpo.orchestration.runs import open_store
-from mugrpo.storage.store import Store
+from mugrpo.storage.store import Store, sha256_bytes
 
 #: Exit codes of the refusal table (docs/reliability.md).
 ASKED_WRONG, STATE_REFUSES = 2, 3
@@ -43,12 +47,29 @@ class Refusal(Exception):
 
 @dataclass(frozen=True)
 class Cleared:
-    """A run that passed preflight: its store, its URL and what the resume check found (the concrete config with
-    its precision, the stage it begins at)."""
+    """A run that passed preflight: its store, its URL, what the resume check found (the concrete config with
+    its precision, the stage it begins at), the committed files' check (None when ``verify_on_resume`` is off) and
+    the run's state the checks saw (:func:`run_state`)."""
 
     store: Store
     uri: str
     check: ResumeCheck
+    verified: Any = None  # mugrpo.commits.verify.VerifyReport
+    state: tuple[str | None, int] | None = None
+
+    def current(self, cfg: Any) -> bool:
+        """Whether run ``cfg.run.id`` is still as the checks saw it (nothing was written to it since)."""
+        return self.state is not None and run_state(self.store, cfg) == self.state
+
+
+def run_state(store: Store, cfg: Any) -> tuple[str | None, int]:
+    """(sha256 of run.json's bytes or None, first stage not committed): every start of a writer rewrites run.json,
+    so an unchanged pair means no writer ran between two reads."""
+    from mugrpo.commits.verify import open_stage
+
+    layout = cfg.layout
+    doc = store.read_bytes(layout.run_json) if store.exists(layout.run_json) else None
+    return (None if doc is None else sha256_bytes(doc), open_stage(store, layout, cfg.run.num_stages))
 
 
 @contextmanager
@@ -109,13 +130,16 @@ def preflight(cfg: Any) -> Cleared:
         except (RunRefused, ConfigError) as e:  # a fork's broken lineage is the run's state (3)
             raise Refusal(str(e), getattr(e, "exit_code", ASKED_WRONG)) from None
         check_stage_sizes(cfg)
-        if cfg.orchestration.verify_on_resume:
+        state = run_state(store, cfg)
+        verified = None
+        mode = cfg.orchestration.verify_on_resume
+        if mode != "off":
             try:
-                refuse_corrupted(store, cfg.run.id, cfg.run.num_stages, cfg.layout)
+                verified = refuse_corrupted(store, cfg.run.id, cfg.run.num_stages, cfg.layout, quick=mode == "quick")
             except CorruptedRunError as e:
                 raise Refusal(str(e), STATE_REFUSES) from None
         check_writable(store, cfg.run.id, uri)
-    return Cleared(store, uri, check)
+    return Cleared(store, uri, check, verified, state)
 
 
 def check_prompt_examples(cfg: Any) -> None:

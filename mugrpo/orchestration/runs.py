@@ -18,7 +18,7 @@ from mugrpo.orchestration.resume import (
     ConfigMismatchError as ConfigMismatchError,  # re-exported: callers catch it from here
 )
 from mugrpo.orchestration.resume import InputChangedError as InputChangedError
-from mugrpo.orchestration.resume import check_resume, record_resume
+from mugrpo.orchestration.resume import ResumeCheck, check_resume, record_resume
 from mugrpo.provenance.fingerprint import model_source_path
 from mugrpo.schedules.stages import stage_plan
 from mugrpo.storage.layout import RunLayout
@@ -56,14 +56,15 @@ class StartedRun:
     warning: str | None
 
 
-def start_run(cfg: Config) -> StartedRun:
+def start_run(cfg: Config, check: ResumeCheck | None = None) -> StartedRun:
     """:func:`init_run`, returning also the concrete config every stage must use (:mod:`mugrpo.config.precision`).
+    ``check``: the resume check the preflight made of the run as it still is (its inputs then are not hashed again).
 
     Raises:
         See :func:`init_run`.
     """
     store = open_store(cfg)
-    check = check_resume(store, cfg)
+    check = check if check is not None else check_resume(store, cfg)
     record_resume(store, cfg, check)
     concrete = check.config if check.config is not None else cfg
     ensure_initial_policy(concrete, store)
@@ -314,7 +315,59 @@ def commit_stage(cfg: Config, stage: int, timings: StageTimings) -> StageManifes
     write_manifest(store, manifest)
     if cfg.orchestration.publish_policy_every > 1:
         prune_stage_checkpoints(store, cfg, stage)
+    else:  # (above, older stages' checkpoints go whole, their moments with them)
+        retain_optimizer_state(store, cfg, stage)
     return manifest
+
+
+def retain_optimizer_state(store: Store, cfg: Config, stage: int) -> list[str]:
+    """Once stage ``stage`` has committed, delete the optimizer state (the AdamW moments) of the checkpoints of the
+    stages ``train.keep_optimizer_state`` no longer keeps, keeping their weights and every other file, each
+    checkpoint committed with its marker rewritten first (:func:`mugrpo.commits.retention.prune_optimizer_state`).
+    Returns the checkpoint folders pruned now.
+
+    The latest N committed stages keep theirs (N >= 1: stage ``stage``'s final checkpoint, which the next stage
+    starts from, is never pruned); ``auto`` decides by the bytes of that checkpoint's optimizer state. A fork prunes
+    its own stages only: the checkpoints below its fork stage are its parent's (and may serve other forks).
+
+    Cost: stages are visited from the newest one beyond the retention down to the first one already pruned, whose
+    pruning is finished if a kill interrupted it (prunes run oldest first, so every stage below it is pruned): one
+    or two stages per commit, not all of them; a smaller retention set on resume walks down once.
+    """
+    from mugrpo.commits.manifest import checkpoint_steps, latest_checkpoint
+    from mugrpo.commits.retention import OPTIMIZER_FILE, describe, kept_stages, optimizer_pruned
+    from mugrpo.commits.retention import prune_optimizer_state as prune
+
+    setting, layout = cfg.train.keep_optimizer_state, cfg.layout
+    if setting == "all":
+        return []
+    measured = None
+    if setting == "auto":
+        step = latest_checkpoint(store, layout, stage)
+        path = f"{layout.checkpoint_dir(stage, step)}/{OPTIMIZER_FILE}" if step is not None else None
+        if path is None or not store.exists(path):
+            return []  # nothing to measure (a stage without updates): keep all
+        measured = store.size(path)
+    keep = kept_stages(setting, measured)
+    if keep is None:
+        return []
+    first = cfg.run.parent.stage if cfg.run.parent is not None else 0
+    visit: list[tuple[int, list[int]]] = []
+    for k in range(stage - keep, first - 1, -1):
+        steps = checkpoint_steps(store, layout, k)
+        if not steps:
+            continue  # no checkpoint (a stage without updates, or deleted whole)
+        visit.append((k, steps))
+        if all(optimizer_pruned(store, layout.checkpoint_dir(k, s)) is not None for s in steps):
+            break
+    reason = describe(setting, measured)
+    pruned = []
+    for k, steps in reversed(visit):  # oldest first
+        for s in steps:
+            rel = layout.checkpoint_dir(k, s)
+            if prune(store, rel, reason):
+                pruned.append(rel)
+    return pruned
 
 
 def prune_stage_checkpoints(store: Store, cfg: Config, stage: int) -> list[str]:

@@ -31,6 +31,13 @@ from fsspec.implementations.local import LocalFileSystem
 from pydantic import BaseModel, ConfigDict, Field
 
 from mugrpo.common.processes import process_stat
+from mugrpo.storage.digests import (
+    StoredObject,
+    digest_cache,
+    local_version,
+    log_read,
+    sha256_from_s3_checksum,
+)
 
 COMPLETE_MARKER = "_COMPLETE"
 TMP_TAG = ".tmp-"
@@ -42,6 +49,13 @@ PART_BYTES = 8 * 2**20
 CHUNK_BYTES = 2**20
 #: S3's maximum number of parts of a multipart upload (kept below with a margin).
 MAX_PARTS = 9_000
+#: The largest object S3 takes in one ``PutObject`` (5 GiB): :meth:`Store.write_bytes` sends up to this in one request,
+#: so the object carries its full-object SHA-256 checksum (:mod:`mugrpo.storage.digests`).
+MAX_PUT_BYTES = 5 * 2**30
+#: The checksum S3 computes and keeps for every object this store sends in one request.
+S3_CHECKSUM = {"ChecksumAlgorithm": "SHA256"}
+#: The ``_COMPLETE`` marker's key holding, on S3, the ETag of each multipart file at commit (:meth:`Store.upload_dir`).
+MARKER_ETAGS = "etags"
 _S3_PROTOCOLS = ("s3://", "s3a://")
 #: Seconds a local store waits for a lock another process holds (:meth:`Store.local_lock`) before it names the holder
 #: and fails: the sections under it (a compare and a rename) take milliseconds. ``MUGRPO_LOCAL_LOCK_WAIT_S``
@@ -89,7 +103,8 @@ class RetryBudget(BaseModel):
 def _fault_pause(rel: str) -> None:
     """Fault injection for crash tests: with ``MUGRPO_FAULT_PAUSE="SUBSTRING:SECONDS"`` set, a write whose path
     contains SUBSTRING pauses between writing its temporary file and the rename, so a test can SIGKILL the process
-    in the middle of a commit. Unset (always, outside tests), this does nothing.
+    in the middle of a commit (and a :meth:`Store.hash_file` of such a path before it reads: in the middle of a
+    check). Unset (always, outside tests), this does nothing.
     """
     spec = os.environ.get("MUGRPO_FAULT_PAUSE")
     if not spec:
@@ -215,6 +230,8 @@ class Store:
         self.fs = fs
         self.root = root.rstrip("/") if root != "/" else root
         self.is_local = isinstance(fs, LocalFileSystem)
+        #: Bytes of file content this store read, and requests that only inspected an object (HEAD / stat).
+        self.bytes_read, self.heads = 0, 0
         if self.url.startswith(_S3_PROTOCOLS):
             fs.retries = 1  # s3fs's own retry loop off: botocore is the one retry layer, so the budget is exact
         if self.is_local:  # created by the first write, not here: a refused run leaves no folder behind
@@ -253,8 +270,17 @@ class Store:
             PreconditionFailed: (S3, with a guard) the object changed between the check and the write, and its bytes
                 are not these.
         """
-        if self.guard is None or self.is_local:
+        if self.is_local or (self.guard is None and len(data) > MAX_PUT_BYTES):
             return self.write_chunks(rel, [data])
+        if self.guard is None:  # one PutObject: S3 keeps the object's full-object SHA-256 (mugrpo.storage.digests)
+            _fault_pause(rel)
+            try:
+                self.publish(rel, lambda: self._put(rel, data))
+            except (StorageError, CommitRefused):
+                raise
+            except Exception as e:  # noqa: BLE001 - every cause gets the object's name
+                raise self._failed("write", rel, e) from e
+            return sha256_bytes(data)
         try:
             self.invalidate_cache()
             version = self.fs.info(self.full(rel)).get("ETag")
@@ -311,12 +337,13 @@ class Store:
                         os.fsync(f.fileno())
                     _fault_pause(rel)
                     self.publish(rel, lambda: os.replace(tmp, path))
+                    self._remember(path, digest.hexdigest())
                 except BaseException:
                     if os.path.exists(tmp):  # an error, Ctrl-C or SIGTERM: no orphan (SIGKILL leaves one, hidden)
                         os.unlink(tmp)
                     raise
             else:
-                f = self.fs.open(path, "wb", block_size=part_bytes)
+                f = self.fs.open(path, "wb", block_size=part_bytes, **S3_CHECKSUM)  # kept by a one-PUT object
                 try:
                     for chunk in chunks:
                         digest.update(chunk)
@@ -353,14 +380,20 @@ class Store:
             FileNotFoundError: ``rel`` does not exist (names its URL).
             StorageError: the read failed (past the retry budget on S3); names the object and the cause.
         """
+        read = 0
         try:
             with self.fs.open(self.full(rel), "rb", block_size=PART_BYTES) as f:
                 while chunk := f.read(CHUNK_BYTES):
+                    read += len(chunk)
                     yield chunk
         except FileNotFoundError as e:
             raise FileNotFoundError(f"{self.uri(rel)} does not exist") from e
         except Exception as e:  # noqa: BLE001
             raise self._failed("read", rel, e) from e
+        finally:
+            self.bytes_read += read
+            if read:
+                log_read(self.uri(rel), read)
 
     def check_sha256(self, rel: str, actual: str, expected: str | None) -> None:
         """Raise ChecksumError naming ``rel`` when ``expected`` is given and differs from ``actual``."""
@@ -371,12 +404,75 @@ class Store:
             )
 
     def hash_file(self, rel: str) -> tuple[str, int]:
-        """(sha256 hex, size in bytes) of ``rel``, streamed (memory: one chunk)."""
+        """(sha256 hex, size in bytes) of ``rel``, streamed (memory: one chunk). A local file's digest is remembered
+        in the hash cache (:class:`mugrpo.storage.digests.DigestCache`) when the file did not change while it was read.
+
+        Raises:
+            FileNotFoundError: ``rel`` does not exist (names its URL).
+            StorageError: the read failed; names the object and the cause.
+        """
+        _fault_pause(rel)  # a test SIGKILLs a check here
+        before = self._local_stat(rel)
         digest, size = hashlib.sha256(), 0
         for chunk in self.iter_chunks(rel):
             digest.update(chunk)
             size += len(chunk)
+        after = self._local_stat(rel)
+        if before is not None and after is not None and local_version(after) == local_version(before):
+            digest_cache().record(self.full(rel), local_version(before), digest.hexdigest())  # (a read moves atime)
         return digest.hexdigest(), size
+
+    def stat_object(self, rel: str) -> StoredObject:
+        """What the store says about ``rel`` without reading its bytes (:mod:`mugrpo.storage.digests`): its size,
+        the sha256 the store vouches for (S3's full-object checksum; a local hash-cache hit) and its version (ETag;
+        local size, mtime, inode, device). One HEAD on S3, one ``stat`` locally.
+
+        Raises:
+            FileNotFoundError: ``rel`` does not exist (names its URL).
+            StorageError: the request failed; names the object and the cause.
+        """
+        self.heads += 1
+        if self.is_local:
+            try:
+                st = os.stat(self.full(rel))
+            except FileNotFoundError as e:
+                raise FileNotFoundError(f"{self.uri(rel)} does not exist") from e
+            version = local_version(st)
+            return StoredObject(st.st_size, digest_cache().lookup(self.full(rel), version), version)
+        bucket, key, _ = self.fs.split_path(self.full(rel))
+        try:
+            head = self.fs.call_s3("head_object", Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"{self.uri(rel)} does not exist") from e
+        except Exception as e:  # noqa: BLE001
+            raise self._failed("inspect", rel, e) from e
+        etag = str(head.get("ETag", "")).strip('"')
+        multipart = "-" in etag
+        sha = None if multipart else sha256_from_s3_checksum(head.get("ChecksumSHA256"))
+        return StoredObject(int(head["ContentLength"]), sha, etag, multipart)
+
+    def _local_stat(self, rel: str) -> os.stat_result | None:
+        if not self.is_local:
+            return None
+        try:
+            return os.stat(self.full(rel))
+        except OSError:
+            return None
+
+    def _remember(self, path: str, sha256: str) -> None:
+        """Record a local file just written in the hash cache."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        digest_cache().record(path, local_version(st), sha256)
+
+    def _put(self, rel: str, data: bytes, **condition: str) -> dict:
+        """One ``PutObject`` of ``data`` at ``rel`` with the store's SHA-256 checksum (S3)."""
+        bucket, key, _ = self.fs.split_path(self.full(rel))
+        out = self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **S3_CHECKSUM, **condition)
+        self.fs.invalidate_cache(self.full(rel))
+        return out
 
     def verify_file(self, rel: str, expected_sha256: str) -> None:
         """Re-hash ``rel`` where it lies (streamed) and check it against ``expected_sha256``.
@@ -592,14 +688,12 @@ class Store:
                 fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
     def _conditional_put(self, rel: str, data: bytes, **condition: str) -> str:
-        bucket, key, _ = self.fs.split_path(self.full(rel))
         try:
-            out = self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **condition)
+            out = self._put(rel, data, **condition)
         except Exception as e:  # noqa: BLE001
             if _precondition_failed(e):
                 raise PreconditionFailed(f"{self.uri(rel)}: conditional write refused ({condition})") from e
             raise self._failed("write", rel, e) from e
-        self.fs.invalidate_cache(self.full(rel))
         return out["ETag"]
 
     # folders
@@ -610,7 +704,9 @@ class Store:
     def upload_dir(self, local_dir: str | os.PathLike, rel: str, *, meta: dict | None = None) -> dict[str, str]:
         """Copy a local folder to ``rel`` file by file (each atomic and streamed), then write the ``_COMPLETE`` marker.
 
-        Returns {relative file name: sha256}. The marker holds the checksums, so :meth:`download_dir` verifies them.
+        Returns {relative file name: sha256}. The marker holds the checksums, so :meth:`download_dir` verifies them;
+        on S3 it also holds, under :data:`MARKER_ETAGS`, the ETag of each file uploaded in parts (one HEAD each), what
+        a quick check compares without reading it (:mod:`mugrpo.storage.digests`).
         """
         local_dir = Path(local_dir)
         sums: dict[str, str] = {}
@@ -618,7 +714,11 @@ class Store:
             if p.is_file():
                 name = p.relative_to(local_dir).as_posix()
                 sums[name] = self.write_file(posixpath.join(rel, name), p)
-        self.write_json(posixpath.join(rel, COMPLETE_MARKER), {"files": sums, **(meta or {})})
+        marker: dict[str, Any] = {"files": sums, **(meta or {})}
+        if not self.is_local:
+            stored = {name: self.stat_object(posixpath.join(rel, name)) for name in sums}
+            marker[MARKER_ETAGS] = {name: s.version for name, s in stored.items() if s.multipart}
+        self.write_json(posixpath.join(rel, COMPLETE_MARKER), marker)
         return sums
 
     def download_dir(self, rel: str, local_dir: str | os.PathLike) -> Path:
