@@ -30,6 +30,7 @@ import fnmatch
 import hashlib
 import json
 import os
+import re
 import struct
 from collections.abc import Iterable
 from pathlib import Path
@@ -221,10 +222,13 @@ WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
 _MAX_HEADER = 100 << 20  # safetensors caps its JSON header at 100 MB
 
 
-def check_safetensors(path: Path) -> None:
+def check_safetensors(path: Path) -> dict[str, Any]:
     """Check a safetensors file's header: an 8-byte little-endian length, a JSON header of that many bytes, and
     every tensor's ``data_offsets`` inside the data that follows (a truncated file fails here, without reading the
     tensors).
+
+    Returns:
+        The header: each tensor's name with its ``dtype``, ``shape`` and ``data_offsets`` (and ``__metadata__``).
 
     Raises:
         ValueError: what is wrong, without the path (the caller names it).
@@ -255,6 +259,7 @@ def check_safetensors(path: Path) -> None:
             raise ValueError(
                 f"tensor {name!r} ends at byte {end} of the data but the file holds {data} bytes of data (truncated?)"
             )
+    return header
 
 
 def check_model_folder(source: str, folder: Path) -> None:
@@ -293,6 +298,178 @@ def check_model_folder(source: str, folder: Path) -> None:
             raise refuse(f"{f} is not a complete safetensors file: {e}") from None
 
 
+class ModelConfigMismatchError(BrokenModelError):
+    """The ``config.json`` of the model folder ``model.source`` names builds other tensors than its weights hold (a
+    layer more or less, another ``hidden_size``...): transformers would initialize the missing ones at random, drop
+    the extra ones, or fail in a job on a shape."""
+
+
+#: The tensors of a numbered block (``model.layers.12.mlp.up_proj.weight``): the stack and the block's index.
+_BLOCK = re.compile(r"^(.+?)\.(\d+)\.")
+#: Differences listed in a refusal; the rest are counted.
+_SHOWN_DIFFERENCES = 5
+
+
+def check_model_config(source: str, folder: Path) -> None:
+    """Refuse a model folder whose ``config.json`` does not build the tensors its weights hold: the model the config
+    builds on the meta device (``AutoModelForCausalLM.from_config``, as the trainer and the jobs load it; no memory,
+    no initialization) against the tensor names and shapes of the safetensors headers (the tensors are not read).
+
+    Compared as transformers loads: checkpoint keys renamed by its conversion mapping (legacy names, the base
+    model's prefix added or dropped; a key a converter fuses, as MoE experts, counts as present, its shape
+    unchecked); a tied weight (``lm_head.weight`` with ``tie_word_embeddings``) may be absent when its source is
+    present; buffers (rotary ``inv_freq``) need not be in the weights; what the model ignores on load
+    (``_keys_to_ignore_on_load_missing``/``_unexpected``) is ignored. Refused: a parameter the weights lack (it would
+    be initialized at random), a tensor the model has no place for (dropped), a shape that differs (the load
+    fails). Not compared: a folder without ``config.json`` or ``model.safetensors`` (or its index), an adapter
+    folder (``adapter_config.json``), a quantized config; a GGUF file (one file, whose config transformers derives
+    from the file itself) is not a folder.
+
+    Raises:
+        ModelConfigMismatchError: names ``model.source``, the folder and the first differences; or config.json does
+            not build a model (the error, as the loader would raise it).
+    """
+    config_file = folder / "config.json"
+    if not config_file.is_file() or (folder / "adapter_config.json").is_file():
+        return
+    index = folder / "model.safetensors.index.json"
+    try:
+        if index.is_file():
+            files = [folder / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+        elif (folder / "model.safetensors").is_file():
+            files = [folder / "model.safetensors"]
+        else:
+            return  # *.bin / *.pt: their names need unpickling
+        held = {
+            name: list(info["shape"])
+            for f in files
+            for name, info in check_safetensors(f).items()
+            if name != "__metadata__"
+        }
+    except (ValueError, KeyError, TypeError, AttributeError, OSError):
+        return  # an unreadable index or header: check_model_folder's refusal
+
+    def refuse(what: str) -> ModelConfigMismatchError:
+        return ModelConfigMismatchError(
+            f"model.source {source!r}: {config_file} {what}\nNothing was written. Point model.source at a model "
+            "folder whose config.json was saved with its weights (e.g. copy both again from the same checkpoint)."
+        )
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import initialization as init
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # no warnings from a config: the block is all the command prints
+    try:
+        config = AutoConfig.from_pretrained(folder)
+        if getattr(config, "quantization_config", None) is not None:
+            return  # packed shapes: not the shapes the config builds
+        with torch.device("meta"), init.no_init_weights(), init.meta_device_safe_creation_ops():
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception as e:  # noqa: BLE001 - the loader (from_pretrained) builds the model the same way, and fails the same
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise refuse(f"does not build a model ({type(e).__name__}: {first}).") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+    expected = {name: list(t.shape) for name, t in model.state_dict().items()}
+    parameters = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    prefix = model.base_model_prefix
+    try:  # transformers' own renaming of checkpoint keys (transformers >= 5)
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+
+        mapping = get_model_conversion_mapping(model)
+        renamings = [m for m in mapping if isinstance(m, WeightRenaming)]
+        converters = [m for m in mapping if isinstance(m, WeightConverter)]
+    except ImportError:
+        renamings, converters, rename_source_key = [], [], None
+    loaded: dict[str, list[int]] = {}  # model name -> the shape the weights hold (None: fused by a converter)
+    unexpected: list[str] = []
+    fused: set[str] = set()  # target patterns of the converters that matched
+    for key in sorted(held, key=_natural):
+        target, converter = key, None
+        if rename_source_key is not None:
+            target, converter = rename_source_key(key, renamings, converters, prefix, expected)
+            if target not in expected and key in expected:
+                target, converter = rename_source_key(key, [], [], prefix, expected)
+        elif key not in expected and f"{prefix}.{key}" in expected:
+            target = f"{prefix}.{key}"
+        if target not in expected:
+            unexpected.append(key)
+            continue
+        loaded[target] = None if converter is not None else held[key]
+        if converter is not None:
+            fused.update(p for c in converters if converter in c.source_patterns for p in c.target_patterns)
+
+    tied = dict(getattr(model, "all_tied_weights_keys", None) or {})  # tied name -> its source
+    ignore_missing = list(model._keys_to_ignore_on_load_missing or [])
+    ignore_unexpected = list(model._keys_to_ignore_on_load_unexpected or [])
+    buffers = {name for name, _ in model.named_buffers()}
+    if any(b.endswith("rotary_emb.inv_freq") for b in buffers):
+        ignore_unexpected.append(r"rotary_emb\.inv_freq")
+    if any(b.endswith("position_ids") for b in buffers):
+        ignore_unexpected.append(r"(^|\.)position_ids$")
+    fused_rx = [re.escape(p).replace(r"\*", r"\d+") for p in fused]
+    holds_tie = {s for t, s in tied.items() if t in loaded}  # a tie's source the weights hold under the tied name
+    missing = [
+        name
+        for name in sorted(parameters - loaded.keys(), key=_natural)
+        if tied.get(name) not in loaded
+        and name not in holds_tie
+        and not any(re.search(p, name) for p in [*ignore_missing, *fused_rx])
+    ]
+    unexpected = [k for k in unexpected if k not in buffers and not any(re.search(p, k) for p in ignore_unexpected)]
+    mismatched = [
+        f"{name}: config.json builds {expected[name]}, the weights hold {shape}"
+        for name, shape in sorted(loaded.items(), key=lambda kv: _natural(kv[0]))
+        if shape is not None and shape != expected[name]
+    ]
+
+    lines: list[str] = []
+    model_blocks = _blocks(parameters)
+    held_blocks = _blocks([*loaded, *unexpected])
+    for stack in sorted(set(model_blocks) | set(held_blocks)):
+        built, holds = model_blocks.get(stack, {}), held_blocks.get(stack, {})
+        gone = [i for i in sorted(built.keys() - holds.keys()) if set(built[i]) & set(missing)]
+        extra = [i for i in sorted(holds.keys() - built.keys()) if set(holds[i]) & set(unexpected)]
+        if not gone and not extra:
+            continue
+        parts = []
+        for ids, blocks, pool, what in ((gone, built, missing, "missing"), (extra, holds, unexpected, "unused")):
+            names = sorted({n for i in ids for n in blocks[i]} & set(pool))
+            if names:  # listed once, by block
+                pool[:] = [n for n in pool if n not in set(names)]
+                more = f" and {len(ids) - 3} more" if len(ids) > 3 else ""
+                shown = ", ".join(f"{stack}.{i}.*" for i in ids[:3])
+                parts.append(f"{shown}{more} {what} ({plural(names, 'tensor')})")
+        word = stack.rsplit(".", 1)[-1]  # "layers"
+        lines.append(f"config.json builds {len(built)} {word}, the weights hold {len(holds)}: {'; '.join(parts)}")
+    lines += mismatched
+    lines += [f"{name}: the model has it, the weights do not (it would be initialized at random)" for name in missing]
+    lines += [f"{key}: in the weights, the model has no place for it (it would be dropped)" for key in unexpected]
+    if lines:
+        more = [f"... and {len(lines) - _SHOWN_DIFFERENCES} more"] if len(lines) > _SHOWN_DIFFERENCES else []
+        shown = "".join(f"\n  {line}" for line in [*lines[:_SHOWN_DIFFERENCES], *more])
+        raise refuse(f"does not build the tensors its weights hold ({plural(lines, 'difference')}):{shown}")
+
+
+def _natural(name: str) -> list[Any]:
+    """Sort key: ``layers.2`` before ``layers.10``."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in name.split(".")]
+
+
+def _blocks(names: Iterable[str]) -> dict[str, dict[int, list[str]]]:
+    """The names of numbered blocks by stack and index (``model.layers`` -> 12 -> its tensors)."""
+    out: dict[str, dict[int, list[str]]] = {}
+    for name in names:
+        if m := _BLOCK.match(name):
+            out.setdefault(m.group(1), {}).setdefault(int(m.group(2)), []).append(name)
+    return out
+
+
 def _matching(folder: Path, patterns: tuple[str, ...]) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and any(fnmatch.fnmatch(p.name, pat) for pat in patterns))
 
@@ -302,7 +479,8 @@ def model_fingerprints(source: str, previous: dict[str, InputFingerprint] | None
 
     Raises:
         FileNotFoundError: the source does not exist, or a model folder has no tokenizer file.
-        BrokenModelError: a model folder's weights cannot load (:func:`check_model_folder`).
+        BrokenModelError: a model folder's weights cannot load (:func:`check_model_folder`), or its config.json
+            builds other tensors than they hold (:func:`check_model_config`).
     """
     path = model_source_path(source)
     previous = previous or {}
@@ -329,6 +507,8 @@ def model_fingerprints(source: str, previous: dict[str, InputFingerprint] | None
                 files=stamps,
             )
         )
+    if path.is_dir() and any(fp.role not in previous or previous[fp.role].sha256 != fp.sha256 for fp in out):
+        check_model_config(source, path)  # once per content: a resume of unchanged weights skips the model build
     return out
 
 

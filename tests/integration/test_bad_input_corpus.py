@@ -126,6 +126,16 @@ def shard_index_missing_shard(folder: Path) -> None:
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
 
 
+def config_json(edit: Callable[[dict], dict]) -> Callable[[Path], None]:
+    """A change of ``broken_model``: the folder's config.json as ``edit`` returns it (its weights kept)."""
+
+    def change(folder: Path) -> None:
+        path = folder / "config.json"
+        path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+
+    return change
+
+
 def started_run(tmp: Path, model_dir: Path) -> Path:
     """A run killed as soon as run.json existed: run.json and the initial policy, no prompt plan yet (what the run
     flow writes first, :func:`mugrpo.orchestration.runs.init_run`). Its training file is a copy in ``tmp``."""
@@ -284,6 +294,25 @@ CASES: dict[str, Case] = {
         broken_model(shard_index_missing_shard),
         2,
         lambda tmp: ["model.source", "model-00002-of-00002.safetensors", "model.safetensors.index.json"],
+    ),
+    "model folder whose config.json builds a layer more than its weights hold": Case(
+        broken_model(config_json(lambda c: {**c, "num_hidden_layers": c["num_hidden_layers"] + 1})),
+        2,
+        lambda tmp: [
+            "model.source",
+            str(tmp / "model" / "config.json"),
+            "config.json builds 3 layers, the weights hold 2",
+            "model.layers.2.* missing (9 tensors)",
+        ],
+    ),
+    "model folder whose config.json has another hidden_size": Case(
+        broken_model(config_json(lambda c: {**c, "hidden_size": 2 * c["hidden_size"]})),
+        2,
+        lambda tmp: [
+            "model.source",
+            str(tmp / "model" / "config.json"),
+            "model.embed_tokens.weight: config.json builds [49152, 128], the weights hold [49152, 64]",
+        ],
     ),
 }
 
