@@ -203,7 +203,8 @@ def _check_file(
 
 
 def _quick_verdict(store: Store, rel: str, sha256: str, size: int | None, mode: _Mode, out: StageCheck) -> str | None:
-    """ "" (intact), a reason (corrupted), or None (the store cannot tell: hash it), from one HEAD / stat."""
+    """The quick verdict on one file from one HEAD / stat: the empty string when the store vouches for it, the reason
+    when it shows the file differs, None when it cannot tell (then the file is hashed)."""
     st = store.stat_object(rel)
     if size is not None and st.size != size:
         out.bytes += st.size
