@@ -58,20 +58,27 @@ def execute(cfg) -> None:
         except StorageError as e:  # e.g. the disk filled between the probe and the lease: no temporary file is left
             err.print(f"Error: cannot take the run lease of {uri}: {e}", style="red", markup=False, highlight=False)
             raise typer.Exit(2) from None
-        stops.add_cleanup("run lease", lease.release)  # fenced: a lease taken over meanwhile is left alone
+        stops.add_cleanup("run lease", lambda: _release(lease))  # fenced: a lease taken over is left alone
         lease.cleared = cleared  # the flow builds on these checks instead of making them again
         try:
             with prefect_server(stops):
                 _run_flow(cfg, uri)
         finally:
             if not stops.stopping:
-                lease.release()
+                _release(lease)
     except BaseException:
         if stops.stopping:  # the flow unwound after Ctrl-C / SIGTERM (KeyboardInterrupt, Prefect's TerminationSignal)
             stops.finish()  # (never returns)
         raise
     finally:
         stops.uninstall()  # the run ended (done, failed or refused): signals are this process's again
+
+
+def _release(lease) -> None:
+    """Release the run lease; one line when it cannot be (a root turned read-only): it expires by itself."""
+    line = lease.release()
+    if line is not None:
+        err.print(line, style="yellow", markup=False, highlight=False)
 
 
 #: What a fenced job's refusal says (mugrpo.coordination.lease.check_fence).
@@ -144,13 +151,21 @@ def _run_flow(cfg, uri: str) -> None:
                 highlight=False,
             )
             raise typer.Exit(2) from None
-        err.print(f"run {cfg.run.id} stopped: {e}", style="red", markup=False, highlight=False)
-        err.print(f"committed work is kept; after fixing the cause, continue with `mugrpo resume {uri}`.")
+        # The job's lines reached the console as they came (its traceback, once): the block adds its last line
+        # (the error, naming the file), or its own error block, which the console filter kept for this block.
+        said = _job_said(e)
+        err.print(
+            f"Error: run {cfg.run.id} stopped: {getattr(e, 'summary', str(e))}\n{said}\ncommitted work is kept; "
+            f"after fixing the cause{_fix_hint(said)}, continue with `mugrpo resume {uri}`.",
+            style="red",
+            markup=False,
+            highlight=False,
+        )
         raise typer.Exit(1) from None
     except StorageError as e:  # a write of the flow itself failed (a full disk): it names the file
         err.print(
             f"Error: run {cfg.run.id} stopped: {e}\ncommitted work is kept and no temporary file is left; after "
-            f"fixing the cause (free space), continue with `mugrpo resume {uri}`.",
+            f"fixing the cause{_fix_hint(str(e))}, continue with `mugrpo resume {uri}`.",
             style="red",
             markup=False,
             highlight=False,
@@ -160,6 +175,26 @@ def _run_flow(cfg, uri: str) -> None:
     if result["final_eval"]:
         console.print(f"  final policy: {_final_line(result['final_eval'])}", markup=False, highlight=False)
     console.print(f"  report:    {result['report']}")
+
+
+def _job_said(e) -> str:
+    """What a failed job said last: its own error block (``error: ...`` and what follows, which
+    :func:`~mugrpo.cli.lifecycle.quiet_clean_failures` keeps off the console for this block), else its last line
+    (a traceback's exception, naming the file)."""
+    lines = [line for line in getattr(e, "last_lines", ()) if line.strip()]
+    starts = [i for i, line in enumerate(lines) if line.startswith("error: ")]
+    if starts:
+        return "\n".join(lines[starts[-1] :])
+    return f"its last line: {lines[-1].strip()}" if lines else "it printed nothing"
+
+
+def _fix_hint(text: str) -> str:
+    """`` (free space)`` or `` (make the root writable)`` when ``text`` names that cause."""
+    if any(m in text for m in ("No space left on device", "Disk quota exceeded", "File too large")):
+        return " (free space)"
+    if "Read-only file system" in text:
+        return " (make the root writable)"
+    return ""
 
 
 @app.command("run")

@@ -28,6 +28,7 @@ machines must stay well below ``ttl_s`` (NTP keeps it under a second).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import threading
@@ -39,7 +40,7 @@ from typing import Any
 
 from mugrpo.common.processes import process_stat
 from mugrpo.storage.layout import RunLayout
-from mugrpo.storage.store import CommitRefused, PreconditionFailed, StorageError, Store
+from mugrpo.storage.store import CommitRefused, PreconditionFailed, StorageError, Store, describe_cause
 
 #: Environment variable carrying the lease token from the flow process to the jobs it launches.
 TOKEN_ENV = "MUGRPO_LEASE_TOKEN"
@@ -211,7 +212,7 @@ class RunLease:
                 return
             try:
                 self.heartbeat()
-            except StorageError:
+            except (StorageError, OSError):  # OSError: the lock file beside the lease (a root turned read-only)
                 pass  # storage briefly unreachable: retried at the next beat; jobs stay fenced by the token
 
     def ensure_held(self) -> None:
@@ -219,8 +220,12 @@ class RunLease:
         if self.lost:
             raise LeaseFenced(f"{self.lost}; this writer stops (its jobs' commits are refused)")
 
-    def release(self) -> None:
-        """Stop heartbeating and mark the lease released (compare-and-swap: a lease taken over is left alone)."""
+    def release(self) -> str | None:
+        """Stop heartbeating and mark the lease released (compare-and-swap: a lease taken over is left alone).
+
+        Never raises for storage: when the lease cannot be written (a root turned read-only, a full disk, storage
+        gone), returns the one line that says so and when the next writer may take the run (the lease expires by
+        itself after ``ttl_s``; on this host at once when this process has exited); else None."""
         _HELD.pop(self.store.uri(self.rel), None)
         self._stop.set()
         if self._thread is not None:
@@ -230,18 +235,39 @@ class RunLease:
         else:
             os.environ[TOKEN_ENV] = self._previous_env
         if self.record is None or self.lost:
-            return
+            return None
         record = LeaseRecord(**{**asdict(self.record), "released": True, "expires_at": time.time()})
         try:
             self.store.replace_if(self.rel, record.to_bytes(), self.version)
-        except (PreconditionFailed, StorageError):
-            pass  # taken over, or storage gone: the lease expires by itself
+        except PreconditionFailed:
+            return None  # taken over: the new holder's lease is left alone
+        except (StorageError, OSError) as e:  # OSError: the lock file beside the lease, on a root turned read-only
+            return (
+                f"the run lease of {self.store.uri(self.rel)} could not be released ({_cause(e)}): it expires by "
+                f"itself after orchestration.lease_ttl_s ({self.ttl_s:g} s) and the next writer takes it then (on "
+                f"this host, as soon as this process has exited)"
+            )
+        return None
 
     def __enter__(self) -> RunLease:
         return self.acquire()
 
     def __exit__(self, *exc: object) -> None:
-        self.release()
+        line = self.release()
+        if line is not None:  # a deployment's flow (no command line to print it): its log says why
+            logging.getLogger(__name__).warning(line)
+
+
+def _cause(exc: BaseException) -> str:
+    """The OS's words for the first OS error in ``exc``'s chain (``read-only file system``), else its description."""
+    e: BaseException | None = exc
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno:
+            return os.strerror(e.errno).lower()
+        e = e.__cause__ or e.__context__
+    return describe_cause(exc)
 
 
 #: Leases this process holds (acquired, not released), by the lease object's URL.

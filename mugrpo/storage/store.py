@@ -665,7 +665,8 @@ class Store:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         lock = self.local_lock_path(rel)
         limit = float(os.environ.get(LOCAL_LOCK_WAIT_ENV) or LOCAL_LOCK_WAIT_S) if wait_s is None else wait_s
-        with open(lock, "a") as f:
+        # read-only: flock needs no write access, so a writer of another user (or a read-only root) can still lock
+        with os.fdopen(os.open(lock, os.O_RDONLY | os.O_CREAT, 0o644), "rb") as f:
             start, pause = time.monotonic(), 0.001
             while True:
                 try:

@@ -9,7 +9,8 @@ NON_RETRYABLE_EXIT_CODES = frozenset({2})
 
 # ----------------------------------------------------------------------------------------------------------- errors
 class JobError(RuntimeError):
-    """A job did not complete. ``last_lines`` holds its last output lines (oldest first)."""
+    """A job did not complete. ``last_lines`` holds its last output lines (oldest first); ``summary`` is the message
+    without them (the job's lines were streamed to the run's log as they came: a console shows them already)."""
 
     #: Whether a retry of the same job can succeed (Prefect's retry condition reads it).
     transient = True
@@ -17,6 +18,7 @@ class JobError(RuntimeError):
     def __init__(self, message: str, *, kind: str, last_lines: tuple[str, ...] = ()):
         self.kind = kind
         self.last_lines = tuple(last_lines)
+        self.summary = message
         if self.last_lines:
             message += f"\n--- last {len(self.last_lines)} lines of the {kind} job ---\n" + "\n".join(self.last_lines)
         super().__init__(message)
