@@ -212,3 +212,28 @@ def test_s3_resume_of_a_finished_run_gets_no_weights_of_earlier_stages(
     direct.pipe_file(f"{bucket}/{key}", bytes(data))
     quick = run_cli(["verify", "--quick", url, *options], env)
     assert quick.returncode == 1 and "policies/stage=1/model.safetensors" in quick.stderr, quick.stdout + quick.stderr
+
+
+def test_bench_resume_run_times_the_three_arms_on_a_real_run(copy):
+    """bench/resume_run.py on the finished run: each arm's bytes read, quick's only the final stage's."""
+    import re
+    import subprocess
+    import sys
+
+    from _tiny import REPO_ROOT
+
+    run, env = copy
+    out = subprocess.run(
+        [sys.executable, "bench/resume_run.py", str(run), "--rounds", "1"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    read = {m[0]: float(m[1]) for m in re.findall(r"(quick|full|before)\s+[\d.]+ s\s+([\d.]+) MiB read", out.stdout)}
+    assert set(read) == {"quick", "full", "before"}, out.stdout
+    final = sum(p.stat().st_size for p in (run / f"policies/stage={STAGES}").iterdir()) / 2**20
+    assert read["quick"] < final + 1 < read["full"] < read["before"]
+    assert "ratio quick/before" in out.stdout
