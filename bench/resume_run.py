@@ -15,7 +15,6 @@ Prefect server and the report around it; bench/resume_scale.py measures the grow
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -28,21 +27,8 @@ if str(REPO) not in sys.path:
 ARMS = ("quick", "full", "before")
 
 
-def drop_page_cache(folder: str) -> None:
-    """Ask the kernel to drop the cached pages of every file under ``folder`` (local stores)."""
-    for dirpath, _, files in os.walk(folder):
-        for name in files:
-            try:
-                fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
 def main(argv: list[str] | None = None) -> int:
+    from bench.resume_scale import drop_page_cache
     from mugrpo.cli.app import stored_config
     from mugrpo.commits.verify import refuse_corrupted
     from mugrpo.orchestration.runs import open_store
@@ -59,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         for arm in ARMS if r % 2 == 0 else tuple(reversed(ARMS)):
             store = open_store(cfg)
             if store.is_local:
-                drop_page_cache(store.full(cfg.run.id))
+                drop_page_cache(Path(store.full(cfg.run.id)))
             t0 = time.perf_counter()
             for _ in range(2 if arm == "before" else 1):
                 report = refuse_corrupted(store, cfg.run.id, cfg.run.num_stages, cfg.layout, quick=arm == "quick")

@@ -273,15 +273,6 @@ def drop_page_cache(folder: Path) -> None:
                 os.close(fd)
 
 
-def read_log(path: Path) -> dict[str, int]:
-    out: dict[str, int] = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            uri, n = line.rsplit("\t", 1)
-            out[uri] = out.get(uri, 0) + int(n)
-    return out
-
-
 def classify(reads: dict[str, int], n: int) -> dict[str, int]:
     """Bytes read by kind: weights / moments of the latest stages (the policy of stage n; the checkpoint of stage n-1)
     and of earlier ones, and everything else (manifests, markers, shards, small files)."""
@@ -319,6 +310,8 @@ def one_start(cfgs: dict[str, Any], arm: str, log: Path, n: int, server: MotoSer
         start_s = time.perf_counter() - t0
     finally:
         os.environ.pop(READ_LOG_ENV, None)
+    from mugrpo.storage.digests import read_log
+
     reads = read_log(log)
     if server is not None:
         after = server.requests()

@@ -69,8 +69,9 @@ class ResumeCheck:
 
 def first_open_stage(store: Store, run_id: str, num_stages: int) -> int:
     """The first stage without a stage manifest (``num_stages`` when every stage is committed)."""
-    layout = RunLayout(run_id)
-    return next((k for k in range(num_stages) if not store.exists(layout.stage_manifest(k))), num_stages)
+    from mugrpo.commits.verify import open_stage
+
+    return open_stage(store, RunLayout(run_id), num_stages)
 
 
 def stored_config(store: Store, run_id: str) -> dict[str, Any]:

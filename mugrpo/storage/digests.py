@@ -161,3 +161,13 @@ def log_read(uri: str, nbytes: int) -> None:
     if where:
         with open(where, "a") as f:
             f.write(f"{uri}\t{nbytes}\n")
+
+
+def read_log(path: str | os.PathLike) -> dict[str, int]:
+    """{URI: bytes read} summed over a read log :func:`log_read` wrote ({} when there is none)."""
+    out: dict[str, int] = {}
+    if os.path.exists(path):
+        for line in Path(path).read_text().splitlines():
+            uri, n = line.rsplit("\t", 1)
+            out[uri] = out.get(uri, 0) + int(n)
+    return out

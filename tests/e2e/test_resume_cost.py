@@ -25,21 +25,13 @@ from _s3 import moto_server  # noqa: F401  (fixture)
 from _tiny import RUN, kill_tree, run_cli, run_env, start_run, tiny_config, write_config
 from safetensors.torch import load_file
 
+from mugrpo.storage.digests import read_log as reads
+
 pytestmark = pytest.mark.slow
 
 STAGES = 3
 #: Jobs one after another, so that the run pauses between stages exactly where a test asks.
 SEQUENTIAL = {"retries": 0, "overlap_checkpoint": False, "prestart_jobs": False}
-
-
-def reads(log: Path) -> dict[str, int]:
-    """{URI: bytes read} from a read log (mugrpo.storage.digests.READ_LOG_ENV)."""
-    out: dict[str, int] = {}
-    if log.exists():
-        for line in log.read_text().splitlines():
-            uri, n = line.rsplit("\t", 1)
-            out[uri] = out.get(uri, 0) + int(n)
-    return out
 
 
 def weight_reads(read: dict[str, int], below: int) -> list[str]:
