@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from mugrpo.algorithms.contracts import RolloutRef
 from mugrpo.storage.layout import RunLayout
@@ -163,6 +163,10 @@ class TrainHooks:
     """An algorithm's side of the trainer: one object per :class:`mugrpo.trainer.loop.Trainer`, kept across the
     stages it trains (a warm segment trains many), so it may cache what later stages reuse. Every method is a
     no-op until overridden."""
+
+    #: Whether :meth:`compose` changes the algorithm's state (a replay buffer's eviction). An update whose compose
+    #: changed state is never dropped on a preemption notice: it runs to its end (:mod:`mugrpo.trainer.preemption`).
+    compose_changes_state: ClassVar[bool] = False
 
     def start(self, ctx: StageStart) -> None:
         """A stage starts: restore the state from ``ctx.resume``, else from the previous stage's commit."""

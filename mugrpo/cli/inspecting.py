@@ -25,12 +25,18 @@ def status_cmd(
     from mugrpo.inspection.storage_use import storage_use
     from mugrpo.orchestration.runs import health_line, open_store, run_status
     from mugrpo.sql.schema_check import unhealthy
+    from mugrpo.trainer.preemption import read_preemption_record
 
     cfg = stored_config(run, root, storage_options(storage_option))
     with storage_guard(open_store(cfg).uri(cfg.run.id), cfg.run.storage_options):
         st = run_status(open_store(cfg), cfg)
         use = storage_use(open_store(cfg), cfg, [s.stage for s in st.stages if s.committed])  # one listing
         not_healthy = unhealthy(open_store(cfg), cfg.run.id)  # table files that do not fit their schema (footers)
+        preempted = {  # a train job stopped on SIGTERM and not yet re-run to its commit: what it saved
+            s.stage: record
+            for s in st.stages
+            if not s.jobs["train"] and (record := read_preemption_record(open_store(cfg), cfg.layout, s.stage))
+        }
     table = Table(title=f"run {st.run_id} ({st.uri}), {cfg.orchestration.execution} execution")
     for col in (
         "stage",
@@ -56,7 +62,7 @@ def status_cmd(
         reward = m.metrics.get("generate/mean_reward") if m else None
         table.add_row(
             str(s.stage),
-            "committed" if s.committed else "pending",
+            "committed" if s.committed else ("preempted" if s.stage in preempted else "pending"),
             " ".join(j for j in ("generate", "train", "eval") if s.jobs[j]) or "-",
             str(s.shards_written),
             str(s.checkpoints),
@@ -83,6 +89,8 @@ def status_cmd(
         console.print(health_line(st.latest_update))
     for line in not_healthy:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
+    for record in preempted.values():
+        console.print(f"preempted: {record['message']}", markup=False, highlight=False, soft_wrap=True)
     left = [s.stage for s in st.stages if not s.committed]
     console.print(
         "complete"

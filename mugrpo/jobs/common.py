@@ -100,3 +100,13 @@ def fail(message: str, code: int = 1) -> None:
     """Print a clear error and exit the job with ``code``."""
     console.print(f"error: {message}", style="red", markup=False, highlight=False)
     sys.exit(code)
+
+
+def preempted(message: str) -> None:
+    """Print ``preempted: {message}`` (the line the launchers quote) and exit with
+    :data:`mugrpo.common.preemption.PREEMPTED_EXIT_CODE`: the job stopped on a preemption notice after saving what
+    fitted in the grace; a re-run resumes from it."""
+    from mugrpo.common.preemption import PREEMPTED_EXIT_CODE
+
+    console.print(f"preempted: {message}", style="yellow", markup=False, highlight=False)
+    sys.exit(PREEMPTED_EXIT_CODE)

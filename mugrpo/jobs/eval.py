@@ -11,24 +11,37 @@ per benchmark. ``stage`` names the policy evaluated: policies/stage={k} (stage K
 Pre-started (``start_after``, :mod:`mugrpo.coordination.start_gate`): the verifier pool and the benchmarks are ready
 before the policy's commit marker appears.
 
+Preemption: on SIGTERM the job stops at once and exits 75; the benchmarks written by then are kept, the one being
+evaluated is discarded (a re-run evaluates it again).
+
 Exit codes: 0 done, 1 inputs not committed within ``start_timeout_s``, 2 bad spec, a tampered input or a lost run
-lease.
+lease, 75 preempted (SIGTERM).
 """
 
 from __future__ import annotations
 
+from mugrpo.common.preemption import PreemptionInterrupt, PreemptionNotice
 from mugrpo.common.progress import quiet_library_bars
 from mugrpo.coordination.start_gate import StartGate
 from mugrpo.evaluation.worker import EvalSpec, run_eval
-from mugrpo.jobs.common import PROCESS_START, load_spec, refuse_untrusted, spec_argument
+from mugrpo.jobs.common import PROCESS_START, fail, load_spec, preempted, refuse_untrusted, spec_argument
 
 
 def main(argv: list[str] | None = None) -> None:
     """CLI entry point: ``python -m mugrpo.jobs.eval SPEC``."""
     spec = load_spec(spec_argument(argv, "mugrpo.jobs.eval", EvalSpec, __doc__), EvalSpec)
     quiet_library_bars()
-    with refuse_untrusted("eval", spec.stage):
-        run_eval(spec, origin=PROCESS_START, gate=StartGate(spec))
+    try:
+        notice = PreemptionNotice.from_env().install(interrupt=True)
+    except ValueError as e:
+        fail(f"eval stage {spec.stage}: {e}", 2)
+    try:
+        with refuse_untrusted("eval", spec.stage):
+            run_eval(spec, origin=PROCESS_START, gate=StartGate(spec))
+    except PreemptionInterrupt:
+        preempted(
+            f"eval stage {spec.stage}: stopped by {notice.signal_name}; the benchmark being evaluated is discarded"
+        )
 
 
 if __name__ == "__main__":

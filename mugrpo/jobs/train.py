@@ -33,10 +33,17 @@ Pre-started (``start_after``, :mod:`mugrpo.coordination.start_gate`): the job im
 accelerate, then waits for the generate manifest of its stage (and the previous stage's commit) before it reads
 anything.
 
+Preemption: on SIGTERM the job stops at the next safe point (it finishes the update in flight when the rest of it
+and a checkpoint fit in the grace, else drops it), writes a checkpoint when its predicted write time fits in what is
+left of the grace (``MUGRPO_STOP_GRACE_S``: seconds to the SIGKILL; the launchers set it from
+``orchestration.stop_grace_s``), records ``jobs/stage=k/train.preempted.json`` and exits 75. A re-run resumes from
+the saved update (:mod:`mugrpo.trainer.preemption`).
+
 Exit codes: 0 done (or already committed), 1 inputs not committed within ``start_timeout_s``, 2 bad spec, bad
 rollouts, a tampered input (checksum mismatch, the file named), a lost run lease or AdamW moments it starts from that
 ``train.keep_optimizer_state`` pruned (the checkpoint and the key named), 3 NaN/inf loss or gradient (the
-minibatch's prompt ids are in ``jobs/stage=k/train.nonfinite.json``; the last checkpoint is intact).
+minibatch's prompt ids are in ``jobs/stage=k/train.nonfinite.json``; the last checkpoint is intact), 75 preempted
+(SIGTERM; saved at the update it names).
 """
 
 from __future__ import annotations
@@ -45,11 +52,13 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from mugrpo.commits.tables import SchemaError
+from mugrpo.common.preemption import PreemptionNotice
 from mugrpo.common.progress import quiet_library_bars
 from mugrpo.coordination.start_gate import StartGate
-from mugrpo.jobs.common import PROCESS_START, fail, load_spec, refuse_untrusted, spec_argument
+from mugrpo.jobs.common import PROCESS_START, fail, load_spec, preempted, refuse_untrusted, spec_argument
 from mugrpo.trainer.data import RolloutDataError
 from mugrpo.trainer.loop import run_training
+from mugrpo.trainer.preemption import Preempted
 from mugrpo.trainer.spec import TrainSpec
 from mugrpo.trainer.step import NonFiniteError
 
@@ -64,8 +73,14 @@ def main(argv: list[str] | None = None) -> None:
     # computed in log space) and no gradient measurably. Deterministic, so resume stays bitwise exact.
     torch.set_flush_denormal(True)
     try:
+        notice = PreemptionNotice.from_env().install()
+    except ValueError as e:
+        fail(f"train stage {spec.stage}: {e}", 2)
+    try:
         with refuse_untrusted("train", spec.stage):  # tampered checkpoint/optimizer/rollouts: exit 2, file named
-            run_training(spec, origin=PROCESS_START, gate=StartGate(spec))
+            run_training(spec, origin=PROCESS_START, gate=StartGate(spec), notice=notice)
+    except Preempted as stop:
+        preempted(str(stop))
     except (RolloutDataError, SchemaError) as e:
         fail(f"train stage {spec.stage}: bad rollouts: {e}", 2)
     except NonFiniteError as e:

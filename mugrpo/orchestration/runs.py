@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from mugrpo.commits.manifest import new_manifest, read_job_manifest, read_manifest, write_manifest
 from mugrpo.commits.tables import part_numbers, read_table
+from mugrpo.common.preemption import GRACE_ENV, job_grace_s
 from mugrpo.common.scratch import scratch
 from mugrpo.common.version import code_version as code_version
 from mugrpo.config import Config
@@ -277,9 +278,15 @@ def write_final_eval_spec(cfg: Config) -> str | None:
 
 
 def job_env(cfg: Config) -> dict[str, str]:
-    """Environment for job processes: storage options (never secrets) so specs on object storage can be read, and
-    the run lease token of this writer (``MUGRPO_LEASE_TOKEN``) when it holds one."""
-    env = {"MUGRPO_STORAGE_OPTIONS": json.dumps(cfg.to_json_dict()["run"]["storage_options"])}
+    """Environment for job processes: storage options (never secrets) so specs on object storage can be read, the
+    seconds a job has from its SIGTERM to its SIGKILL (``MUGRPO_STOP_GRACE_S``: ``orchestration.stop_grace_s`` less
+    what the CLI keeps for its cleanups, :func:`mugrpo.common.preemption.job_grace_s`; the Kubernetes launcher sets
+    the pod's ``terminationGracePeriodSeconds`` from it), and the run lease token of this writer
+    (``MUGRPO_LEASE_TOKEN``) when it holds one."""
+    env = {
+        "MUGRPO_STORAGE_OPTIONS": json.dumps(cfg.to_json_dict()["run"]["storage_options"]),
+        GRACE_ENV: f"{job_grace_s(cfg.orchestration.stop_grace_s):g}",
+    }
     token = os.environ.get(TOKEN_ENV)
     if token:  # the run lease's fencing token (mugrpo.coordination.lease): a job of a superseded writer cannot commit
         env[TOKEN_ENV] = token

@@ -48,8 +48,11 @@ class Outcome:
 
 
 def _worker_init(initializer: Callable[[], None] | None) -> None:
-    """Worker start-up: Ctrl-C is the parent's to handle; then the caller's initializer."""
+    """Worker start-up: Ctrl-C and SIGTERM are the parent's to handle (a preempted job finishes scoring the shard it
+    commits, :mod:`mugrpo.common.preemption`; a SIGKILL of the job's group still ends the workers); then the
+    caller's initializer."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if initializer is not None:
         initializer()
 

@@ -30,6 +30,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from pydantic import BaseModel, ConfigDict, Field
 
+from mugrpo.common.faults import fault_pause
 from mugrpo.common.processes import process_stat
 from mugrpo.storage.digests import (
     StoredObject,
@@ -98,24 +99,6 @@ class RetryBudget(BaseModel):
         config.setdefault("read_timeout", self.read_timeout_s)
         out["config_kwargs"] = config
         return out
-
-
-def _fault_pause(rel: str) -> None:
-    """Fault injection for crash tests: with ``MUGRPO_FAULT_PAUSE="SUBSTRING:SECONDS"`` set, a write whose path
-    contains SUBSTRING pauses between writing its temporary file and the rename, so a test can SIGKILL the process
-    in the middle of a commit (and a :meth:`Store.hash_file` of such a path before it reads: in the middle of a
-    check). Unset (always, outside tests), this does nothing.
-    """
-    spec = os.environ.get("MUGRPO_FAULT_PAUSE")
-    if not spec:
-        return
-    needle, _, seconds = spec.rpartition(":")
-    if needle and needle in rel:
-        import sys
-        import time
-
-        print(f"MUGRPO_FAULT_PAUSE {rel}", file=sys.stderr, flush=True)
-        time.sleep(float(seconds))
 
 
 def describe_flock_holders(lock_path: str) -> str:
@@ -273,7 +256,7 @@ class Store:
         if self.is_local or (self.guard is None and len(data) > MAX_PUT_BYTES):
             return self.write_chunks(rel, [data])
         if self.guard is None:  # one PutObject: S3 keeps the object's full-object SHA-256 (mugrpo.storage.digests)
-            _fault_pause(rel)
+            fault_pause(rel)
             try:
                 self.publish(rel, lambda: self._put(rel, data))
             except (StorageError, CommitRefused):
@@ -297,7 +280,7 @@ class Store:
                     raise
                 # the same bytes, written by a sibling job of this writer (e.g. a fan-out worker's prompt plan)
 
-        _fault_pause(rel)
+        fault_pause(rel)
         self.publish(rel, put)
         return sha256_bytes(data)
 
@@ -335,7 +318,7 @@ class Store:
                             f.write(chunk)
                         f.flush()
                         os.fsync(f.fileno())
-                    _fault_pause(rel)
+                    fault_pause(rel)
                     self.publish(rel, lambda: os.replace(tmp, path))
                     self._remember(path, digest.hexdigest())
                 except BaseException:
@@ -348,7 +331,7 @@ class Store:
                     for chunk in chunks:
                         digest.update(chunk)
                         f.write(chunk)
-                    _fault_pause(rel)
+                    fault_pause(rel)
                     self.publish(rel, f.close)  # the commit: the one PUT, or CompleteMultipartUpload
                 except BaseException:
                     try:
@@ -411,7 +394,7 @@ class Store:
             FileNotFoundError: ``rel`` does not exist (names its URL).
             StorageError: the read failed; names the object and the cause.
         """
-        _fault_pause(rel)  # a test SIGKILLs a check here
+        fault_pause(rel)  # a test SIGKILLs a check here
         before = self._local_stat(rel)
         digest, size = hashlib.sha256(), 0
         for chunk in self.iter_chunks(rel):

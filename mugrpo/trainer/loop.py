@@ -18,10 +18,12 @@ import shutil
 import time
 
 from mugrpo.commits.manifest import read_job_manifest
+from mugrpo.common.preemption import PreemptionNotice
 from mugrpo.common.progress import console
 from mugrpo.common.scratch import scratch_dir
 from mugrpo.coordination.start_gate import StartGate
 from mugrpo.trainer.commit import commit_training, finish_without_updates, publish_policy, write_stage_checkpoint
+from mugrpo.trainer.preemption import Preempted, StopPolicy, earlier_checkpoint_s, write_preemption_record
 from mugrpo.trainer.records import delete_parts_after
 from mugrpo.trainer.setup import Resident, load_stage_data, setup_stage
 from mugrpo.trainer.spec import TrainSpec
@@ -49,13 +51,17 @@ class Trainer(Resident):
     (:class:`~mugrpo.trainer.setup.Resident`).
     """
 
-    def run_stage(self, spec: TrainSpec, *, origin: float | None = None) -> JobManifest:
+    def run_stage(
+        self, spec: TrainSpec, *, origin: float | None = None, notice: PreemptionNotice | None = None
+    ) -> JobManifest:
         """Run (or resume, or skip when already committed) the training job of ``spec.stage``.
 
         Args:
             spec: the stage's training spec.
             origin: ``time.monotonic()`` value the job's switch time counts from: the process start for a cold
                 job (the job module passes it), the call for a warm stage (default).
+            notice: the job's preemption notice; on it the stage stops at the next safe point and saves what fits
+                in the grace (:mod:`mugrpo.trainer.preemption`). None: not watched.
 
         Returns:
             The job manifest (``jobs/stage=k/train.manifest.json``).
@@ -66,6 +72,7 @@ class Trainer(Resident):
             RolloutDataError, mugrpo.commits.tables.SchemaError, mugrpo.storage.store.ChecksumError: bad rollouts, or a
                 checkpoint made for other rollouts (data fingerprint differs).
             ValueError: a checkpoint made for another LR schedule.
+            Preempted: the notice stopped the stage; ``jobs/stage=k/train.preempted.json`` says what was saved.
         """
         origin = time.monotonic() if origin is None else origin
         store, layout = spec.store(), spec.layout
@@ -88,7 +95,18 @@ class Trainer(Resident):
             t_switch = time.monotonic() - origin - run.recompute_s
             if self.accelerator.is_main_process:
                 delete_parts_after(store, layout, spec.stage, run.plan.start_step)
-            t_loop, t_checkpoint = train_updates(run, lambda step, rows: self._checkpoint(run, step, rows))
+            stops = StopPolicy(
+                notice,
+                self.accelerator,
+                may_drop=not any(type(h).compose_changes_state for h in hooks.values()),
+                earlier_checkpoint_s=earlier_checkpoint_s(store, layout, spec) if notice is not None else None,
+            )
+            try:
+                t_loop, t_checkpoint = train_updates(run, lambda step, rows: self._checkpoint(run, step, rows), stops)
+            except Preempted as stop:
+                if self.accelerator.is_main_process:
+                    write_preemption_record(store, layout, stop)
+                raise
             publish_policy(run.live, spec)
             manifest = None
             if self.accelerator.is_main_process:
@@ -110,11 +128,17 @@ class Trainer(Resident):
         self.optimizer_source = (run.spec.stage, step)
 
 
-def run_training(spec: TrainSpec, *, origin: float | None = None, gate: StartGate | None = None) -> JobManifest:
+def run_training(
+    spec: TrainSpec,
+    *,
+    origin: float | None = None,
+    gate: StartGate | None = None,
+    notice: PreemptionNotice | None = None,
+) -> JobManifest:
     """The cold train job: a fresh :class:`Trainer` runs (or resumes, or skips) stage ``spec.stage``. ``origin``: as
     in :meth:`Trainer.run_stage` (the job passes its process start). With a ``gate`` not yet open (a pre-started
     job: its imports and the accelerator are ready), the trainer waits at it first; the switch time counts from
-    its opening.
+    its opening. ``notice``: as in :meth:`Trainer.run_stage`.
 
     Raises:
         See :meth:`Trainer.run_stage`; mugrpo.coordination.start_gate.StartTimeout and
@@ -123,4 +147,4 @@ def run_training(spec: TrainSpec, *, origin: float | None = None, gate: StartGat
     trainer = Trainer(spec.train.mixed_precision)
     if gate is not None and gate.pending:
         origin = gate.wait(console.print)
-    return trainer.run_stage(spec, origin=origin)
+    return trainer.run_stage(spec, origin=origin, notice=notice)

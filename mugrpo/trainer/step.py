@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +37,11 @@ class NonFiniteError(RuntimeError):
         self.what, self.value, self.prompt_ids = what, value, prompt_ids
         shown = ", ".join(prompt_ids[:20]) + (" ..." if len(prompt_ids) > 20 else "")
         super().__init__(f"non-finite {what} ({value}) in a minibatch of prompts: {shown}")
+
+
+class UpdateDropped(Exception):
+    """An update abandoned before its optimizer step (a preemption notice: the rest of it and a checkpoint did not
+    fit in the grace); parameters and optimizer state are those of before the update."""
 
 
 @dataclass
@@ -93,6 +98,7 @@ def train_update(
     trainer_behavior_logprobs: list[torch.Tensor] | None = None,
     update_statistics: Mapping[str, float] | None = None,
     progress: float | None = None,
+    before_micro_batch: Callable[[int, int], None] | None = None,
 ) -> UpdateResult:
     """Run one optimizer update over this rank's micro-batches.
 
@@ -112,6 +118,8 @@ def train_update(
             ``num_valid_groups``, :func:`mugrpo.trainer.data.update_statistics`), given to the loss in
             ``LossContext.inputs``; None: none.
         progress: training progress lambda_t in [0, 1] of this update (a loss's schedule input), or None.
+        before_micro_batch: called as ``(i, n)`` before micro-batch ``i`` of ``n``; it may raise
+            :class:`UpdateDropped` (a preemption notice): then no step is taken and the gradients are zeroed.
 
     Returns:
         :class:`UpdateResult`.
@@ -130,8 +138,9 @@ def train_update(
         inputs=dict(update_statistics or {}),
     )
     outputs, loss_sum, health_rows = _backward_micro_batches(
-        accelerator, model, micro_batches, loss_config, context, reference, trainer_behavior_logprobs
-    )
+        accelerator, model, micro_batches, loss_config, context, reference, trainer_behavior_logprobs,
+        before_micro_batch,
+    )  # fmt: skip
 
     prompt_ids = sorted({p for b in micro_batches for p in b.prompt_ids})
     total_loss = float(accelerator.reduce(loss_sum, reduction="sum")) if world > 1 else float(loss_sum)
@@ -164,6 +173,7 @@ def _backward_micro_batches(
     update_context: LossContext,
     reference: torch.nn.Module | None,
     trainer_behavior_logprobs: list[torch.Tensor] | None,
+    before_micro_batch: Callable[[int, int], None] | None = None,
 ) -> tuple[list[LossOutput], torch.Tensor, list[torch.Tensor]]:
     """Forward and backward of each micro-batch, gradients accumulated (synchronized across ranks on the last one
     only). ``update_context`` holds the update's normalizers; each micro-batch adds its own tensors. Returns the
@@ -174,6 +184,12 @@ def _backward_micro_batches(
     health_rows: list[torch.Tensor] = []
     loss_sum = torch.zeros((), dtype=torch.float64, device=accelerator.device)
     for i, cpu_batch in enumerate(micro_batches):
+        if before_micro_batch is not None:
+            try:
+                before_micro_batch(i, len(micro_batches))
+            except UpdateDropped:
+                model.zero_grad(set_to_none=True)  # the micro-batches before it accumulated gradients: gone
+                raise
         batch = cpu_batch.to(accelerator.device)
         last = i == len(micro_batches) - 1
         sync = contextlib.nullcontext() if last else accelerator.no_sync(model)

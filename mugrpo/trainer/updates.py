@@ -18,16 +18,19 @@ from dataclasses import dataclass
 import torch
 
 from mugrpo.algorithms import TrainHooks, UpdateRows
+from mugrpo.common.faults import fault_pause
 from mugrpo.common.progress import console, job_progress
 from mugrpo.losses import training_progress
 from mugrpo.losses.inputs import input_tensor
 from mugrpo.trainer.batch import TokenBatch, collate
+from mugrpo.trainer.checkpoint import capture_rng_state, restore_rng_state
 from mugrpo.trainer.commit import write_nonfinite_report
 from mugrpo.trainer.data import Rollout, split_minibatch, update_statistics
 from mugrpo.trainer.health import batch_identity
+from mugrpo.trainer.preemption import Preempted, StopPolicy
 from mugrpo.trainer.records import train_step_row
 from mugrpo.trainer.stage import StageRun
-from mugrpo.trainer.step import NonFiniteError, UpdateResult, token_mean_entropy, train_update
+from mugrpo.trainer.step import NonFiniteError, UpdateDropped, UpdateResult, token_mean_entropy, train_update
 
 
 @dataclass
@@ -123,12 +126,14 @@ def apply_update_inputs(hooks: Mapping[str, TrainHooks], update: Update) -> None
             batch.inputs[key] = input_tensor([given[p] for p in at], key)
 
 
-def run_update(run: StageRun, update: Update) -> UpdateResult:
-    """The optimizer update (:func:`mugrpo.trainer.step.train_update`).
+def run_update(run: StageRun, update: Update, stops: StopPolicy | None = None) -> UpdateResult:
+    """The optimizer update (:func:`mugrpo.trainer.step.train_update`); ``stops`` may drop it between micro-batches
+    on a preemption notice (:meth:`mugrpo.trainer.preemption.StopPolicy.before_micro_batch`).
 
     Raises:
         NonFiniteError: NaN/inf loss or gradient; the main process first writes the nonfinite report
             (:func:`mugrpo.trainer.commit.write_nonfinite_report`).
+        UpdateDropped: ``stops`` dropped the update (no optimizer step).
     """
     spec, u, acc = run.spec, update.rows.stage_update, run.model.accelerator
     try:
@@ -148,6 +153,7 @@ def run_update(run: StageRun, update: Update) -> UpdateResult:
                 [run.data.rollouts[i] for i in update.indices], [run.plan.group_of[i] for i in update.indices]
             ),
             progress=training_progress(spec.policy_version + u - 1, spec.total_updates),
+            before_micro_batch=None if stops is None else stops.before_micro_batch,
         )
     except NonFiniteError as e:
         if acc.is_main_process:
@@ -192,28 +198,67 @@ def record_update(run: StageRun, update: Update, result: UpdateResult, lr: float
     )
 
 
-def train_updates(run: StageRun, checkpoint: Callable[[int, list[dict]], None]) -> tuple[float, float]:
+def train_updates(
+    run: StageRun, checkpoint: Callable[[int, list[dict]], None], stops: StopPolicy | None = None
+) -> tuple[float, float]:
     """Train: updates ``run.plan.start_step + 1 .. updates_per_stage``; ``checkpoint(step, rows)`` commits the rows
     since the last checkpoint with the checkpoint of ``step``. Reads only ``run``. Returns the loop's seconds and,
-    of them, the checkpoints' seconds."""
+    of them, the checkpoints' seconds.
+
+    With ``stops`` watching a preemption notice, the loop stops at the first safe point after the notice, saves
+    what fits (:mod:`mugrpo.trainer.preemption`) and raises :class:`~mugrpo.trainer.preemption.Preempted`.
+
+    Raises:
+        Preempted: a preemption notice stopped the loop (after the checkpoint that fitted, if any).
+        NonFiniteError: see :func:`run_update`.
+    """
     spec, main, start = run.spec, run.model.accelerator.is_main_process, run.plan.start_step
     total, every = spec.train.updates_per_stage, spec.train.checkpoint_every
     optimizer, schedule = run.optimizer.optimizer, run.optimizer.schedule
+    stops = stops or StopPolicy(None, run.model.accelerator, may_drop=False)
     pending: list[dict] = []
+    saved = start
     t0, checkpoint_s = time.monotonic(), 0.0
+
+    def save(u: int) -> None:
+        nonlocal pending, saved, checkpoint_s
+        c0 = time.monotonic()
+        checkpoint(u, pending)
+        checkpoint_s += time.monotonic() - c0
+        stops.checkpoint_written(time.monotonic() - c0)
+        pending, saved = [], u
+
+    def stop(done: int, dropped: bool) -> Preempted:
+        fit = None
+        if done > saved:
+            fit = stops.checkpoint_fit()
+            if fit.fits:
+                save(done)
+        assert stops.notice is not None
+        return Preempted(spec.stage, done, saved, total, dropped, fit, stops.notice.signal_name or "SIGTERM")
+
     fields = "loss {task.fields[loss]:+.4f}  {task.fields[tps]:.0f} tok/s"
     with job_progress(f"train stage {spec.stage}", "updates", fields, console, disable=not main) as bar:
         task = bar.add_task("train", total=total, completed=start, loss=0.0, tps=0.0)
         for u in range(start + 1, total + 1):
+            if stops.stop_requested():  # a safe point: nothing of update u has started
+                raise stop(u - 1, dropped=False)
+            stops.update_started()
+            rng = capture_rng_state() if stops.may_drop else None
             update = compose_update(run, u)
             lr = schedule.apply(optimizer, spec.policy_version + u)
             apply_update_inputs(run.hooks, update)
-            result = run_update(run, update)
+            fault_pause(f"train/stage={spec.stage}/update={u}")
+            try:
+                result = run_update(run, update, stops)
+            except UpdateDropped:
+                restore_rng_state(rng)
+                raise stop(u - 1, dropped=True) from None
+            stops.update_done()
             pending.append(record_update(run, update, result, lr))
             bar.update(task, completed=u, loss=result.metrics.get("loss", 0.0), tps=pending[-1]["tokens_per_second"])
             if u % every == 0 or u == total:
-                c0 = time.monotonic()
-                checkpoint(u, pending)
-                checkpoint_s += time.monotonic() - c0
-                pending = []
+                save(u)
+            elif stops.stop_requested():  # the update in flight ran to its end
+                raise stop(u, dropped=False)
     return time.monotonic() - t0, checkpoint_s

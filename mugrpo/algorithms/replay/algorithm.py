@@ -57,6 +57,8 @@ class ReplayTrainHooks(TrainHooks):
         config: the ``replay`` section.
     """
 
+    compose_changes_state = True  # compose evicts stale entries from the buffer
+
     def __init__(self, config: ReplayConfig) -> None:
         self.config = config
         #: Rollouts the buffer may reference, by stage (kept across warm stages; re-read when missing).
