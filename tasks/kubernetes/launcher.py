@@ -37,7 +37,10 @@ class KubernetesLauncher(Launcher):
     deterministic (:func:`job_name`): a resumed attempt re-attaches to a still-running Job of the same spec and
     pod template and follows its logs instead of relaunching; a Job it has to replace is deleted first and the new
     one created only once the old one and its pods are gone. The launcher deletes a Job only when it decided to
-    stop it: timeout, pending timeout, cancellation of the task, or replacement. API errors never do.
+    stop it: timeout, pending timeout, cancellation of the task, or replacement. API errors never do. A pod evicted
+    while its Job runs (condition ``DisruptionTarget``) is replaced by the Job controller and the watch follows the
+    replacement (:mod:`tasks.kubernetes.watch`); the pods get the job's grace (``MUGRPO_STOP_GRACE_S``) as their
+    ``terminationGracePeriodSeconds``.
 
     Args:
         settings: where and how pods run; None = :meth:`KubernetesJobSettings.from_env`.

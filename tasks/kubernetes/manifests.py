@@ -9,6 +9,7 @@ import json
 import re
 from typing import Any
 
+from mugrpo.common.preemption import GRACE_ENV, grace_from_env, termination_grace_period_s
 from tasks.kubernetes.commands import COMPLETION_INDEX_ANNOTATION, NODE_RANK_ENV, job_command, job_nodes
 from tasks.kubernetes.names import SPEC_LABEL, job_name, k8s_label_value, k8s_name
 from tasks.kubernetes.objects import TEMPLATE_HASH_ANNOTATION
@@ -64,13 +65,16 @@ def build_job_manifest(request: JobRequest, settings: KubernetesJobSettings, nam
     S3 credentials come from ``settings.s3_secret_name`` through ``secretKeyRef`` (never from flow parameters or
     the image), or from the pod's service account when it is None; the HF cache is a volume at
     ``settings.hf_cache_mount_path`` (``HF_HOME``). The annotation ``mugrpo/template-hash`` identifies the pod
-    template, so a resumed launcher re-attaches only to a Job running the same thing.
+    template, so a resumed launcher re-attaches only to a Job running the same thing. A job's grace
+    (:data:`~mugrpo.common.preemption.GRACE_ENV` in its environment: seconds from its SIGTERM to its SIGKILL) sets
+    the pod's ``terminationGracePeriodSeconds`` (:func:`~mugrpo.common.preemption.termination_grace_period_s`), so an
+    eviction or a node drain gives the job the time to save the update in flight that a stop does.
 
     Args:
         name: Job name; default :func:`job_name`.
 
     Raises:
-        ValueError: no image for the job kind, or a malformed resource quantity.
+        ValueError: no image for the job kind, a malformed resource quantity, or a grace that is not a number >= 0.
     """
     kind = request.kind
     name = name or job_name(request)
@@ -129,6 +133,8 @@ def build_job_manifest(request: JobRequest, settings: KubernetesJobSettings, nam
             "seccompProfile": {"type": "RuntimeDefault"},
         },
     }
+    if plain.get(GRACE_ENV):
+        pod_spec["terminationGracePeriodSeconds"] = termination_grace_period_s(grace_from_env(plain))
     node_selector = {**settings.node_selector, **(settings.gpu_node_selector if gpus else {})}
     if node_selector:
         pod_spec["nodeSelector"] = node_selector

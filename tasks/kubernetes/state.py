@@ -1,5 +1,5 @@
 """What a Kubernetes Job and its pods say about the job: finished or active, the job container's state, its exit
-code, why a pod has not started, the last Warning events."""
+code, why a pod has not started, whether it was disrupted (evicted, preempted, drained), the last Warning events."""
 
 from __future__ import annotations
 
@@ -35,6 +35,17 @@ def pod_started(pod: dict) -> bool:
     """The container runs or ran: its log can be read."""
     state = container_state(pod)
     return "running" in state or "terminated" in state
+
+
+def disruption(pod: dict) -> str | None:
+    """Why the pod was disrupted: the reason of its ``DisruptionTarget`` condition (``EvictionByEvictionAPI``,
+    ``PreemptionByScheduler``, ``DeletionByTaintManager``, ``TerminationByKubelet``...), ``"disrupted"`` when it
+    gives none; None when the pod has no such condition. A Job's ``podFailurePolicy`` ignores the failure of a pod
+    with that condition, and the Job controller replaces it."""
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+            return cond.get("reason") or "disrupted"
+    return None
 
 
 def exit_code(pods: list[dict]) -> int | None:

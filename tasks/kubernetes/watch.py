@@ -6,6 +6,12 @@
   CreateContainerConfigError...), its PodScheduled message and its events (or the Job's events when no pod could be
   created: quota, Pod Security admission, a missing service account) go to the log as they change; after
   ``pending_timeout_s`` without a started container the Job is deleted and the attempt fails with that reason.
+- **An evicted pod is a preemption, not a failure.** A pod with the condition ``DisruptionTarget`` (an eviction, a
+  node drain, a scheduler preemption) got its SIGTERM and ``terminationGracePeriodSeconds``: the job saves the
+  update in flight and exits 75 (:mod:`mugrpo.common.preemption`). While the Job is active its ``podFailurePolicy``
+  ignores that failure and the Job controller creates a replacement pod, which resumes from the saved work: the
+  watch says so once per pod, follows the replacement's log and ends with the Job's result. A Job that fails after
+  an eviction names it in its outcome (exit code 75: :class:`~tasks.launchers.errors.JobPreemptedError`).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from tasks.kubernetes.state import (
     JOB_NAME_LABEL,
     container_state,
     describe_events,
+    disruption,
     exit_code,
     job_finished,
     pending_reason,
@@ -47,6 +54,8 @@ class JobWatch:
     retry: ApiRetry
     cursors: dict[str, LogCursor] = field(default_factory=dict)
     followers: dict[str, asyncio.Task] = field(default_factory=dict)
+    #: Pods seen with the condition DisruptionTarget: name -> its reason.
+    evicted: dict[str, str] = field(default_factory=dict)
 
     @property
     def job_id(self) -> str:
@@ -171,21 +180,35 @@ class JobWatch:
             return None
         return why + (f"; events: {events}" if events else "")
 
+    def note_evictions(self, pods: list[dict], *, active: bool) -> None:
+        """Record the pods newly seen with the condition ``DisruptionTarget``; while the Job is ``active`` (its
+        controller replaces such a pod), say so once per pod."""
+        for pod in pods:
+            name, reason = pod["metadata"]["name"], disruption(pod)
+            if reason is None or name in self.evicted:
+                continue
+            self.evicted[name] = reason
+            if active:
+                replaced = "the Job controller replaces it; the job resumes from its saved work"
+                self.on_line(f"pod {name} evicted ({reason}); {replaced}")
+
     def outcome(self, finished: tuple[str, str], pods: list[dict]) -> LaunchOutcome:
-        """The outcome of a finished Job (``DeadlineExceeded``: the cluster killed it at its deadline)."""
+        """The outcome of a finished Job (``DeadlineExceeded``: the cluster killed it at its deadline); a failed
+        Job's detail names the pods evicted on the way."""
         status, why = finished
         if status == "Complete":
             return LaunchOutcome(exit_code=0, job_id=self.job_id)
+        evictions = "".join(f"; pod {name} evicted ({reason})" for name, reason in self.evicted.items())
         return LaunchOutcome(
             exit_code=exit_code(pods),
             job_id=self.job_id,
             timed_out="DeadlineExceeded" in why,
-            detail=f"Job failed: {why}",
+            detail=f"Job failed: {why}{evictions}",
         )
 
     async def run(self) -> LaunchOutcome:
         """Poll the Job and its pods every ``poll_interval_s`` until it finishes, times out or never starts; follow
-        each started pod's log meanwhile.
+        each started pod's log meanwhile (a replacement of an evicted pod's too: :meth:`note_evictions`).
 
         Raises:
             JobLaunchError: the API kept failing, or the Job vanished (deleted by someone else).
@@ -210,6 +233,7 @@ class JobWatch:
                 if pod_started(pod) and name not in self.followers:
                     self.followers[name] = asyncio.ensure_future(self.follow(name))
             finished = job_finished(job)
+            self.note_evictions(pods, active=finished is None)
             if finished is not None:
                 await self.drain_logs()
                 return self.outcome(finished, pods)

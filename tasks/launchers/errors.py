@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from mugrpo.common.preemption import PREEMPTED_EXIT_CODE
+
 #: Exit codes that mean "the command line or the spec is wrong": a retry cannot help (argparse/typer usage errors and
 #: ``mugrpo.jobs.common.load_spec`` exit with 2).
 NON_RETRYABLE_EXIT_CODES = frozenset({2})
@@ -44,6 +46,26 @@ class JobFailedError(JobError):
         block = [self.last_lines[starts[-1]].removeprefix("error: ")]
         block += [line for line in self.last_lines[starts[-1] + 1 :] if line.strip()]
         return "\n".join(block)
+
+
+class JobPreemptedError(JobFailedError):
+    """The job stopped on a preemption notice (a SIGTERM: an eviction, a node drain, a stop) after saving what fitted
+    in its grace, and exited with :data:`~mugrpo.common.preemption.PREEMPTED_EXIT_CODE` (75). Always transient: a
+    re-run of the same job resumes from the saved update. ``notice`` is the job's own ``preempted: ...`` line (what
+    it saved), or ``""`` when it printed none."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        kind: str,
+        exit_code: int | None = PREEMPTED_EXIT_CODE,
+        last_lines: tuple[str, ...] = (),
+        notice: str = "",
+    ):
+        super().__init__(message, kind=kind, exit_code=exit_code, last_lines=last_lines)
+        self.notice = notice
+        self.transient = True
 
 
 class JobTimeoutError(JobError):

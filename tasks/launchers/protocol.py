@@ -10,14 +10,18 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import ClassVar
 
+from mugrpo.common.preemption import PREEMPTED_EXIT_CODE
 from mugrpo.common.registry import Registry
-from tasks.launchers.errors import JobFailedError, JobTimeoutError
+from tasks.launchers.errors import JobFailedError, JobPreemptedError, JobTimeoutError
 from tasks.launchers.request import JobRequest, JobResult, LaunchOutcome
 
 #: Output lines of a job kept for results and error messages.
 TAIL_LINES = 20
 #: Characters kept of one output line (a progress bar without newlines must not flood the logs).
 MAX_LINE_CHARS = 4000
+
+#: How a job's own line about its preemption starts (what it saved, :mod:`mugrpo.common.preemption`).
+PREEMPTED_PREFIX = "preempted:"
 
 LineSink = Callable[[str], None]
 
@@ -80,7 +84,9 @@ def launch_job(request: JobRequest, launcher: Launcher, on_line: LineSink | None
 
     Raises:
         JobTimeoutError: the job ran past ``request.timeout_s`` and was killed.
-        JobFailedError: the job exited non-zero (or its Kubernetes Job failed).
+        JobPreemptedError: the job stopped on a SIGTERM after saving its work (exit code 75,
+            :data:`~mugrpo.common.preemption.PREEMPTED_EXIT_CODE`); transient: a re-run resumes from it.
+        JobFailedError: the job exited non-zero otherwise (or its Kubernetes Job failed).
         JobLaunchError: the launcher could not start or watch the job.
     """
     tail: deque[str] = deque(maxlen=TAIL_LINES)
@@ -103,6 +109,17 @@ def launch_job(request: JobRequest, launcher: Launcher, on_line: LineSink | None
             timeout_s=request.timeout_s,
             last_lines=last,
         )
+    if outcome.exit_code == PREEMPTED_EXIT_CODE:
+        notice = next((line for line in reversed(last) if line.startswith(PREEMPTED_PREFIX)), "")
+        raise JobPreemptedError(
+            f"{where} preempted after {seconds:.1f} s (SIGTERM): saved its work; a re-run resumes from it"
+            + (f"; {notice}" if notice else "")
+            + (f"; {outcome.detail}" if outcome.detail else ""),
+            kind=request.kind,
+            exit_code=outcome.exit_code,
+            last_lines=last,
+            notice=notice,
+        )
     if outcome.exit_code != 0:
         raise JobFailedError(
             f"{where} failed after {seconds:.1f} s: {describe_exit(outcome.exit_code)}"
@@ -115,9 +132,12 @@ def launch_job(request: JobRequest, launcher: Launcher, on_line: LineSink | None
 
 
 def describe_exit(exit_code: int | None) -> str:
-    """Human text for a process exit code: ``exit code 3``, ``killed by SIGKILL``, ``exit code unknown``."""
+    """Human text for a process exit code: ``exit code 3``, ``killed by SIGKILL``, ``exit code unknown``,
+    ``preempted (exit code 75)`` (:data:`~mugrpo.common.preemption.PREEMPTED_EXIT_CODE`)."""
     if exit_code is None:
         return "exit code unknown"
+    if exit_code == PREEMPTED_EXIT_CODE:
+        return f"preempted (exit code {exit_code})"
     if exit_code < 0:
         try:
             return f"killed by {signal.Signals(-exit_code).name}"

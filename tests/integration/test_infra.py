@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import json
 import os
 import re
@@ -32,6 +33,7 @@ from _prefect import (  # noqa: F401  (fixtures)
     run_deployment_and_wait,
 )
 
+from mugrpo.common.preemption import GRACE_ENV
 from tasks.kubernetes.manifests import build_job_manifest
 from tasks.kubernetes.settings import KubernetesJobSettings
 from tasks.launchers.request import JobRequest
@@ -254,6 +256,31 @@ def test_cpu_job_manifest_has_no_gpu_scheduling_and_names_are_valid():
     assert re.fullmatch(r"mugrpo-a-run-with-odd-chars-[a-z0-9-]+-train-a1-[0-9a-f]{8}", name) and len(name) <= 63
     assert name == build_job_manifest(request, settings)["metadata"]["name"]
     assert len(manifest["metadata"]["labels"]["mugrpo/run"]) <= 63
+
+
+def test_the_jobs_grace_sets_its_pods_termination_grace_period():
+    """MUGRPO_STOP_GRACE_S in a job's env (the run flow passes it to every job) gives its pod that grace between the
+    SIGTERM of an eviction or a node drain and the SIGKILL: terminationGracePeriodSeconds, whole seconds, >= 1. Without
+    it the pod keeps Kubernetes' default (30 s) and the pod template its hash; a grace changes the hash (a Job of
+    another grace is another pod template)."""
+    plain = build_job_manifest(EXAMPLE_REQUEST, EXAMPLE_SETTINGS)
+    assert "terminationGracePeriodSeconds" not in plain["spec"]["template"]["spec"]
+
+    def with_grace(grace: str) -> dict:
+        env = {**EXAMPLE_REQUEST.env, GRACE_ENV: grace}
+        return build_job_manifest(dataclasses.replace(EXAMPLE_REQUEST, env=env), EXAMPLE_SETTINGS)
+
+    hashes = {plain["metadata"]["annotations"]["mugrpo/template-hash"]}
+    for grace, seconds in (("20", 20), ("19.2", 20), ("0.3", 1), ("0", 1)):
+        manifest = with_grace(grace)
+        validate_strict(manifest)
+        assert manifest["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == seconds
+        assert container_env(manifest)[GRACE_ENV] == {"name": GRACE_ENV, "value": grace}  # the job reads it too
+        hashes.add(manifest["metadata"]["annotations"]["mugrpo/template-hash"])
+    assert len(hashes) == 5  # the grace (and the env that carries it) is part of the pod template
+    assert "terminationGracePeriodSeconds" not in with_grace("")["spec"]["template"]["spec"]
+    with pytest.raises(ValueError, match=GRACE_ENV):
+        with_grace("soon")
 
 
 def test_workload_identity_null_secret_in_job_settings_wins_over_the_template_variable():
