@@ -67,6 +67,9 @@ class LeaseRecord:
     heartbeat_at: float
     expires_at: float
     released: bool = False
+    #: Where the holder writes: the URI of its lease file (empty in leases written before it was recorded). A lease
+    #: read at another URI came along with a copy of the run folder.
+    uri: str = ""
 
     def to_bytes(self) -> bytes:
         return (json.dumps(asdict(self), indent=2, sort_keys=True) + "\n").encode()
@@ -78,9 +81,18 @@ class LeaseRecord:
         except (ValueError, TypeError) as e:
             raise StorageError(f"{where} is not a valid run lease ({e}); delete it if no run is writing") from e
 
-    def describe(self, now: float) -> str:
+    def describe(self, now: float, where: str = "") -> str:
+        """Who holds the lease and until when; read at ``where`` (the URI of the lease file read), a lease its
+        holder wrote elsewhere (a copied run folder) also says which folder the holder is writing."""
         when = datetime.fromtimestamp(self.heartbeat_at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-        return f"{self.owner} (last heartbeat {when}, lease expires in {max(self.expires_at - now, 0):.0f} s)"
+        text = f"{self.owner} (last heartbeat {when}, lease expires in {max(self.expires_at - now, 0):.0f} s)"
+        if self.uri and where and self.uri != where:
+            folder = self.uri.rsplit("/", 1)[0]
+            text += (
+                f", which is writing {folder}: this folder is a copy of that run, its lease copied along; "
+                f"delete {where.rsplit('/', 1)[-1]} in the copy to run the copy"
+            )
+        return text
 
     def stale(self, now: float) -> str | None:
         """Why the lease can be taken over, or None if its holder is live."""
@@ -142,6 +154,7 @@ class RunLease:
             acquired_at=now,
             heartbeat_at=now,
             expires_at=now + self.ttl_s,
+            uri=self.store.uri(self.rel),
         )
 
     def try_acquire(self) -> str | None:
@@ -160,7 +173,7 @@ class RunLease:
             return self.try_acquire()
         holder = LeaseRecord.from_bytes(current[0], self.store.uri(self.rel))
         if holder.stale(now) is None:
-            return holder.describe(now)
+            return holder.describe(now, self.store.uri(self.rel))
         try:
             self.version = self.store.replace_if(self.rel, record.to_bytes(), current[1])
         except PreconditionFailed:
@@ -286,9 +299,10 @@ def live_holder(store: Store, run_id: str) -> str | None:
     current = store.read_versioned(RunLayout(run_id).lease)
     if current is None:
         return None
-    holder = LeaseRecord.from_bytes(current[0], store.uri(RunLayout(run_id).lease))
+    where = store.uri(RunLayout(run_id).lease)
+    holder = LeaseRecord.from_bytes(current[0], where)
     now = time.time()
-    return None if holder.stale(now) else holder.describe(now)
+    return None if holder.stale(now) else holder.describe(now, where)
 
 
 class LeaseFence:
@@ -358,5 +372,6 @@ def check_fence(store: Store, run_id: str, what: str) -> None:
             )
     elif holder.stale(now) is None:
         raise LeaseFenced(
-            f"refusing to commit {store.uri(what)}: run {run_id!r} is being written by {holder.describe(now)}"
+            f"refusing to commit {store.uri(what)}: run {run_id!r} is being written by "
+            f"{holder.describe(now, store.uri(rel))}"
         )

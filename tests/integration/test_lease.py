@@ -82,6 +82,25 @@ def test_second_writer_is_refused_naming_the_holder(store):
         assert again.record.token != first.token
 
 
+def test_a_copied_run_folder_is_refused_naming_the_folder_the_live_writer_writes(tmp_path):
+    """``cp -r`` of a run folder while its writer runs copies its live lease: the copy is refused, and the refusal
+    says which folder the writer is writing and how to run the copy (issue 61)."""
+    import shutil
+
+    original = Store(str(tmp_path / "runs"))
+    with RunLease(original, RUN, ttl_s=30):
+        shutil.copytree(tmp_path / "runs", tmp_path / "copy")
+        copy = Store(str(tmp_path / "copy"))
+        with pytest.raises(RunLeaseHeld) as refused:
+            RunLease(copy, RUN, ttl_s=30).acquire()
+        said = str(refused.value)
+        assert f"which is writing {original.uri(RUN)}: this folder is a copy of that run" in said
+        assert "delete _lease.json in the copy" in said
+        with pytest.raises(RunLeaseHeld) as again:  # the run's own folder: no copy to speak of
+            RunLease(original, RUN, ttl_s=30).acquire()
+        assert "copy" not in str(again.value)
+
+
 def test_a_live_lease_of_another_host_is_refused_then_taken_over_once_expired(store):
     foreign_lease(store, expires_in=1.5)
     with pytest.raises(RunLeaseHeld, match="other-host:1"):
