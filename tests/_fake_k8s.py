@@ -72,6 +72,7 @@ class Plan:
         replacement: what the replacement pod of an evicted one does; None: no replacement, the Job fails with
             the evicted pod's exit code (a cluster whose Job controller does not honour ``podFailurePolicy``).
         run: run the container's command as a local subprocess instead of playing ``lines`` / ``exit_code``.
+        evict_on: with ``run``, evict the pod at the first output line containing this text (instead of a count).
     """
 
     lines: list[str] = field(default_factory=list)
@@ -87,6 +88,7 @@ class Plan:
     eviction_reason: str = "EvictionByEvictionAPI"
     replacement: Plan | None = None
     run: bool = False
+    evict_on: str | None = None
 
 
 @dataclass
@@ -392,7 +394,7 @@ class FakeKubernetes:
         for n, raw in enumerate(proc.stdout, start=1):
             with self.lock:
                 self.logs[pod].append((self._now(), raw.decode("utf-8", "replace").rstrip("\r\n")))
-                if n == plan.evict_after:
+                if n == plan.evict_after or (plan.evict_on is not None and plan.evict_on in self.logs[pod][-1][1]):
                     self._evict(pod)
                 self._changed.notify_all()
         code = proc.wait()

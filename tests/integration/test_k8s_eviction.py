@@ -249,5 +249,46 @@ def test_a_real_job_that_cannot_save_within_its_grace_is_killed_and_is_not_a_pre
     assert not (tmp_path / "state.json").exists()
 
 
+@pytest.mark.slow
+def test_the_real_train_job_evicted_mid_stage_resumes_exactly_on_its_replacement(k8s, tmp_path, tiny_model_dir):
+    """The real train job (tiny policy, 6 updates, a checkpoint every 2) in the fake kubelet, evicted while update 3
+    runs (the job's pause point ``train/stage=0/update=3``): it saves update 3 within its 20 s grace and exits 75,
+    the Job controller's replacement resumes after update 3 (nothing redone) and the Job completes; the published
+    policy equals an uninterrupted run's, bitwise."""
+    import torch
+    from _tiny import job_env, policy_weights, start_job, train_spec, write_spec
+
+    from bench.support.synthetic import commit_synthetic_stage
+    from mugrpo.commits.manifest import read_job_manifest
+    from mugrpo.common.faults import FAULT_ENV
+    from mugrpo.storage.layout import RunLayout
+    from mugrpo.storage.store import Store
+
+    train = {"updates_per_stage": 6, "checkpoint_every": 2, "warmup_updates": 1, "lr_schedule": "cosine"}
+    stores = {}
+    for name in ("straight", "evicted"):
+        stores[name] = Store(str(tmp_path / name))
+        commit_synthetic_stage(stores[name], "r1", tiny_model_dir, num_prompts=8, group_size=4, seed=11)
+        write_spec(train_spec(tmp_path / name, "r1", train=train), tmp_path / f"{name}.spec.json")
+    straight = start_job("train", tmp_path / "straight.spec.json", tmp_path / "straight.log")
+    fake = k8s(Plan(run=True, evict_on=f"{FAULT_ENV} train/stage=0/update=3", replacement=Plan(run=True)))
+    env = {**job_env(), GRACE_ENV: "20", FAULT_ENV: "train/stage=0/update=3:1"}
+    env["PYTHONPATH"] = f"{TESTS_DIR.parent}:{env.get('PYTHONPATH', '')}"
+    req = JobRequest(
+        kind="train", spec_url=str(tmp_path / "evicted.spec.json"), timeout_s=600, python=sys.executable, env=env
+    )
+    result, lines = run(req)
+    assert result.exit_code == 0, lines[-30:]
+    evicted, _ = pods_in_order(fake)
+    assert fake.signals == [("SIGTERM", evicted)]  # saved within the grace: no SIGKILL
+    said = "preempted: train stage 0: stopped by SIGTERM after update 3 of 6; saved at update 3 of 6, 0 update(s)"
+    assert any(line.startswith(said) for line in lines), lines[-30:]
+    assert read_job_manifest(stores["evicted"], "r1", 0, "train").counts["resumed_from"] == 3
+    assert straight.wait(timeout=300) == 0, (tmp_path / "straight.log").read_text()[-2000:]
+    a = policy_weights(stores["straight"], RunLayout("r1").policy_dir(1))
+    b = policy_weights(stores["evicted"], RunLayout("r1").policy_dir(1))
+    assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+
+
 if __name__ == "__main__":
     sys.exit(preemptible_job(sys.argv[1]))
