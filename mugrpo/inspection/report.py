@@ -22,6 +22,7 @@ from mugrpo.algorithms import excluding_columns  # noqa: E402
 from mugrpo.commits.exclusion import training_rows_sql  # noqa: E402
 from mugrpo.inspection.lineage import ForkInfo, collect_fork, lineage_section  # noqa: E402
 from mugrpo.sql import connect  # noqa: E402
+from mugrpo.sql.catalog import correctness_sql  # noqa: E402
 from schemas.tables import TRAIN_STEP_V4_COLUMNS  # noqa: E402
 
 CSS = """
@@ -51,8 +52,9 @@ class ReportData:
     fork: ForkInfo | None = None  # a fork's parent and its paired differences (evals: the parent's for stages <= K)
 
 
-#: The correctness component of a rollout: math_correctness, or the reasoning_gym task's own score (mugrpo.data.gym).
-CORRECTNESS = "coalesce(reward_components['math_correctness'], reward_components['reasoning_gym'])"
+#: The correctness of a rollout: its math_correctness, reasoning_gym_exact or reasoning_gym component (the first one
+#: its reward has, :data:`mugrpo.sql.catalog.CORRECTNESS_COMPONENTS`).
+CORRECTNESS = correctness_sql()
 #: Example rollouts shown per stage (the first sample of the stage's first prompts by prompt id).
 EXAMPLES_PER_STAGE = 3
 
@@ -449,7 +451,8 @@ and the batch identity (docs/sql.md, "Health panel"). The latest {HEALTH_TABLE_R
 <h2>Rollouts and response lengths</h2>
 {lengths}
 <p>mean reward = the weighted sum of the components; correctness = the mean correctness component
-(math_correctness, or the reasoning-gym task's score); correct = share of rollouts with correctness 1; boxed rate =
+(math_correctness, reasoning_gym_exact or the reasoning-gym task's score); correct = share of rollouts with
+correctness 1; boxed rate =
 share with a boxed answer (the format component).</p>
 <h2>Example rollouts</h2>
 <p>The first sample of {EXAMPLES_PER_STAGE} prompts per stage.</p>

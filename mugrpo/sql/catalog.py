@@ -64,6 +64,19 @@ from schemas import OLDER_DEFAULTS, OLDER_SCHEMAS, STAGE_VIEW_SCHEMA, TABLES, St
 log = logging.getLogger(__name__)
 
 #: One row per run (the ``runs`` view; ``config`` is exposed as DuckDB JSON).
+#: The reward components that say whether a rollout's answer is right, most exact first: math-verify's
+#: ``math_correctness``, the reasoning-gym task's ``reasoning_gym_exact`` (1 only when exact), then its
+#: ``reasoning_gym`` score (partial credit below 1). A run's reward has one of them (mugrpo.rewards registers them).
+CORRECTNESS_COMPONENTS = ("math_correctness", "reasoning_gym_exact", "reasoning_gym")
+
+
+def correctness_sql(default: str | None = None) -> str:
+    """The SQL expression of a rollout's correctness: the first of :data:`CORRECTNESS_COMPONENTS` its
+    ``reward_components`` map holds, else ``default`` (a SQL literal; None: NULL)."""
+    terms = [f"reward_components['{name}']" for name in CORRECTNESS_COMPONENTS]
+    return f"coalesce({', '.join(terms + ([default] if default is not None else []))})"
+
+
 RUNS_SCHEMA = pa.schema(
     [
         pa.field("run_id", pa.string()),
@@ -141,7 +154,7 @@ EVAL_VIEWS = {
                    extracted_answer
             FROM rollouts
             WHERE reward_status = 'ok'
-              AND coalesce(reward_components['math_correctness'], reward_components['reasoning_gym'], 1.0) < 1.0
+              AND {correctness} < 1.0
             UNION ALL
             SELECT 'evals', run_id, stage, prompt_id, sample_idx, response_text, ground_truth, extracted_answer
             FROM evals WHERE reward_status = 'ok' AND NOT correct
@@ -155,7 +168,7 @@ EVAL_VIEWS = {
         SELECT *, coalesce(numeric_gold IS NOT NULL AND loose_answer IS NOT NULL
                            AND abs(loose_answer - numeric_gold) <= 1e-6 * greatest(1.0, abs(numeric_gold)), false)
                   AS loose_accepts
-        FROM readings""",
+        FROM readings""".replace("{correctness}", correctness_sql("1.0")),
     "verifier_audit": """
         SELECT source, run_id, stage, count(*) AS wrong, count(numeric_gold) AS numeric_gold,
                count(*) FILTER (WHERE loose_accepts) AS loose_accepts,

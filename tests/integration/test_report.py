@@ -83,6 +83,27 @@ def test_report_content(tmp_path: Path):
     assert "Verifier audit: wrong by the reward, right by a looser reading" in page
 
 
+@pytest.mark.parametrize("component", ["reasoning_gym_exact", "math_correctness"])
+def test_the_per_stage_correctness_reads_the_tasks_exact_component(tmp_path: Path, component: str):
+    """A run rewarded by reasoning-gym's exact score (the main job's reward) or math-verify: the report's correctness
+    and correct columns are the share of exactly right rollouts per stage, not None and 0 (issue 62)."""
+    import pyarrow.parquet as pq
+
+    write_run(Store(str(tmp_path)), "r1", correctness=component)
+    data = collect(str(tmp_path / "r1"))
+    rollouts = [
+        r for f in sorted((tmp_path / "r1" / "rollouts").rglob("*.parquet")) for r in pq.read_table(f).to_pylist()
+    ]
+    for row in data.rollouts_by_stage:
+        scores = [
+            dict(r["reward_components"])[component] for r in rollouts if r["policy_version"] == row["policy_version"]
+        ]
+        assert 0 < sum(scores) < len(scores)
+        assert row["accuracy"] == pytest.approx(sum(s == 1.0 for s in scores) / len(scores))
+        assert row["correctness"] == pytest.approx(sum(scores) / len(scores))
+    assert all(e["correctness"] is not None for e in data.examples)
+
+
 def test_report_renders_in_headless_chromium(tmp_path: Path):
     exe = chromium()
     write_run(Store(str(tmp_path)), "r1")

@@ -37,7 +37,7 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 STAGES, PROMPTS, GROUP, UPDATES, EVAL_PROMPTS = 2, 3, 4, 3, 4
 
 
-def _rollout_rows(run_id: str, stage: int, skill: float) -> list[dict]:
+def _rollout_rows(run_id: str, stage: int, skill: float, correctness: str = "correctness") -> list[dict]:
     rows = []
     for p in range(PROMPTS):
         for i in range(GROUP):
@@ -59,7 +59,7 @@ def _rollout_rows(run_id: str, stage: int, skill: float) -> list[dict]:
                     "finish_reason": "length" if n > 50 else "stop",
                     "num_tokens": n,
                     "reward": float(correct),
-                    "reward_components": {"correctness": float(correct), "format": 1.0},
+                    "reward_components": {correctness: float(correct), "format": 1.0},
                     "reward_status": "ok",
                     "ground_truth": str(2 * p),
                     "extracted_answer": str(2 * p if correct else p),
@@ -139,13 +139,16 @@ def _eval_rows(run_id: str, stage: int, skill: float) -> list[dict]:
     ]
 
 
-def write_run(store: Store, run_id: str, *, skill: float = 0.5, run_json: bool = True) -> None:
-    """A small committed run: STAGES stages of rollouts, train steps, one eval benchmark and manifests."""
+def write_run(
+    store: Store, run_id: str, *, skill: float = 0.5, run_json: bool = True, correctness: str = "correctness"
+) -> None:
+    """A small committed run: STAGES stages of rollouts, train steps, one eval benchmark and manifests;
+    ``correctness``: the name of the rollouts' correctness reward component."""
     layout = RunLayout(run_id)
     if run_json:
         store.write_json(layout.run_json, {"created_at": T0.isoformat(), "code_version": "abc123", "config": {"mu": 8}})
     for k in range(STAGES):
-        rows = _rollout_rows(run_id, k, skill + 0.25 * k)
+        rows = _rollout_rows(run_id, k, skill + 0.25 * k, correctness)
         shards = [rows[:GROUP], rows[GROUP:]]  # two shards; a group never spans two shards
         files = []
         for s, shard in enumerate(shards):
