@@ -10,6 +10,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger, tags
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
+from prefect.runtime import flow_run as current_flow_run
 
 from flows.exclusive import one_flow_run_per_run_id
 from flows.stage import launch_workers, segment_flow, stage_flow
@@ -21,6 +22,7 @@ from mugrpo.config.precision import SHOWN_ENV, describe
 from mugrpo.coordination.lease import RunLease, held_lease
 from mugrpo.orchestration.runs import open_store, start_run, write_final_eval_spec
 from mugrpo.tracking.session import TrackingSession
+from tasks.stops import note_flow_run
 
 
 def artifact_key(run_id: str, suffix: str) -> str:
@@ -57,6 +59,10 @@ def run_flow(config: dict[str, Any]) -> dict[str, Any]:
     At most one flow run per run id runs at a time (flows/exclusive.py: a Prefect global concurrency limit
     ``mugrpo-run:{run id}`` of one slot, a lease that frees itself minutes after its holder died).
 
+    A stop of ``mugrpo run`` (Ctrl-C, SIGTERM) marks this flow run, its stage flow runs and their unfinished task
+    runs ``Cancelled``, with the resume command in the state's message (:func:`tasks.stops.cancel_flow_runs`: the
+    flow run notes its id here), instead of the ``Crashed`` Prefect's engine gives a run a signal unwound.
+
     Raises:
         mugrpo.orchestration.runs.ConfigMismatchError: the run id exists with a config that differs in a semantic key.
         mugrpo.orchestration.runs.InputChangedError: an input (training set, eval set, initial weights, tokenizer)
@@ -67,6 +73,7 @@ def run_flow(config: dict[str, Any]) -> dict[str, Any]:
         mugrpo.commits.verify.CorruptedRunError: a committed file is corrupted or missing (names it and the
             recovery).
     """
+    note_flow_run(current_flow_run.id)  # a stop of `mugrpo run` in this process marks it Cancelled
     cfg = config_from_dict(config, source="run_flow(config)")
     with one_flow_run_per_run_id(cfg.run.id):  # flows/exclusive.py: two flow runs of one run id never overlap
         return _run(cfg)

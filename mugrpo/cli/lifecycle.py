@@ -1,4 +1,5 @@
-"""What a running ``mugrpo run`` owns besides the flow: the stop controller (Ctrl-C / SIGTERM), the temporary Prefect
+"""What a running ``mugrpo run`` owns besides the flow: the stop controller (Ctrl-C / SIGTERM) and what a stop does
+in Prefect (its flow runs marked ``Cancelled``, the engine's crash lines kept off the console), the temporary Prefect
 server in a session of its own, and the console filter that keeps a failure this command prints itself to one
 block."""
 
@@ -26,7 +27,9 @@ def prefect_env() -> None:
 
 
 def stop_controller(cfg, uri: str):
-    """The run's :class:`tasks.stops.StopController`, installed: its grace is ``orchestration.stop_grace_s``."""
+    """The run's :class:`tasks.stops.StopController`, installed: its grace is ``orchestration.stop_grace_s``, of
+    which the jobs get :func:`mugrpo.common.preemption.job_grace_s` from their SIGTERM to their SIGKILL (what the
+    launchers tell them) and the cleanups the rest."""
     from tasks.stops import StopController
 
     options = "".join(
@@ -51,6 +54,58 @@ def stop_controller(cfg, uri: str):
     ).install()
 
 
+def cancel_flow_runs_at_stop(stops) -> None:
+    """At a stop (a cleanup of ``stops``, before the temporary Prefect server stops): mark the run's flow runs
+    ``Cancelled`` in the Prefect API with the stop's message (:func:`tasks.stops.cancel_flow_runs`), within what the
+    cleanups' reserve allows; one yellow line when the API did not take it (the flow run then keeps the
+    ``Crashed`` Prefect's engine gave it)."""
+    from tasks.stops import CANCEL_TIMEOUT_S, cancel_flow_runs
+
+    try:
+        cancel_flow_runs(stops.message(), timeout_s=min(CANCEL_TIMEOUT_S, max(stops.seconds_left() - 2.0, 0.5)))
+    except Exception as e:  # noqa: BLE001 - the stop goes on: the lease, the server, the resume line
+        err.print(
+            f"stop: the Prefect flow run could not be marked Cancelled ({type(e).__name__}: {e})",
+            style="yellow",
+            markup=False,
+            highlight=False,
+        )
+
+
+#: The lines Prefect's engine logs for a flow or task run that a signal unwound (``handle_crash`` in
+#: ``prefect/flow_engine.py`` and ``prefect/task_engine.py``, the messages of
+#: ``prefect.states.exception_to_crashed_state``, Prefect 3.x): a stop is no crash.
+_CRASH_LINES = ("Crash detected!", "Finished in state Crashed")
+_SIGNAL_CRASHES = ("aborted by an interrupt signal", "aborted by a termination signal")
+
+
+def quiet_stop_crashes(stops) -> None:
+    """Keep Prefect's crash lines (``Crash detected! Execution was aborted by a termination signal.``, ``Finished
+    in state Crashed(...)``) off the console when a stop unwound the flow: while ``stops`` is stopping, or when the
+    line names the signal (Prefect may log it before the signal's thread has counted it). The stop prints its own
+    lines and the flow runs end ``Cancelled`` (:func:`cancel_flow_runs_at_stop`); a crash of any other cause is
+    shown as before, and Prefect's API keeps every record. A second call (another run in this process) replaces the
+    first one's filter."""
+    import logging
+
+    class _StopCrashes(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            if not record.name.startswith("prefect"):
+                return True
+            text = record.getMessage()
+            if not text.startswith(_CRASH_LINES):
+                return True
+            return not (stops.stopping or any(m in text for m in _SIGNAL_CRASHES))
+
+    quiet = _StopCrashes()
+    for logger in [logging.getLogger(), *map(logging.getLogger, list(logging.root.manager.loggerDict))]:
+        for handler in getattr(logger, "handlers", []):  # the console only
+            if isinstance(handler, logging.StreamHandler):
+                for old in [f for f in handler.filters if type(f).__name__ == _StopCrashes.__name__]:
+                    handler.removeFilter(old)
+                handler.addFilter(quiet)
+
+
 @contextlib.contextmanager
 def prefect_server(stops):
     """Without ``PREFECT_API_URL``: start the temporary Prefect server in a session of its own
@@ -64,7 +119,8 @@ def prefect_server(stops):
         yield
         return
     server = TemporaryPrefectServer()
-    stops.add_cleanup("temporary Prefect server", server.stop)
+    # at a stop, after the flow runs were marked Cancelled, within what is left of the grace
+    stops.add_cleanup("temporary Prefect server", lambda: server.stop(min(5.0, max(stops.seconds_left() - 1.0, 0.5))))
     console.print("starting the temporary Prefect server (set PREFECT_API_URL to use a running one)")
     url = server.start(stopping=lambda: stops.stopping)
     in_process = "prefect" in sys.modules  # imported already (the CLI invoked in a test's process): settings read

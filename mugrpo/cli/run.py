@@ -20,12 +20,23 @@ from mugrpo.cli.app import (
     storage_options,
     stored_config,
 )
-from mugrpo.cli.lifecycle import prefect_env, prefect_server, quiet_clean_failures, stop_controller
+from mugrpo.cli.lifecycle import (
+    cancel_flow_runs_at_stop,
+    prefect_env,
+    prefect_server,
+    quiet_clean_failures,
+    quiet_stop_crashes,
+    stop_controller,
+)
 from mugrpo.storage.cli_support import storage_guard
 
 
 def execute(cfg) -> None:
-    """Preflight, then the run flow under the run lease, the stop controller and the temporary Prefect server."""
+    """Preflight, then the run flow under the run lease, the stop controller and the temporary Prefect server.
+
+    A stop (Ctrl-C, SIGTERM: :mod:`tasks.stops`) gives the running jobs their share of
+    ``orchestration.stop_grace_s`` to save their work, then releases the lease, marks the flow runs ``Cancelled``
+    in the Prefect API, stops the temporary server, prints the resume command and exits 130 / 143."""
     prefect_env()
     from mugrpo.config.precision import SHOWN_ENV, describe
     from mugrpo.coordination.lease import RunLease, RunLeaseHeld
@@ -59,10 +70,12 @@ def execute(cfg) -> None:
             err.print(f"Error: cannot take the run lease of {uri}: {e}", style="red", markup=False, highlight=False)
             raise typer.Exit(2) from None
         stops.add_cleanup("run lease", lambda: _release(lease))  # fenced: a lease taken over is left alone
+        # a stop is no crash: the flow runs end Cancelled with the resume command (before the server stops)
+        stops.add_cleanup("Prefect flow runs", lambda: cancel_flow_runs_at_stop(stops))
         lease.cleared = cleared  # the flow builds on these checks instead of making them again
         try:
             with prefect_server(stops):
-                _run_flow(cfg, uri)
+                _run_flow(cfg, uri, stops)
         finally:
             if not stops.stopping:
                 _release(lease)
@@ -113,7 +126,7 @@ def _taken_over(cfg, uri: str, detail: str) -> None:
     raise typer.Exit(3)
 
 
-def _run_flow(cfg, uri: str) -> None:
+def _run_flow(cfg, uri: str, stops) -> None:
     from flows.run import run_flow
     from mugrpo.commits.verify import CorruptedRunError
     from mugrpo.coordination.lease import LeaseFenced, RunLeaseHeld
@@ -129,6 +142,7 @@ def _run_flow(cfg, uri: str) -> None:
     from mugrpo.provenance.refusals import RunRefused as Refused
 
     quiet_clean_failures(Refused, RunLeaseHeld, LeaseFenced, CorruptedRunError, StorageError, JobError)
+    quiet_stop_crashes(stops)  # a stop unwinds the flow: not a crash (tasks/stops.py)
     quiet_library_bars()  # the flow process converts the initial policy (GGUF -> HF): no bar frames in a log
     try:
         result = run_flow(config=cfg.to_json_dict())

@@ -35,10 +35,14 @@ class OrchestrationSection(_Section):
         25.0,
         ge=1,
         description="Seconds `mugrpo run` / `resume` takes to stop after Ctrl-C or SIGTERM (to its process group or "
-        "its pid): running jobs get SIGTERM, then SIGKILL; the run lease is released, the temporary Prefect server "
-        "stopped and the resume command printed; past this grace the process exits anyway (exit code 130 for "
-        "SIGINT, 143 for SIGTERM). A second Ctrl-C stops at once. Under Kubernetes' default 30 s "
-        "terminationGracePeriodSeconds.",
+        "its pid). Running jobs get SIGTERM and the jobs' share of it to save their work (the grace less the CLI's "
+        "cleanup reserve of min(5 s, half the grace): 20 s of the default 25 s; a train job saves a checkpoint and "
+        "exits 75), then SIGKILL; jobs are told their share (MUGRPO_STOP_GRACE_S), and on Kubernetes it is their "
+        "pods' terminationGracePeriodSeconds, so an eviction or a node drain gives them the same time. In the "
+        "reserve the run lease is released, the Prefect flow run marked Cancelled (not Crashed), the temporary "
+        "Prefect server stopped and the resume command printed; past this grace the process exits anyway (exit "
+        "code 130 for SIGINT, 143 for SIGTERM). A second Ctrl-C stops at once. Keep it under the "
+        "terminationGracePeriodSeconds of a pod that runs `mugrpo run` itself (Kubernetes' default 30 s).",
     )
     verify_on_resume: Literal["quick", "full", "off"] = Field(
         "quick",

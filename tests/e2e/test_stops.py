@@ -4,6 +4,12 @@ group, ``timeout``, ``docker stop``) or to its pid (Kubernetes), ends ``mugrpo r
 pools, the temporary Prefect server), releases the run lease and prints the resume command; ``mugrpo resume`` then
 gives the rollouts and final weights of an uninterrupted run (bitwise, on CPU).
 
+A stop reads as a stop (issue 61): no "Crash detected" line of Prefect's in the output, and on the test server the
+run's flow run ends ``Cancelled`` (not ``Crashed``) with the signal and the resume command in its message, its stage
+flow runs ``Cancelled`` or ``Completed``. The jobs get their share of the grace: a train job held inside a checkpoint
+write (it cannot exit early) is SIGKILLed only ``job_grace_s(stop_grace_s)`` after its SIGTERM, even for a SIGTERM
+that Prefect's flow engine took (and re-sent, which once read as a second signal).
+
 Moments: the temporary Prefect server's start, generation, training, inside a checkpoint write (the train job paused
 between the temporary file and the rename of a checkpoint marker, ``MUGRPO_FAULT_PAUSE``), a pre-started job
 waiting at its start gate, the final evaluation. The signal and its target rotate over the moments (each of SIGINT /
@@ -43,6 +49,7 @@ from safetensors.torch import load_file
 
 from bench.support.chaos.procs import wait_gone
 from mugrpo.cli.lifecycle import RESTART_HINT, RESUME_HINT
+from mugrpo.common.preemption import job_grace_s
 
 pytestmark = pytest.mark.slow
 
@@ -148,6 +155,24 @@ def _start(cfg: Path, env: dict, log: Path) -> subprocess.Popen:
     )
 
 
+def flow_runs_of(root: Path):
+    """The ``mugrpo-run`` flow run of the run stored under ``root`` (on the test server) and its subflow runs."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterParentFlowRunId
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    with get_client(sync_client=True) as client:
+        recent = client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=["mugrpo-run"])), sort=FlowRunSort.START_TIME_DESC, limit=50
+        )
+        mine = [r for r in recent if r.parameters.get("config", {}).get("run", {}).get("root") == str(root)]
+        assert len(mine) == 1, [(r.name, r.parameters.get("config", {}).get("run")) for r in recent[:5]]
+        children = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[mine[0].id]))
+        )
+    return mine[0], children
+
+
 def final_weights(root: Path) -> dict:
     return load_file(str(root / RUN / "policies" / "stage=2" / "model.safetensors"))
 
@@ -217,6 +242,20 @@ def test_a_stop_ends_within_the_grace_then_resume_matches_the_uninterrupted_run(
     print(f"{moment}: {sig.name} to the {target}, exit {code} after {took:.1f} s")
     assert code == 128 + sig, f"{moment}: exit code {code}, expected {128 + sig}:\n{text[-4000:]}"
     assert took <= GRACE_S + SLACK_S, f"{moment}: exit {took:.1f} s after {sig.name}, grace {GRACE_S} s"
+    if moment == "checkpoint-write":  # the job cannot exit inside its paused commit: SIGKILLed after its share only
+        assert took >= job_grace_s(GRACE_S) - 0.5, f"{moment}: the job got {took:.1f} s of {job_grace_s(GRACE_S)} s"
+    # a stop reads as a stop: none of Prefect's crash lines, and the flow run Cancelled (issue 61)
+    assert "Crash detected" not in text and "Finished in state Crashed" not in text, text[-4000:]
+    if not own_server:  # the test server outlives the CLI: ask it (the CLI stops its own temporary one)
+        flow_run, subflows = flow_runs_of(root)
+        state = flow_run.state
+        print(f"{moment}: flow run {flow_run.name} {state.name if state else None}: {state.message if state else ''}")
+        assert state is not None and state.type.value == "CANCELLED", f"{moment}: flow run {state!r}"
+        assert state.message.startswith(f"stopped by {sig.name}; "), state.message
+        assert "mugrpo resume" in state.message or "mugrpo run" in state.message, state.message
+        assert subflows and all(r.state.type.value in ("CANCELLED", "COMPLETED") for r in subflows), [
+            (r.name, r.state) for r in subflows
+        ]
     left = wait_gone(list(tree))  # the killed sessions' last processes are reaped by init
     assert not left, f"{moment}: processes left behind: {[(p, job_cmdline(p)[:120]) for p in left]}"
     assert json.loads((run / "_lease.json").read_text())["released"] is True, (run / "_lease.json").read_text()
