@@ -29,6 +29,9 @@ GRACE_ENV = "MUGRPO_STOP_GRACE_S"
 #: Seconds of ``orchestration.stop_grace_s`` that ``mugrpo run`` keeps for its own cleanups after the jobs' wait
 #: (lease release, Prefect server, resume line): the jobs get the rest (:func:`job_grace_s`).
 CLEANUP_RESERVE_S = 5.0
+#: Seconds between re-deliveries of an interrupting notice's signal until the job acknowledges it (a
+#: :class:`PreemptionInterrupt` raised inside a destructor is printed and dropped by the interpreter).
+REDELIVER_S = 0.5
 #: Grace assumed when :data:`GRACE_ENV` is not set (a job started by hand): Kubernetes' default
 #: ``terminationGracePeriodSeconds``.
 DEFAULT_GRACE_S = 30.0
@@ -106,6 +109,7 @@ class PreemptionNotice:
         self.signal_name = ""
         self._event = threading.Event()
         self._interrupt = False
+        self._acknowledged = threading.Event()
 
     @classmethod
     def from_env(cls) -> PreemptionNotice:
@@ -114,7 +118,8 @@ class PreemptionNotice:
 
     def install(self, signals: tuple[int, ...] = (signal.SIGTERM,), *, interrupt: bool = False) -> PreemptionNotice:
         """Record ``signals`` from now on instead of dying of them (main thread only); with ``interrupt``, the first
-        one also raises :class:`PreemptionInterrupt` in the main thread. Returns self."""
+        one also raises :class:`PreemptionInterrupt` in the main thread, again every :data:`REDELIVER_S` until
+        :meth:`acknowledge` (a raise that lands in a destructor is dropped). Returns self."""
         self._interrupt = interrupt
         for sig in signals:
             signal.signal(sig, self._handler)
@@ -123,8 +128,19 @@ class PreemptionNotice:
     def _handler(self, signum: int, frame: object) -> None:
         first = self.received_at is None
         self.notify(signal.Signals(signum).name)
-        if first and self._interrupt:
-            raise PreemptionInterrupt(self.signal_name)
+        if not self._interrupt or self._acknowledged.is_set():
+            return
+        if first:  # a raise that lands in a destructor is only printed: re-deliver until the job acknowledges it
+            threading.Thread(target=self._redeliver, args=(signum,), name="preemption-redeliver", daemon=True).start()
+        raise PreemptionInterrupt(self.signal_name)
+
+    def _redeliver(self, signum: int) -> None:
+        while not self._acknowledged.wait(REDELIVER_S):
+            signal.pthread_kill(threading.main_thread().ident, signum)
+
+    def acknowledge(self) -> None:
+        """The job caught :class:`PreemptionInterrupt` and is stopping: no further raise, no re-delivery."""
+        self._acknowledged.set()
 
     def notify(self, name: str = "SIGTERM") -> None:
         """Record a notice now (the signal handler calls it; the first one counts)."""

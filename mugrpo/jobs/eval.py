@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> None:
         with refuse_untrusted("eval", spec.stage):
             run_eval(spec, origin=PROCESS_START, gate=StartGate(spec))
     except PreemptionInterrupt:
+        notice.acknowledge()
         preempted(
             f"eval stage {spec.stage}: stopped by {notice.signal_name}; the benchmark being evaluated is discarded"
         )

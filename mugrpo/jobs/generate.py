@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         _generate(argv)
     except PreemptionInterrupt:
+        notice.acknowledge()
         preempted(
             f"generate: stopped by {notice.signal_name}; the shards complete by then are committed, the one being "
             "sampled is dropped (a re-run samples it again)"
