@@ -425,6 +425,7 @@ class StopController:
         with self._lock:
             if self.jobs_signalled_at is None:
                 self.jobs_signalled_at = time.monotonic()  # the jobs' share of the grace starts now
+            PROCESSES.jobs_kill_at = self._jobs_deadline()  # a launcher following a job waits until then for it
         signal_jobs(signal.SIGTERM)
         threading.Thread(target=self._watchdog, name="stop-watchdog", daemon=True).start()
 

@@ -105,6 +105,9 @@ class ProcessTable:
         self._prestart_pool: concurrent.futures.ThreadPoolExecutor | None = None
         #: Set once this process is stopping: the launcher starts no new job.
         self.stopping = threading.Event()
+        #: ``time.monotonic()`` at which a stop SIGKILLs the jobs it sent SIGTERM (:mod:`tasks.stops`: the jobs'
+        #: share of the grace, in which a job saves its work); None: no stop, or none set.
+        self.jobs_kill_at: float | None = None
 
     # -- running jobs -----------------------------------------------------------------------------------------
     def adopt(self, request: JobRequest, proc: subprocess.Popen, *, niced: bool = False) -> JobProcess:

@@ -19,6 +19,10 @@ from tasks.launchers.processes import EOF, PROCESSES, JobProcess, parent_death_s
 from tasks.launchers.protocol import Launcher, LineSink, register_launcher
 from tasks.launchers.request import JobRequest, LaunchOutcome
 
+#: Seconds an interrupted launcher waits for the stop controller to mark a stop (its thread may see the signal a
+#: moment after the interrupt reached the launcher's thread).
+STOP_SETTLE_S = 1.0
+
 
 @register_launcher("subprocess")
 class SubprocessLauncher(Launcher):
@@ -150,8 +154,15 @@ class SubprocessLauncher(Launcher):
                     self._terminate(proc, lines, on_line)
                     break
                 eof = self._drain(lines, on_line, wait_s=min(0.2, max(deadline - time.monotonic(), 0.0))) or eof
-        except BaseException:
-            # Cancellation or interrupt while waiting: the job must not outlive the task that launched it.
+        except BaseException as e:
+            # Cancellation or interrupt while waiting: the job must not outlive the task that launched it. At a stop
+            # (tasks.stops) it got its SIGTERM and saves its work in its share of the grace first: wait for that,
+            # its lines (what it saved) still reaching the log. The interrupt (KeyboardInterrupt, Prefect's
+            # TerminationSignal) may reach this thread a moment before the stop controller's thread marks the stop.
+            if not isinstance(e, Exception):
+                PROCESSES.stopping.wait(STOP_SETTLE_S)
+            if PROCESSES.stopping.is_set():
+                self._wait_for_save(job, on_line)
             signal_group(pgid, signal.SIGKILL)
             proc.wait()
             raise
@@ -168,6 +179,19 @@ class SubprocessLauncher(Launcher):
             # reader thread's lock, so the daemon thread keeps it until that process exits.)
             proc.stdout.close()
         return LaunchOutcome(exit_code=proc.wait(), job_id=f"pid {pgid}", timed_out=timed_out, detail=detail)
+
+    def _wait_for_save(self, job: JobProcess, on_line: LineSink) -> None:
+        """At a stop: stream the job's lines until it exits or the stop's SIGKILL time
+        (:attr:`~tasks.launchers.processes.ProcessTable.jobs_kill_at`; none set: no wait)."""
+        settle = time.monotonic() + STOP_SETTLE_S
+        while PROCESSES.jobs_kill_at is None and time.monotonic() < settle:
+            time.sleep(0.01)
+        until = PROCESSES.jobs_kill_at or 0.0
+        eof = False
+        while job.proc.poll() is None and time.monotonic() < until:
+            eof = self._drain(job.lines, on_line, wait_s=min(0.2, max(until - time.monotonic(), 0.0))) or eof
+        while not eof and job.proc.poll() is not None:
+            eof = self._drain(job.lines, on_line, wait_s=0.2)
 
     @staticmethod
     def _drain(lines: queue.Queue, on_line: LineSink, wait_s: float) -> bool:

@@ -57,6 +57,7 @@ GRACE_S = 25.0  # orchestration.stop_grace_s's default
 #: Slack of this test's own polling and of the interpreter's exit beyond the grace.
 SLACK_S = 3.0
 CKPT_PAUSE = "checkpoints/stage=0/step=000002/_COMPLETE"
+UPDATE_PAUSE = "train/stage=1/update=2"  # the train job's pause point: update 2 of stage 1 composed
 
 
 def _config(root: Path, model_dir: Path) -> dict:
@@ -114,6 +115,14 @@ MOMENTS = [
         False,
         {"MUGRPO_FAULT_PAUSE": f"{CKPT_PAUSE}:60"},
         lambda run, log, pid: _paused(run / "checkpoints/stage=0/step=000002", "_COMPLETE"),
+    ),
+    (  # the train job gets its SIGTERM from the CLI while update 2 of stage 1 runs: it saves it (issue 61)
+        "update-in-flight",
+        signal.SIGTERM,
+        "group",
+        False,
+        {"MUGRPO_FAULT_PAUSE": f"{UPDATE_PAUSE}:3"},
+        lambda run, log, pid: f"MUGRPO_FAULT_PAUSE {UPDATE_PAUSE}" in log.read_text(errors="replace"),
     ),
     (
         "prestarted-job-waiting",
@@ -266,8 +275,16 @@ def test_a_stop_ends_within_the_grace_then_resume_matches_the_uninterrupted_run(
         again = ["run", str(cfg)]
         assert f"{RESTART_HINT} mugrpo run {cfg}" in text, text[-2000:]
 
+    if moment == "update-in-flight":  # the job finished the update in flight and saved it: nothing to redo
+        record = json.loads((run / "jobs/stage=1/train.preempted.json").read_text())
+        assert (record["done"], record["saved"], record["lost"]) == (2, 2, 0), record
+        assert "preempted: train stage 1: stopped by SIGTERM after update 2 of 3; saved at update 2" in text
+
     resumed = run_cli(again, {k: v for k, v in env.items() if k != "MUGRPO_FAULT_PAUSE"}, log)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    if moment == "update-in-flight":
+        manifest = json.loads((run / "jobs/stage=1/train.manifest.json").read_text())
+        assert manifest["counts"]["resumed_from"] == 2, manifest["counts"]
     weights, rows = reference
     assert rollout_rows(root) == rows, f"{moment}: resumed rollouts differ from the uninterrupted run's"
     resumed_weights = final_weights(root)
