@@ -1,14 +1,17 @@
 """Chaos harness (docs/reliability.md): SIGKILL a random process of a tiny real run at N moments drawn from a seed
-(every third moment of an arm stops the run with SIGINT or SIGTERM instead, and checks the stop), resume after each,
-then check the resume invariants against an uninterrupted run.
+(every third moment of an arm stops the run with SIGINT or SIGTERM instead, and checks the stop; some moments evict
+one job with SIGTERM and its grace, as Kubernetes evicts a pod, and check the eviction), retry or resume after each,
+then check the resume invariants against an uninterrupted run and count the work each moment lost.
 
     python bench/chaos.py --seed 0 --moments 20     # full run (docs/reliability.md records one)
-    python bench/chaos.py --quick                   # CI: 6 moments, 2 stages (tests/e2e/test_chaos.py runs it)
+    python bench/chaos.py --quick                   # CI: 7 moments, 2 stages (tests/e2e/test_chaos.py runs it)
 
 Victims: the flow process, a generate / train / eval job (cold execution), a segment job (warm execution), a
 verifier worker, or the whole tree. Arms: cold and warm execution of the same tiny run (tiny random Llama with the
 real SmolLM2 tokenizer, real GSM8K rows, real job processes, a local Prefect server). It prints one line per moment,
-then ``N/N resumed, 0 lost, 0 duplicated, weights equal, ...`` or what differed, and exits 1 when an invariant broke.
+then ``N/N resumed, 0 lost, 0 duplicated, weights equal, ...``, the work lost per moment kind (``SIGKILL x3: 0.3
+updates, 0.0 shards; eviction x2: ...``: completed train updates trained again, generation shards sampled again) and
+what differed, and exits 1 when an invariant broke or a stop or an eviction broke a promise.
 The logic lives in ``bench/support/chaos/``.
 """
 
@@ -30,11 +33,11 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=0, help="draws the moments (arm, victim role, delay)")
-    ap.add_argument("--moments", type=int, default=None, help="kills (default 20; --quick: 6)")
+    ap.add_argument("--moments", type=int, default=None, help="kills, stops and evictions (default 20; --quick: 7)")
     ap.add_argument(
         "--quick",
         action="store_true",
-        help="CI mode: 6 moments on a 2-stage run, final evaluation only, one reference run shared by the arms",
+        help="CI mode: 7 moments on a 2-stage run, final evaluation only, one reference run shared by the arms",
     )
     ap.add_argument("--arms", default="cold,warm", help="comma-separated: cold, warm")
     ap.add_argument("--work", type=Path, default=None, help="folder for the runs and logs (default: a temp dir)")
@@ -61,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         shared = " (the shared reference)" if settings.shared_reference else ""
         print(
             f"{arm.arm}: uninterrupted {arm.reference_s:.0f} s{shared}; under chaos {arm.chaos_s:.0f} s "
-            f"({arm.killed} kills, {arm.not_reached} not reached)"
+            f"({arm.killed} moments, {arm.not_reached} not reached)"
         )
     print(f"total {time.monotonic() - t0:.0f} s")
     print(report.summary)

@@ -1,9 +1,11 @@
-"""The chaos harness's quick mode: 6 moments drawn from a seed over cold and warm execution of a tiny 2-stage run,
-4 SIGKILLs (the flow, a generate/train/eval/segment job, a verifier worker, or the whole tree) and 2 stops (SIGINT
-or SIGTERM to the flow's group or pid: exit within the grace, nothing left, lease released), a resume after each,
-then the invariants against uninterrupted runs: the run completes, every rollout once, train_steps updates 1..U once
-each, policy_version and staleness unchanged, final weights bitwise equal. Real CLI, flows, jobs, files. The pure
-parts (moment draws, the process-tree roles, the invariant checks on doctored files) are tested fast."""
+"""The chaos harness's quick mode: 7 moments drawn from a seed over cold and warm execution of a tiny 2-stage run,
+3 SIGKILLs (the flow, a generate/train/eval/segment job, a verifier worker, or the whole tree), 2 evictions (SIGTERM
+to one working job's group with its grace: exit 75 or 0 within it, nothing left, the flow retries the job) and 2
+stops (SIGINT or SIGTERM to the flow's group or pid: exit within the grace, nothing left, lease released), a retry
+or a resume after each, then the invariants against uninterrupted runs: the run completes, every rollout once,
+train_steps updates 1..U once each, policy_version and staleness unchanged, final weights bitwise equal; and the
+work each moment lost. Real CLI, flows, jobs, files. The pure parts (moment draws, the process-tree roles, the
+invariant checks on doctored files, the work-lost ledger on a hand-made log) are tested fast."""
 
 from __future__ import annotations
 
@@ -29,13 +31,16 @@ from bench.support.chaos import (
     ChaosSettings,
     Moment,
     Proc,
+    WorkLedger,
     check_run,
     draw_moments,
     in_overlap,
     process_tree,
     run_chaos,
     waiting_job,
+    working_jobs,
 )
+from bench.support.chaos.accounting import committed_shards, committed_updates, job_stages
 from bench.support.chaos.procs import JOB_ROLES
 
 
@@ -46,14 +51,33 @@ def _settings(model_dir: Path, **kw) -> ChaosSettings:
 def test_moments_are_drawn_from_the_seed(tmp_path):
     a, b = draw_moments(_settings(tmp_path, seed=3)), draw_moments(_settings(tmp_path, seed=3))
     assert a == b and a != draw_moments(_settings(tmp_path, seed=4))
-    assert [m.arm for m in a] == ["cold", "warm"] * 3
+    assert [m.arm for m in a] == ["cold", "warm"] * 3 + ["cold"]
     assert all(0 <= m.delay < 1 and 0 <= m.pick < 1 for m in a)
+    # quick mode: cold an overlap SIGKILL, a waiting SIGKILL, a stop, an eviction; warm a SIGKILL, an eviction, a stop
+    assert [(m.arm, m.at, m.kind) for m in a] == [
+        ("cold", "overlap", "SIGKILL"),
+        ("warm", "any", "SIGKILL"),
+        ("cold", "waiting", "SIGKILL"),
+        ("warm", "any", "eviction"),
+        ("cold", "any", "stop"),
+        ("warm", "any", "stop"),
+        ("cold", "any", "eviction"),
+    ]
 
 
 def test_the_cold_arms_moments_wait_for_a_checkpoint_overlap_or_a_waiting_job(tmp_path):
-    moments = draw_moments(_settings(tmp_path, seed=0, moments=12))
-    assert [m.index for m in moments if m.at == "overlap"] == [0, 6]  # cold moments 0, 2, 4, 6, ...: 1st and 4th
+    moments = draw_moments(_settings(tmp_path, seed=0, moments=14))
+    # cold moments 0, 2, 4, 6, ...: the 1st and 7th wait for an overlap, the 4th is an eviction instead
+    assert [m.index for m in moments if m.at == "overlap"] == [0, 12]
     assert [m.index for m in moments if m.at == "waiting"] == [2, 8]  # 2nd and 5th: a pre-started job waits
+    # evictions: the warm arm's 2nd and 5th (moments 3, 9), the cold arm's 4th (moment 6); never with a stop
+    assert [m.index for m in moments if m.evict] == [3, 6, 9]
+    assert all(m.at == "any" and m.stop is None and m.kind == "eviction" for m in moments if m.evict)
+    no_evictions = draw_moments(_settings(tmp_path, seed=0, moments=14, evictions=False))
+    assert not any(m.evict for m in no_evictions)
+    assert [m.index for m in no_evictions if m.at == "overlap"] == [0, 6, 12]
+    assert [(m.delay, m.pick) for m in no_evictions] == [(m.delay, m.pick) for m in moments]
+    moments = moments[:12]
     assert all(m.arm == "cold" for m in moments if m.at != "any")
     # each arm's 3rd and 6th moments are stops, the four (signal, target) pairs in turn
     assert [(m.index, m.stop) for m in moments if m.stop] == [
@@ -74,6 +98,61 @@ def test_the_cold_arms_moments_wait_for_a_checkpoint_overlap_or_a_waiting_job(tm
     assert in_overlap(run, 3) == 0  # stage 1's policy committed, stage 0 not: its checkpoint and stage 1's generation
     (run / "stages/stage=0.json").write_text("{}")
     assert in_overlap(run, 3) is None
+
+
+def test_the_work_lost_is_what_dead_jobs_had_done_and_not_committed(tmp_path):
+    """The ledger reads a job's progress lines from the run's log; a dead job's updates beyond the latest committed
+    checkpoint and its shard in flight are lost, once; committed work is never counted."""
+    run, log = tmp_path / "chaos", tmp_path / "run.log"
+    ledger = WorkLedger(log, run, updates_per_stage=3)
+    prefix = "12:00:00.000 | INFO    | Task run 'train' - [train] "
+    log.write_text(
+        f"{prefix}train stage 0: 0/3 updates (0%)  loss +0.0000  0 tok/s  0s\n"
+        f"{prefix}train stage 0: 1/3 updates (33%)  loss +0.0000  0 tok/s  0s\n"
+        f"{prefix}generate stage 1: 4 prompts x G=2 in 2 shards; worker 0 of 1 owns 2 (0 already written), skipped\n"
+        f"{prefix}train stage 0: 2/3 updates (67%)  loss +0.0000  0 tok/s  0s\n"
+        f"{prefix}train stage 0: 3/3 upd"  # a line being written: not read yet
+    )
+    ledger.read()
+    assert ledger.trained == {0: 2} and ledger.sampling == {1: 2}
+    (run / "checkpoints/stage=0/step=000001").mkdir(parents=True)
+    (run / "checkpoints/stage=0/step=000001/_COMPLETE").write_text("{}")
+    (run / "checkpoints/stage=0/step=000002").mkdir(parents=True)  # not committed: no _COMPLETE
+    (run / "rollouts/stage=1").mkdir(parents=True)
+    (run / "rollouts/stage=1/shard=00000.parquet").write_text("")
+    (run / "rollouts/stage=1/.shard=00001.parquet.tmp-0").write_text("")  # a cut-off commit is not a shard
+    assert (committed_updates(run, 0, 3), committed_shards(run, 1)) == (1, 1)
+    loss = ledger.lost({0: 1}, {1})
+    assert (loss.updates, loss.shards) == (1, 1), loss.describe()  # update 2 done, resumes from 1; shard 1 again
+    assert ledger.lost({0: 1}, {1}).updates == 0  # counted once: the stage is back to what is committed
+    with log.open("a") as f:
+        f.write(f"ates (100%)\n{prefix}generate stage 1: 8 rows from 1 worker(s), mean reward 0.0\n")
+    (run / "jobs/stage=0").mkdir(parents=True)
+    (run / "jobs/stage=0/train.manifest.json").write_text("{}")
+    assert committed_updates(run, 0, 3) == 3  # the stage's training is committed
+    ledger.sampling[1] = 2
+    until = ledger.offset + len("ates (100%)\n")  # read up to a dead job's end only: not into a retry's lines
+    assert ledger.lost({0: 3}, set(), until=until).updates == 0 and ledger.sampling == {1: 2}
+    assert ledger.trained == {0: 3}
+    ledger.read()
+    assert ledger.sampling == {}  # stage 1's generation committed
+    # a segment job samples from its progress line's start on, not from its plan (its verifier pool starts between)
+    seg = "12:00:01.000 | INFO    | Task run 'segment' - [segment] "
+    with log.open("a") as f:
+        f.write(f"{seg}generate stage 2: 4 prompts x G=2 in 2 shards; worker 0 of 1 owns 2 (0 already written), s\n")
+    ledger.read()
+    assert (ledger.planned, ledger.sampling) == ({2: 2}, {})
+    assert ledger.lost({}, {2}).shards == 0 and ledger.planned == {}  # taken down before sampling: nothing redone
+    with log.open("a") as f:
+        f.write(f"{seg}generate stage 2: 4 prompts x G=2 in 2 shards; worker 0 of 1 owns 2 (0 already written), s\n")
+        f.write(f"{seg}generate stage 2: starting  0s\n")
+    ledger.read()
+    assert (ledger.planned, ledger.sampling) == ({}, {2: 2})
+    assert ledger.lost({}, {2}).shards == 1
+    spec = "/r/chaos/jobs/stage=1/train.spec.json"
+    assert job_stages("train", ["python", "-m", "mugrpo.jobs.train", spec], 3) == ({1}, set())
+    assert job_stages("segment", ["python", "-m", "mugrpo.jobs.segment", spec], 3) == ({1, 2}, {1, 2})
+    assert job_stages("eval", ["python", "-m", "mugrpo.jobs.eval", spec], 3) == (set(), set())
 
 
 def test_a_moment_picks_among_the_roles_alive_then():
@@ -132,8 +211,10 @@ def test_a_waiting_job_is_one_whose_start_markers_are_missing(tmp_path):
             time.sleep(0.02)
         tree = [Proc(os.getpid(), 1, "flow"), Proc(job.pid, os.getpid(), "train")]
         assert waiting_job(tree, run).pid == job.pid
+        assert working_jobs(tree, run) == []  # an eviction moment does not pick it
         (tmp_path / marker).write_text("{}")
         assert waiting_job(tree, run) is None
+        assert working_jobs(tree, run) == [tree[1]]
     finally:
         job.kill()
         job.wait()
@@ -194,10 +275,25 @@ def test_quick_chaos_run_keeps_every_invariant(tiny_model_dir, prefect_api, tmp_
     settings = _settings(tiny_model_dir, seed=0)
     lines: list[str] = []
     report = run_chaos(settings, work=tmp_path, api_url=prefect_api, say=lines.append)
-    first = "6/6 resumed, 0 lost, 0 duplicated, weights equal, 2/2 data edits refused, 2/2 stops clean"
-    assert report.summary.splitlines()[0] == first, report.summary + "\n" + "\n".join(lines)
+    first = (
+        "7/7 resumed, 0 lost, 0 duplicated, weights equal, 2/2 data edits refused, 2/2 stops clean, 2/2 evictions clean"
+    )
+    said = report.summary + "\n" + "\n".join(lines)
+    assert report.summary.splitlines()[0] == first, said
     assert report.ok
-    assert sum(a.killed for a in report.arms) == 6 and all(a.completed for a in report.arms)
+    assert sum(a.killed for a in report.arms) == 7 and all(a.completed for a in report.arms)
     # the stop moments: SIGINT to the cold run's group, SIGTERM to the warm run's pid, each within the grace
     stops = [(c.signal, c.target, c.exit_code) for a in report.arms for c in a.stops]
-    assert stops == [("SIGINT", "group", 130), ("SIGTERM", "pid", 143)], "\n".join(lines)
+    assert stops == [("SIGINT", "group", 130), ("SIGTERM", "pid", 143)], said
+    # the evictions: the cold job exited 75 and the flow retried it (its first attempt since the stop restarted the
+    # flow), or 0 (its work was done: the flow went on, or completed when it was the run's last job)
+    (cold,) = [c for a in report.arms if a.arm == "cold" for c in a.evictions]
+    assert (cold.exit, cold.flow) in {("exit 75", "retried it"), ("exit 0", "went on"), ("exit 0", "exited 0")}, said
+    # every reached moment counted the work it lost; a notice to a cold job never loses a completed update (it saves
+    # them in its grace); the summary's second line gives the means per kind
+    kinds = [w.kind for a in report.arms for w in a.work]
+    assert sorted(kinds) == sorted(["SIGKILL"] * 3 + ["eviction"] * 2 + ["stop"] * 2), said
+    cold_work = next(a.work for a in report.arms if a.arm == "cold")
+    assert all(w.loss.updates == 0 for w in cold_work if w.kind != "SIGKILL"), said
+    assert report.summary.splitlines()[1].startswith("work lost per moment"), said
+    assert set(report.work_lost) == {"SIGKILL", "eviction", "stop"}

@@ -13,14 +13,15 @@ a generate/train/eval/segment job, a verifier worker), adds ``tree`` (the flow a
 role uniformly with ``pick`` and SIGKILLs a process of it. Choosing among the roles alive at that instant means every
 moment kills something while the run is going and the run cannot race ahead of the moments; the draws are
 reproducible, what they hit depends on the machine's speed (each kill is printed). The cold arm's 1st, 4th, 7th,
-... moments are **overlap moments**: instead of the delay they wait for the first instant the run is inside a
-checkpoint overlap (stage k+1's policy committed and stage k not: stage k's train job finishing its checkpoint while
-stage k+1's generation starts beside it, :mod:`mugrpo.execution.pipeline`), then pick a role the same way; its 2nd, 5th,
-8th, ... are **waiting moments**: they wait for a pre-started job waiting at its start gate (``orchestration.
-prestart_jobs``) and kill that job, the flow or the whole tree. Then the run is
-resumed the way a user does it, by running ``mugrpo run CONFIG`` again, unless it is still going (a killed verifier
-worker is replaced inside its job). Processes a killed job leaves behind (its verifier workers, which a pod would
-take down with it) are killed before the resume.
+... moments (1st, 7th, 13th, ... with eviction moments) are **overlap moments**: instead of the delay they wait for
+the first instant the run is inside a checkpoint overlap (stage k+1's policy committed and stage k not: stage k's
+train job finishing its checkpoint while stage k+1's generation starts beside it, :mod:`mugrpo.execution.pipeline`),
+then pick a role the same way; its 2nd, 5th, 8th, ... are **waiting moments**: they wait for a pre-started job
+waiting at its start gate (``orchestration.prestart_jobs``) and kill that job, the flow or the whole tree. A killed
+job is re-run by the flow (Prefect's task retry, ``orchestration.retries: 1``, at once); when the flow itself is
+gone (a kill of the flow or the tree, a stop, a job's second failure) the run is resumed the way a user does it, by
+running ``mugrpo run CONFIG`` again (a killed verifier worker is replaced inside its job). Processes a killed job
+leaves behind (its verifier workers, which a pod would take down with it) are killed.
 
 Each arm also has a **data-edit moment** (``ChaosSettings.data_edit``): after the first kill that stops the run (or
 after the last moment), the training file (a copy in the work folder) is reversed in place, as ``tac`` does, and the
@@ -34,13 +35,28 @@ instead of a SIGKILL, the harness sends SIGINT or SIGTERM to the flow's process 
 checks what a stop promises (:mod:`tasks.stops`): exit code 128 + the signal within ``orchestration.stop_grace_s``
 (plus :data:`STOP_SLACK_S`), no process of the run left behind, the run lease released, the resume command printed
 (:class:`StopCheck`). The run then resumes like any other, and the invariants cover it.
+
+**Eviction moments** (``ChaosSettings.evictions``: the warm arm's 2nd, 5th, 8th, ..., the cold arm's 4th, 10th,
+16th, ...) are preemptions with notice of one job, as Kubernetes evicts its pod: ``delay`` after a job is seen alive,
+the harness sends SIGTERM to the process group of a job that works (not one waiting at its start gate; picked with
+``pick``), waits up to the job's grace (what the launcher tells it, :func:`mugrpo.common.preemption.job_grace_s`),
+then SIGKILLs what is left of the group. A job that handles the notice (:data:`NOTICE_ROLES`) must exit 75 or 0
+within the grace leaving nothing behind, and a train job's ``train.preempted.json`` must agree with its checkpoints
+(:class:`EvictionCheck`); the flow then retries the job (exit 75 is transient), which resumes. A stop moment is the
+other preemption with notice: every job of the run gets SIGTERM and its share of the grace.
+
+**Work lost.** Every reached moment reports the work it threw away (:mod:`bench.support.chaos.accounting`): train
+updates completed and not committed that the run trains again, and the generation shard in flight that it samples
+again; the summary gives the mean per moment kind (SIGKILL, eviction, stop).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -55,9 +71,18 @@ from pathlib import Path
 
 import yaml
 
+from bench.support.chaos.accounting import (
+    Loss,
+    WorkLedger,
+    committed_shards,
+    committed_updates,
+    job_stages,
+    preempted_records,
+)
 from bench.support.chaos.invariants import RunCheck, check_run
 from bench.support.chaos.procs import JOB_ROLES, ROLES, alive, cmdline, kill, process_tree, wait_gone
 from mugrpo.cli.lifecycle import RESTART_HINT, RESUME_HINT  # the stop's printed hints (no Prefect import)
+from mugrpo.common.preemption import PREEMPTED_EXIT_CODE, job_grace_s
 
 __all__ = [
     "ARM_ROLES",
@@ -65,13 +90,16 @@ __all__ = [
     "STOP_SIGNALS",
     "ChaosReport",
     "ChaosSettings",
+    "EvictionCheck",
     "Moment",
+    "MomentWork",
     "StopCheck",
     "draw_moments",
     "in_overlap",
     "run_chaos",
     "tiny_config",
     "waiting_job",
+    "working_jobs",
 ]
 
 RUN_ID = "chaos"
@@ -114,12 +142,22 @@ class ChaosSettings:
     """Each arm's 3rd, 6th, 9th, ... moments send SIGINT or SIGTERM (to the flow's group or pid) instead of a SIGKILL
     and check the stop (:class:`StopCheck`); False: every moment is a SIGKILL."""
     stop_grace_s: float = 25.0
-    """The run's ``orchestration.stop_grace_s`` (its default): a stop must end the run within it."""
+    """The run's ``orchestration.stop_grace_s`` (its default): a stop must end the run within it, and an evicted
+    job its share (:func:`mugrpo.common.preemption.job_grace_s`: 20 s of 25, what the launchers tell the jobs)."""
+    evictions: bool = True
+    """The warm arm's 2nd, 5th, 8th, ... moments and the cold arm's 4th, 10th, 16th, ... send SIGTERM to one job's
+    process group with its grace (a Kubernetes eviction of the job's pod) instead of a SIGKILL and check the eviction
+    (:class:`EvictionCheck`); False: none (those cold moments are overlap moments again)."""
+    checkpoint_every: int = 2
+    """The tiny run's ``train.checkpoint_every``: every 2nd of its 3 updates per stage, so a resume starts from a
+    mid-stage checkpoint as well as from a stage's last, a train job saves an unscheduled checkpoint on a notice, and
+    a SIGKILL between two checkpoints loses updates that a notice saves (the work-lost figures)."""
 
 
-#: CI's quick mode (``bench/chaos.py --quick``, tests/e2e/test_chaos.py): 6 moments on a 2-stage run, the final policy
-#: evaluated only, one shared reference run; it fits in 5 minutes on a quiet 2-core machine (docs/reliability.md).
-QUICK = {"moments": 6, "num_stages": 2, "eval_every_stage": False, "shared_reference": True}
+#: CI's quick mode (``bench/chaos.py --quick``, tests/e2e/test_chaos.py): 7 moments on a 2-stage run (cold: an overlap
+#: SIGKILL, a waiting SIGKILL, a stop, an eviction; warm: a SIGKILL, an eviction, a stop), the final policy evaluated
+#: only, one shared reference run; it fits in 5 minutes on a quiet 2-core machine (docs/reliability.md).
+QUICK = {"moments": 7, "num_stages": 2, "eval_every_stage": False, "shared_reference": True}
 
 
 @dataclass(frozen=True)
@@ -140,6 +178,15 @@ class Moment:
     stop: tuple[str, str] | None = None
     """A stop moment: (signal name, target) with target ``group`` (the flow's process group) or ``pid`` (the flow
     alone), sent instead of a SIGKILL at the moment's instant; None: a SIGKILL of the picked role."""
+    evict: bool = False
+    """An eviction moment (``at`` is ``any``): at the moment's instant, SIGTERM to the process group of one working
+    job (not waiting at its start gate; picked with ``pick`` among them), as Kubernetes evicts a pod, and SIGKILL of
+    what is left of the group once its grace is over (:func:`_evict`)."""
+
+    @property
+    def kind(self) -> str:
+        """``stop`` (SIGINT/SIGTERM to the run), ``eviction`` (SIGTERM to one job) or ``SIGKILL``."""
+        return "stop" if self.stop is not None else "eviction" if self.evict else "SIGKILL"
 
     def role(self, alive_roles: set[str]) -> str:
         """The victim role among ``alive_roles`` (``tree`` is always a choice)."""
@@ -159,11 +206,47 @@ class StopCheck:
     seconds: float = 0.0
     exit_code: int | None = None
     problems: list[str] = field(default_factory=list)
+    saved: list[str] = field(default_factory=list)
+    """What each train job that the stop preempted recorded (``train.preempted.json``: done, saved, dropped)."""
 
     @property
     def ok(self) -> bool:
-        """Every promise held: exit code, grace, nothing left, lease released, resume printed."""
+        """Every promise held: exit code, grace, nothing left, lease released, resume printed, a train job's
+        ``train.preempted.json`` true to the checkpoints."""
         return not self.problems
+
+
+@dataclass
+class EvictionCheck:
+    """What one eviction moment saw: the job (role, pid), the seconds from its SIGTERM to its exit, its exit as the
+    flow's log tells it (``exit 75``: its ``preempted:`` line; ``exit 0``; ``killed by SIGTERM``...), what the flow did
+    then (``retried it``; ``went on``: the job had finished; ``exited N``: the job's retries were spent by an earlier
+    moment), and every promise of a notice that did not hold (``problems``)."""
+
+    index: int
+    role: str
+    pid: int
+    seconds: float = 0.0
+    exit: str = "unknown"
+    flow: str = ""
+    problems: list[str] = field(default_factory=list)
+    saved: list[str] = field(default_factory=list)
+    """What a preempted train job recorded (``train.preempted.json``: done, saved, dropped)."""
+
+    @property
+    def ok(self) -> bool:
+        """The job exited within its grace, with 75 or 0 (a job that handles the notice), leaving nothing behind."""
+        return not self.problems
+
+
+@dataclass
+class MomentWork:
+    """The work one reached moment of ``kind`` (:attr:`Moment.kind`) threw away (:mod:`bench.support.chaos.
+    accounting`)."""
+
+    index: int
+    kind: str
+    loss: Loss
 
 
 @dataclass
@@ -181,6 +264,12 @@ class ArmResult:
     data_edit: str | None = None  # what the data-edit moment saw; None: it did not run
     data_edit_refused: bool = False
     stops: list[StopCheck] = field(default_factory=list)
+    evictions: list[EvictionCheck] = field(default_factory=list)
+    work: list[MomentWork] = field(default_factory=list)
+
+
+#: The order of the moment kinds on the summary's work-lost line.
+KINDS = ("SIGKILL", "eviction", "stop")
 
 
 @dataclass
@@ -202,16 +291,33 @@ class ChaosReport:
         promises."""
         edits = all(a.data_edit_refused for a in self.arms if a.data_edit is not None)
         stops = all(c.ok for a in self.arms for c in a.stops)
+        evictions = all(c.ok for a in self.arms for c in a.evictions)
         return (
             self.resumed == self.moments
             and edits
             and stops
+            and evictions
             and all(a.completed and a.check and a.check.ok for a in self.arms)
         )
 
     @property
+    def work_lost(self) -> dict[str, tuple[int, float, float]]:
+        """Per moment kind that was reached: (moments, mean updates redone, mean shards redone)."""
+        out = {}
+        for kind in KINDS:
+            rows = [w.loss for a in self.arms for w in a.work if w.kind == kind]
+            if rows:
+                out[kind] = (
+                    len(rows),
+                    sum(r.updates for r in rows) / len(rows),
+                    sum(r.shards for r in rows) / len(rows),
+                )
+        return out
+
+    @property
     def summary(self) -> str:
-        """``N/N resumed, 0 lost, 0 duplicated, weights equal``, or what differed."""
+        """``N/N resumed, 0 lost, 0 duplicated, weights equal, ...``, then the work lost per moment kind
+        (:attr:`work_lost`), then one line per thing that differed."""
         checks = [a.check for a in self.arms if a.check is not None]
         lost, dup = sum(c.lost for c in checks), sum(c.duplicated for c in checks)
         equal = len(checks) == len(self.arms) and all(c.weights_equal for c in checks)
@@ -223,15 +329,27 @@ class ChaosReport:
         stops = [c for a in self.arms for c in a.stops]
         if stops:
             line += f", {sum(c.ok for c in stops)}/{len(stops)} stops clean"
+        evictions = [c for a in self.arms for c in a.evictions]
+        if evictions:
+            line += f", {sum(c.ok for c in evictions)}/{len(evictions)} evictions clean"
+        work = "; ".join(
+            f"{kind} x{n}: {updates:.1f} updates, {shards:.1f} shards"
+            for kind, (n, updates, shards) in self.work_lost.items()
+        )
+        lines = [line, f"work lost per moment (mean; completed updates trained again, shards sampled again): {work}"]
         problems = [f"  {a.arm}: {p}" for a in self.arms for p in (a.check.problems if a.check else ["no check"])]
         problems += [f"  {a.arm}: data edit NOT refused: {a.data_edit}" for a in edits if not a.data_edit_refused]
         problems += [
             f"  {a.arm}: moment {c.index}: {c.signal} to the {c.target}: {p}" for a in self.arms for c in a.stops
             for p in c.problems
         ]  # fmt: skip
+        problems += [
+            f"  {a.arm}: moment {c.index}: SIGTERM to the {c.role} job's group: {p}" for a in self.arms
+            for c in a.evictions for p in c.problems
+        ]  # fmt: skip
         problems += [f"  {a.arm}: run did not complete" for a in self.arms if not a.completed]
         problems += [f"  {a.arm}: {a.not_reached} moments not reached" for a in self.arms if a.not_reached]
-        return "\n".join([line, *problems])
+        return "\n".join([*lines[: 2 if work else 1], *problems])
 
 
 def train_file(work: Path, arm: str) -> Path:
@@ -264,7 +382,7 @@ def tiny_config(s: ChaosSettings, root: Path, arm: str) -> dict:
             "updates_per_stage": s.updates_per_stage,
             "rollouts_per_update": s.prompts_per_stage * s.group_size // 2,
             "micro_batch_size": 2,
-            "checkpoint_every": 1,
+            "checkpoint_every": s.checkpoint_every,
             "skip_zero_variance_groups": False,
             "lr": 1e-3,
         },
@@ -278,9 +396,12 @@ def tiny_config(s: ChaosSettings, root: Path, arm: str) -> dict:
                 }
             ],
         },
-        # retries 0: every kill of a job ends the flow, so every moment is followed by a user's resume
+        # retries 1 (the default), at once: a job killed or evicted is re-run inside the flow by Prefect's retry (exit
+        # 75 of a preempted job is transient, tasks/launchers/errors.py), as on Kubernetes; a job's second failure, a
+        # kill of the flow or a stop ends the flow, and a user's resume follows
         "orchestration": {
-            "retries": 0,
+            "retries": 1,
+            "retry_delay_s": 0,
             "stop_grace_s": s.stop_grace_s,
             "execution": arm,
             **({"segment_stages": s.num_stages} if arm == "warm" else {}),
@@ -300,36 +421,49 @@ STOP_SLACK_S = 5.0
 
 def draw_moments(s: ChaosSettings) -> list[Moment]:
     """``s.moments`` moments from ``s.seed``: arms in turn (equal shares), delay fraction and pick uniform in [0, 1);
-    the cold arm's 1st, 4th, 7th, ... moments wait for a checkpoint overlap (:data:`OVERLAP_EVERY`), its 2nd, 5th,
+    the cold arm's 1st, 7th, 13th, ... moments wait for a checkpoint overlap (:data:`OVERLAP_EVERY`), its 2nd, 5th,
     8th, ... for a pre-started job waiting at its start gate; each arm's 3rd, 6th, 9th, ... are stop moments
-    (``s.stops``), their signal and target in turn from :data:`STOP_SIGNALS`. The same seed gives the same moments
-    (and the same delays and picks with or without stops)."""
+    (``s.stops``), their signal and target in turn from :data:`STOP_SIGNALS`; the cold arm's 4th, 10th, 16th, ... and
+    the warm arm's 2nd, 5th, 8th, ... are eviction moments (``s.evictions``; without them the cold ones are overlap
+    moments). The same seed gives the same moments (and the same delays and picks with or without stops and
+    evictions)."""
     rng = random.Random(s.seed)
     moments = []
     for i in range(s.moments):
         arm = s.arms[i % len(s.arms)]
         ordinal = sum(m.arm == arm for m in moments)
-        at = {0: "overlap", 1: "waiting"}.get(ordinal % OVERLAP_EVERY, "any") if arm == "cold" else "any"
+        place, cycle = ordinal % OVERLAP_EVERY, ordinal // OVERLAP_EVERY
+        if arm == "cold":
+            evict = s.evictions and place == 0 and cycle % 2 == 1
+            at = "any" if evict else {0: "overlap", 1: "waiting"}.get(place, "any")
+        else:
+            evict, at = s.evictions and place == 1, "any"
         stop = None
-        if s.stops and ordinal % OVERLAP_EVERY == OVERLAP_EVERY - 1:
+        if s.stops and place == OVERLAP_EVERY - 1:
             stop = STOP_SIGNALS[sum(m.stop is not None for m in moments) % len(STOP_SIGNALS)]
-        moments.append(Moment(i, arm, rng.random(), rng.random(), at, stop))
+        moments.append(Moment(i, arm, rng.random(), rng.random(), at, stop, evict))
     return moments
+
+
+def _waits(p, run_dir: Path) -> bool:
+    """Whether job process ``p`` waits at its start gate (a marker of its spec's ``start_after`` not committed)."""
+    try:
+        markers = json.loads(Path(cmdline(p.pid)[-1]).read_text()).get("start_after", [])
+    except (OSError, IndexError, ValueError):
+        return False
+    return any(not (run_dir.parent / m).exists() for m in markers)
 
 
 def waiting_job(tree: list, run_dir: Path) -> object | None:
     """A job process of ``tree`` waiting at its start gate (a pre-started job: some marker of its spec's
     ``start_after`` not committed yet, :mod:`mugrpo.coordination.start_gate`), or None."""
-    for p in tree:
-        if p.role not in JOB_ROLES:
-            continue
-        try:
-            markers = json.loads(Path(cmdline(p.pid)[-1]).read_text()).get("start_after", [])
-        except (OSError, IndexError, ValueError):
-            continue
-        if any(not (run_dir.parent / m).exists() for m in markers):
-            return p
-    return None
+    return next((p for p in tree if p.role in JOB_ROLES and _waits(p, run_dir)), None)
+
+
+def working_jobs(tree: list, run_dir: Path) -> list:
+    """The job processes of ``tree`` not waiting at their start gate (an eviction moment's candidates), by role and
+    pid."""
+    return sorted((p for p in tree if p.role in JOB_ROLES and not _waits(p, run_dir)), key=lambda p: (p.role, p.pid))
 
 
 def in_overlap(run_dir: Path, num_stages: int) -> int | None:
@@ -443,11 +577,19 @@ def _job_alive(run: RunProcess) -> bool:
 
 
 def _kill_moment(
-    run: RunProcess, m: Moment, max_delay_s: float, run_dir: Path, s: ChaosSettings, stops: list[StopCheck]
+    run: RunProcess,
+    m: Moment,
+    max_delay_s: float,
+    run_dir: Path,
+    s: ChaosSettings,
+    result: ArmResult,
+    ledger: WorkLedger,
 ) -> str | None:
     """Kill per ``m``: ``m.delay * max_delay_s`` seconds after a job is seen alive, or (an overlap moment) once
     the run is inside a checkpoint overlap (:func:`in_overlap`). A stop moment signals the flow instead and appends
-    its :class:`StopCheck` to ``stops``.
+    its :class:`StopCheck` to ``result.stops``; an eviction moment sends SIGTERM to a working job's group once one
+    works and appends its :class:`EvictionCheck` to ``result.evictions``. Every reached moment appends the work it
+    threw away to ``result.work`` (``ledger``, :mod:`bench.support.chaos.accounting`).
 
     Returns:
         What was killed or stopped, or None when the run completed first.
@@ -473,6 +615,8 @@ def _kill_moment(
             deadline = time.monotonic() + delay_s
             while run.running() and time.monotonic() < deadline:
                 time.sleep(0.02)
+            while m.evict and run.running() and not working_jobs(process_tree(run.proc.pid), run_dir):
+                time.sleep(0.02)  # between two jobs, or only pre-started ones waiting: the next one that works
         stage = in_overlap(run_dir, num_stages) if m.at == "overlap" else None
         tree = process_tree(run.proc.pid) if run.running() else []
         if not tree:  # the flow exited before the moment
@@ -481,20 +625,42 @@ def _kill_moment(
             failures += 1
             if failures >= 3:
                 raise RuntimeError(f"the run failed {failures} times without a kill:\n{run.tail()}")
-            continue  # it failed on its own (kept in the log): resume, as a user would
+            continue  # it failed on its own (or of the previous moment's kill; kept in the log): resume
         waiting = waiting_job(tree, run_dir) if m.at == "waiting" else None
         if m.at == "waiting" and waiting is None:
             continue  # it left the gate between the two looks: wait for the next one
+        jobs = _jobs(tree, run_dir, num_stages)
+        ledger.read()
+        since = ledger.offset
         if m.stop is not None:
-            check = _stop(run, m, tree, run_dir, s.stop_grace_s)
+            check = _stop(run, m, tree, run_dir, s)
             if check is None:
                 return None  # the run completed as the signal came
-            stops.append(check)
+            result.stops.append(check)
+            loss = _account(run, m, _settle(jobs, since, run_dir, s), ledger, result)
             verdict = "clean" if check.ok else "; ".join(check.problems)
             doing = ", ".join(check.roles) or "no job"
             return (
                 f"moment {m.index:2d}: {check.signal} to the {check.target} {delay_s:5.1f} s after a job was seen "
-                f"({doing} running): exit {check.exit_code} after {check.seconds:.1f} s, {verdict}"
+                f"({doing} running): exit {check.exit_code} after {check.seconds:.1f} s, {verdict}; "
+                f"{loss.describe()}{_saved(check.saved)}"
+            )
+        if m.evict:
+            working = working_jobs(tree, run_dir)
+            if not working:
+                continue
+            victim = working[int(m.pick * len(working))]
+            evicted = _evict(run, m, victim, tree, jobs, since, ledger, s)
+            if evicted is None:
+                continue  # it ended between the listing and the signal: the next one
+            check, settled = evicted
+            result.evictions.append(check)
+            loss = _account(run, m, settled, ledger, result)
+            verdict = "clean" if check.ok else "; ".join(check.problems)
+            return (
+                f"moment {m.index:2d}: SIGTERM to the {victim.role} job's group (pid {victim.pid}) {delay_s:5.1f} s "
+                f"after a job was seen: {check.exit} after {check.seconds:.1f} s, the flow {check.flow}, {verdict}; "
+                f"{loss.describe()}{_saved(check.saved)}"
             )
         # a waiting moment kills the waiting job, the flow or the whole tree while the job waits
         role = m.role({waiting.role, "flow"} if waiting else {p.role for p in tree} & set(ROLES))
@@ -507,28 +673,211 @@ def _kill_moment(
         hit = kill(victims)
         if not hit:  # it ended between the listing and the kill: try again
             continue
-        if role != "verifier":
-            run.wait(timeout_s=300)  # a killed job fails its task, and the flow (retries 0) exits
+        if role in ("flow", "tree"):
+            run.wait(timeout_s=300)
             kill([p.pid for p in tree if p.pid not in hit and alive(p.pid)])  # orphans (a pod takes them down)
+        elif role in JOB_ROLES:  # the flow retries the job (orchestration.retries) or exits when its retries are spent
+            wait_gone(hit)
+            kill([p.pid for p in _descendants(tree, hit[0]) if alive(p.pid)])  # its verifier workers, as a pod's end
+        loss = _account(run, m, _settle(jobs, since, run_dir, s), ledger, result)
         if m.at == "overlap":
-            return f"moment {m.index:2d}: {role} (pid {hit[0]}) killed inside stage {stage}'s checkpoint overlap"
-        if waiting is not None:
+            event = f"moment {m.index:2d}: {role} (pid {hit[0]}) killed inside stage {stage}'s checkpoint overlap"
+        elif waiting is not None:
             what = "the waiting job" if role == waiting.role else f"while a {waiting.role} job waited at its gate"
-            return f"moment {m.index:2d}: {role} (pid {hit[0]}) killed: {what}"
-        return f"moment {m.index:2d}: {role} (pid {hit[0]}) killed {delay_s:5.1f} s after a job was seen"
+            event = f"moment {m.index:2d}: {role} (pid {hit[0]}) killed: {what}"
+        else:
+            event = f"moment {m.index:2d}: {role} (pid {hit[0]}) killed {delay_s:5.1f} s after a job was seen"
+        return f"{event}; {loss.describe()}"
 
 
-def _stop(run: RunProcess, m: Moment, tree: list, run_dir: Path, grace_s: float) -> StopCheck | None:
+@dataclass(frozen=True)
+class _Job:
+    """A job process at a moment's instant: what it trains and samples (:func:`bench.support.chaos.accounting.
+    job_stages`), and whether it waited at its start gate."""
+
+    pid: int
+    role: str
+    trains: frozenset[int]
+    samples: frozenset[int]
+    waiting: bool
+
+
+def _jobs(tree: list, run_dir: Path, num_stages: int) -> list[_Job]:
+    out = []
+    for p in tree:
+        if p.role in JOB_ROLES:
+            trains, samples = job_stages(p.role, cmdline(p.pid), num_stages)
+            out.append(_Job(p.pid, p.role, frozenset(trains), frozenset(samples), _waits(p, run_dir)))
+    return out
+
+
+def _descendants(tree: list, pid: int) -> list:
+    """The processes of ``tree`` (parents before children) under ``pid``."""
+    under, out = {pid}, []
+    for p in tree:
+        if p.ppid in under:
+            under.add(p.pid)
+            out.append(p)
+    return out
+
+
+#: Seconds the harness waits for the flow to log the end of a job a moment took down while the flow goes on (the
+#: launcher logs the job's last lines first). A pre-started job killed while it waited is followed later, and printed
+#: nothing: the harness does not wait for it.
+LOG_WAIT_S = 10.0
+
+
+@dataclass
+class _Settled:
+    """The jobs a moment took down, what was committed of their stages once they were gone (stage -> committed
+    updates of the stages they trained, committed shards of those they sampled), and the log's offset at the
+    moment's instant."""
+
+    dead: list[_Job]
+    updates: dict[int, int]
+    shards: dict[int, int]
+    since: int
+
+
+def _settle(jobs: list[_Job], since: int, run_dir: Path, s: ChaosSettings) -> _Settled:
+    """What the moment's victims left: call it as soon as they are gone (a retried job commits more soon after)."""
+    dead = [j for j in jobs if not alive(j.pid)]
+    trains = set().union(*(j.trains for j in dead))
+    samples = set().union(*(j.samples for j in dead))
+    return _Settled(
+        dead,
+        {k: committed_updates(run_dir, k, s.updates_per_stage) for k in sorted(trains)},
+        {k: committed_shards(run_dir, k) for k in sorted(samples)},
+        since,
+    )
+
+
+def _job_end(run: RunProcess, ledger: WorkLedger, job: _Job, since: int) -> tuple[str, int] | None:
+    """The flow's line about the end of ``job`` after byte ``since`` of the log (``... job pid N finished``, the
+    launch of its retry, or the flow's own error line), and its end offset; None when none came in
+    :data:`LOG_WAIT_S` or the flow exited."""
+    return ledger.wait_for((f"pid {job.pid} ", f"launching {job.role} job (attempt "), since, LOG_WAIT_S, run.running)
+
+
+def _account(run: RunProcess, m: Moment, settled: _Settled, ledger: WorkLedger, result: ArmResult) -> Loss:
+    """The work lost by the jobs ``settled`` found dead (the flow's log read up to the end of each, not into the
+    lines of a retry), appended to ``result.work``."""
+    until = None
+    if run.running():
+        ends = [_job_end(run, ledger, j, settled.since) for j in settled.dead if not j.waiting]
+        if run.running():
+            until = max([settled.since, *(e[1] for e in ends if e is not None)])
+    samples = set().union(*(j.samples for j in settled.dead))
+    loss = ledger.lost(settled.updates, samples, settled.shards, until)
+    result.work.append(MomentWork(m.index, m.kind, loss))
+    return loss
+
+
+def _saved(records: list[str]) -> str:
+    return f"; {'; '.join(records)}" if records else ""
+
+
+#: Processes that handle a preemption notice (issue 61: :mod:`mugrpo.common.preemption`): on SIGTERM they save what
+#: fits in their grace and exit 75 (0 when their work ended first). The segment job (warm execution) does not yet: its
+#: SIGTERM ends it at once, as a SIGKILL does, and its eviction is reported, not held against it.
+NOTICE_ROLES = ("generate", "train", "eval")
+#: How the launcher's line about a failed job reads (:func:`tasks.launchers.protocol.launch_job`).
+_FAILED = re.compile(r"failed after [\d.]+ s: ([^;'\"]+)")
+
+
+def _exit_of(role: str, text: str, end: str | None) -> str:
+    """A job's exit as the flow's log tells it: ``text`` (the log from the signal to the flow's line ``end`` about
+    the job) holds the job's own ``preempted:`` line when it stopped on the notice (exit 75)."""
+    if f"[{role}] preempted:" in text or (end is not None and " preempted after " in end):
+        return f"exit {PREEMPTED_EXIT_CODE}"
+    if end is None:
+        return "no line of the flow about its end"
+    if " finished in " in end:
+        return "exit 0"
+    if m := _FAILED.search(end):
+        return m.group(1).strip()
+    return "no preemption line"  # the flow retried it (its launch line is ``end``)
+
+
+def _evict(
+    run: RunProcess, m: Moment, victim, tree: list, jobs: list[_Job], since: int, ledger: WorkLedger, s: ChaosSettings
+) -> tuple[EvictionCheck, _Settled] | None:
+    """Evict ``victim`` as Kubernetes evicts a pod: SIGTERM to its process group, SIGKILL of whatever is left of it
+    once its grace (:func:`mugrpo.common.preemption.job_grace_s` of ``s.stop_grace_s``, the grace the launcher tells
+    the job) is over or the job exited. Checks the promises of a notice for a job of :data:`NOTICE_ROLES`: it exits
+    within the grace (plus :data:`STOP_SLACK_S`) with 75 (preempted) or 0 (its work ended first), as the flow's log
+    tells it, leaving no process behind; a train job's ``train.preempted.json`` agrees with its checkpoints. Then the
+    flow retries the job (``went on``) or exits (its retries spent by an earlier moment).
+
+    Returns:
+        The check and what the eviction left (:func:`_settle`, ``jobs`` being the run's jobs at the signal and
+        ``since`` the log's offset then), or None when the job was gone before the signal.
+    """
+    grace_s = job_grace_s(s.stop_grace_s)
+    check = EvictionCheck(m.index, victim.role, victim.pid)
+    since_wall = time.time()
+    t0 = time.monotonic()
+    try:
+        if os.getpgid(victim.pid) == victim.pid:  # a job leads its own process group (its session)
+            os.killpg(victim.pid, signal.SIGTERM)
+        else:
+            os.kill(victim.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return None
+    left = wait_gone([victim.pid], timeout_s=grace_s + STOP_SLACK_S)
+    check.seconds = time.monotonic() - t0
+    if left:
+        check.problems.append(f"still running {grace_s + STOP_SLACK_S:.0f} s after its SIGTERM (grace {grace_s:.0f} s)")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(victim.pid, signal.SIGKILL)
+        wait_gone([victim.pid])
+    settled = _settle(jobs, since, ledger.run_dir, s)  # before the flow's retry of the job commits more
+    check.saved = _check_records(ledger.run_dir, since_wall, s, check.problems)
+    leftovers = wait_gone([p.pid for p in _descendants(tree, victim.pid)])
+    if leftovers:
+        if victim.role in NOTICE_ROLES:
+            named = [f"{p.role} {p.pid}" for p in tree if p.pid in leftovers]
+            check.problems.append(f"processes of its group left behind after its exit: {named}")
+        kill(leftovers)  # the end of the pod
+    job = next(j for j in jobs if j.pid == victim.pid)
+    end = _job_end(run, ledger, job, since)
+    check.exit = _exit_of(victim.role, ledger.text(since, end[1] if end else None), end[0] if end else None)
+    if victim.role in NOTICE_ROLES and check.exit not in ("exit 0", f"exit {PREEMPTED_EXIT_CODE}"):
+        check.problems.append(f"{check.exit}: expected exit {PREEMPTED_EXIT_CODE} (preempted) or 0")
+    if end is not None and f"launching {victim.role} job (attempt " in end[0]:
+        check.flow = "retried it"
+    else:  # the job finished, or failed past its retries and the flow says so as it exits
+        code = run.wait(timeout_s=60) if end is not None and "Error:" in end[0] else run.proc.poll()
+        check.flow = "went on" if code is None else f"exited {code}"
+    return check, settled
+
+
+def _check_records(run_dir: Path, since_wall: float, s: ChaosSettings, problems: list[str]) -> list[str]:
+    """The ``train.preempted.json`` records written since ``since_wall``, one line each; a record whose saved update
+    is not the stage's latest committed checkpoint is a problem."""
+    out = []
+    for k, rec in sorted(preempted_records(run_dir, since_wall).items()):
+        saved, committed = rec.get("saved"), committed_updates(run_dir, k, s.updates_per_stage)
+        out.append(f"train stage {k} preempted: done {rec.get('done')}, saved {saved}, dropped {rec.get('dropped')}")
+        if saved != committed:
+            problems.append(f"train.preempted.json of stage {k}: saved {saved}, the latest checkpoint {committed}")
+    return out
+
+
+def _stop(run: RunProcess, m: Moment, tree: list, run_dir: Path, s: ChaosSettings) -> StopCheck | None:
     """Send the stop moment's signal to the flow's group or pid and check the promises of a stop (:mod:`tasks.stops`):
-    exit code 128 + the signal within ``grace_s`` + :data:`STOP_SLACK_S`; no process of ``tree`` (the run's processes
-    at the signal) alive 5 s later (a leftover is listed, then SIGKILLed so the harness goes on); the run lease
-    (``_lease.json``) released; the resume command printed. Returns None when the run exited 0 (it completed before
-    the signal took hold)."""
+    exit code 128 + the signal within ``s.stop_grace_s`` + :data:`STOP_SLACK_S`; no process of ``tree`` (the run's
+    processes at the signal) alive 5 s later (a leftover is listed, then SIGKILLed so the harness goes on); the run
+    lease (``_lease.json``) released; the resume command printed; a train job's ``train.preempted.json`` (its jobs got
+    SIGTERM and their share of the grace) agrees with the checkpoints. Returns None when the run exited 0 (it
+    completed before the signal took hold)."""
+    grace_s = s.stop_grace_s
     name, target = m.stop
     sig = getattr(signal, name)
     roles = sorted({p.role for p in tree} & set(JOB_ROLES))
     check = StopCheck(m.index, name, target, roles)
     offset = run.log.stat().st_size
+    since_wall = time.time()
     t0 = time.monotonic()
     try:
         if target == "group":
@@ -566,6 +915,7 @@ def _stop(run: RunProcess, m: Moment, tree: list, run_dir: Path, grace_s: float)
         said = f.read().decode(errors="replace")
     if RESUME_HINT not in said and RESTART_HINT not in said:
         check.problems.append("no resume command printed")
+    check.saved = _check_records(run_dir, since_wall, s, check.problems)
     return check
 
 
@@ -646,9 +996,10 @@ def _run_arm(
     run = RunProcess(work / f"{arm}-chaos.yaml", env, work / f"{arm}-chaos.log")
     max_delay_s = s.max_delay_s or result.reference_s / (2 * max(len(moments), 1))
     say(f"[{arm}] kills come U(0, {max_delay_s:.0f}) s after a job is seen alive")
+    ledger = WorkLedger(run.log, root / RUN_ID, s.updates_per_stage)
     try:
         for m in moments:
-            event = _kill_moment(run, m, max_delay_s, root / RUN_ID, s, result.stops)
+            event = _kill_moment(run, m, max_delay_s, root / RUN_ID, s, result, ledger)
             if event is None:
                 result.not_reached += 1
                 event = f"moment {m.index:2d}: not reached (the run had completed)"
