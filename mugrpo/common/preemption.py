@@ -142,6 +142,12 @@ class PreemptionNotice:
         """The job caught :class:`PreemptionInterrupt` and is stopping: no further raise, no re-delivery."""
         self._acknowledged.set()
 
+    def stop_interrupting(self) -> None:
+        """From now on only record the notice: the job has reached work it stops at its own safe points (a train
+        job's update loop). A notice that came before is kept (:attr:`requested`)."""
+        self._interrupt = False
+        self._acknowledged.set()
+
     def notify(self, name: str = "SIGTERM") -> None:
         """Record a notice now (the signal handler calls it; the first one counts)."""
         if self.received_at is None:

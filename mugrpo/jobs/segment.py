@@ -7,7 +7,11 @@ Each stage writes the same job specs as the cold path and runs them through the 
 commits the stage; on CPU with the transformers engine, warm and cold give bitwise the same rollouts and weights.
 Stages whose manifest exists are skipped; inside a stage every job resumes from what it committed.
 
-Exit codes: 0 done, 1 generation failed, 2 bad spec or bad rollouts, 3 NaN/inf loss or gradient.
+Preemption: on SIGTERM the segment stops at once and exits 75 (its pools closed): what its stages committed is kept
+(shards, checkpoints), the work since is redone by a re-run. (A cold train job saves the update in flight instead,
+:mod:`mugrpo.trainer.preemption`.)
+
+Exit codes: 0 done, 1 generation failed, 2 bad spec or bad rollouts, 3 NaN/inf loss or gradient, 75 preempted.
 """
 
 from __future__ import annotations
@@ -15,10 +19,11 @@ from __future__ import annotations
 from transformers.utils import logging as hf_logging
 
 from mugrpo.commits.tables import SchemaError
+from mugrpo.common.preemption import PreemptionInterrupt, PreemptionNotice
 from mugrpo.common.progress import quiet_library_bars
 from mugrpo.execution.warm import SegmentSpec, run_segment
 from mugrpo.generation import GenerationError
-from mugrpo.jobs.common import PROCESS_START, fail, load_spec, refuse_untrusted, spec_argument
+from mugrpo.jobs.common import PROCESS_START, fail, load_spec, preempted, refuse_untrusted, spec_argument
 from mugrpo.trainer.data import RolloutDataError
 from mugrpo.trainer.step import NonFiniteError
 
@@ -29,8 +34,15 @@ def main(argv: list[str] | None = None) -> None:
     quiet_library_bars()
     hf_logging.disable_progress_bar()  # in a terminal too: the jobs draw their own progress bars
     try:
+        notice = PreemptionNotice.from_env().install(interrupt=True)
+    except ValueError as e:
+        fail(f"segment from stage {spec.stage}: {e}", 2)
+    try:
         with refuse_untrusted("segment", spec.stage):
             run_segment(spec, origin=PROCESS_START)
+    except PreemptionInterrupt:
+        notice.acknowledge()
+        preempted(f"segment from stage {spec.stage}: stopped by {notice.signal_name}; what it committed is kept")
     except GenerationError as e:
         fail(str(e))
     except (RolloutDataError, SchemaError) as e:

@@ -95,6 +95,8 @@ class Trainer(Resident):
             t_switch = time.monotonic() - origin - run.recompute_s
             if self.accelerator.is_main_process:
                 delete_parts_after(store, layout, spec.stage, run.plan.start_step)
+            if notice is not None:  # from here the job stops at the update loop's safe points and saves
+                notice.stop_interrupting()
             stops = StopPolicy(
                 notice,
                 self.accelerator,

@@ -122,3 +122,23 @@ def test_a_grace_too_short_for_a_checkpoint_falls_back_to_the_last_one(tiny_mode
     assert code == 0, log[-3000:]
     assert read_job_manifest(store, RUN, 0, "train").counts["resumed_from"] == 2
     _assert_same_result(store, straight)
+
+
+def test_a_train_job_waiting_at_its_start_gate_stops_at_once(tiny_model_dir, tmp_path):
+    """A pre-started train job waiting for its inputs has nothing to save: SIGTERM ends it within seconds, exit 75,
+    nothing written (it does not sit out its grace)."""
+    root = tmp_path / "root"
+    spec = train_spec(root, RUN, start_after=[f"{RUN}/jobs/stage=0/generate.manifest.json"], start_timeout_s=600)
+    log = tmp_path / "gate.log"
+    proc = start_job("train", write_spec(spec, tmp_path / "gate.spec.json"), log, env={**job_env(), GRACE_ENV: "20"})
+    deadline = time.monotonic() + 120
+    while "waiting for 1 input(s)" not in log.read_text(errors="replace"):
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == PREEMPTED_EXIT_CODE, log.read_text()[-3000:]
+    assert time.monotonic() - t0 < 5
+    assert "stopped by SIGTERM before its update loop; nothing to save" in log.read_text()
+    assert not (root / RUN / "checkpoints").exists()

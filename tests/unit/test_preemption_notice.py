@@ -85,6 +85,13 @@ def test_an_interrupt_lost_in_a_destructor_is_delivered_again(restore_sigterm):
     assert time.monotonic() - t0 < 2
 
 
+def test_a_notice_stops_interrupting_once_the_job_reaches_its_safe_points(restore_sigterm):
+    notice = PreemptionNotice(5.0).install(interrupt=True)
+    notice.stop_interrupting()  # a train job's update loop starts: from here it stops at its safe points
+    os.kill(os.getpid(), signal.SIGTERM)  # recorded, not raised
+    assert notice.requested and notice.signal_name == "SIGTERM"
+
+
 def _policy(grace_s: float, *, may_drop: bool = True) -> tuple[StopPolicy, PreemptionNotice]:
     notice = PreemptionNotice(grace_s, margin_s=0.0)
     accelerator = SimpleNamespace(num_processes=1, device="cpu")
