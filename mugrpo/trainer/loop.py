@@ -23,7 +23,13 @@ from mugrpo.common.progress import console
 from mugrpo.common.scratch import scratch_dir
 from mugrpo.coordination.start_gate import StartGate
 from mugrpo.trainer.commit import commit_training, finish_without_updates, publish_policy, write_stage_checkpoint
-from mugrpo.trainer.preemption import Preempted, StopPolicy, earlier_checkpoint_s, write_preemption_record
+from mugrpo.trainer.preemption import (
+    Preempted,
+    StopPolicy,
+    earlier_checkpoint_s,
+    record_checkpoint_seconds,
+    write_preemption_record,
+)
 from mugrpo.trainer.records import delete_parts_after
 from mugrpo.trainer.setup import Resident, load_stage_data, setup_stage
 from mugrpo.trainer.spec import TrainSpec
@@ -102,6 +108,11 @@ class Trainer(Resident):
                 self.accelerator,
                 may_drop=not any(type(h).compose_changes_state for h in hooks.values()),
                 earlier_checkpoint_s=earlier_checkpoint_s(store, layout, spec) if notice is not None else None,
+                record=(
+                    (lambda seconds: record_checkpoint_seconds(store, layout, spec.stage, seconds))
+                    if notice is not None and self.accelerator.is_main_process
+                    else None
+                ),
             )
             try:
                 t_loop, t_checkpoint = train_updates(run, lambda step, rows: self._checkpoint(run, step, rows), stops)

@@ -20,13 +20,16 @@ records ``jobs/stage=k/train.preempted.json`` and raises :class:`Preempted`; the
 its final weights are bitwise those of an uninterrupted run on CPU.
 
 The checkpoint's write time is predicted from this run's own checkpoints: the slowest one this job wrote, else the
-mean of the latest train job manifest of an earlier stage (``timings.checkpoint`` over the checkpoints it wrote).
-With neither (the run's first checkpoint), the write is tried: a SIGKILL during it leaves only temporary files.
+slowest an earlier job of the stage wrote (each job records its checkpoints' seconds in
+``jobs/stage=k/train.checkpoints.json``), else the mean of the latest train job manifest of an earlier stage
+(``timings.checkpoint`` over the checkpoints it wrote). With none (the run's first checkpoint), the write is tried:
+a SIGKILL during it leaves only temporary files.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -111,9 +114,26 @@ def read_preemption_record(store: Store, layout: RunLayout, stage: int) -> dict 
     return store.read_json(rel) if store.exists(rel) else None
 
 
+def checkpoint_times_path(layout: RunLayout, stage: int) -> str:
+    """Where a train job records the seconds each of its checkpoints took to write (``jobs/stage=k/
+    train.checkpoints.json``; read by a re-run of the stage to predict a checkpoint's write time)."""
+    return layout.job_error(stage, "train", "checkpoints")
+
+
+def record_checkpoint_seconds(store: Store, layout: RunLayout, stage: int, seconds: list[float]) -> None:
+    """Write the stage's measured checkpoint seconds (:func:`checkpoint_times_path`; one small PUT)."""
+    store.write_json(checkpoint_times_path(layout, stage), {"stage": stage, "seconds": [round(s, 3) for s in seconds]})
+
+
 def earlier_checkpoint_s(store: Store, layout: RunLayout, spec: TrainSpec) -> float | None:
-    """Mean seconds of one checkpoint of the latest earlier stage's train job of this run (its manifest's
-    ``timings.checkpoint`` over the checkpoints that job wrote), or None."""
+    """Seconds one checkpoint of this run is predicted to take, from the run's own measures: the slowest checkpoint
+    an earlier job of this stage recorded (:func:`checkpoint_times_path`), else the mean of the latest earlier
+    stage's train job (its manifest's ``timings.checkpoint`` over the checkpoints that job wrote), else None."""
+    rel = checkpoint_times_path(layout, spec.stage)
+    if store.exists(rel):
+        seconds = store.read_json(rel).get("seconds") or []
+        if seconds:
+            return float(max(seconds))
     every, total = spec.train.checkpoint_every, spec.train.updates_per_stage
     for stage in range(spec.stage - 1, -1, -1):
         manifest = read_job_manifest(store, spec.run_id, stage, "train")
@@ -136,6 +156,8 @@ class StopPolicy:
             flag at each update's end) and updates are never dropped.
         may_drop: whether an update may be dropped between micro-batches (no algorithm's compose changes state).
         earlier_checkpoint_s: the run's measured seconds per checkpoint (:func:`earlier_checkpoint_s`), or None.
+        record: called with the seconds measured so far after each checkpoint (the main process records them,
+            :func:`record_checkpoint_seconds`), or None.
     """
 
     def __init__(
@@ -145,6 +167,7 @@ class StopPolicy:
         *,
         may_drop: bool,
         earlier_checkpoint_s: float | None = None,
+        record: Callable[[list[float]], None] | None = None,
     ) -> None:
         self.notice = notice
         self.accelerator = accelerator
@@ -153,6 +176,7 @@ class StopPolicy:
         self.update_s: list[float] = []
         self.checkpoint_s: list[float] = []
         self.earlier_checkpoint_s = earlier_checkpoint_s
+        self.record = record
         self._update_started = 0.0
 
     @property
@@ -180,7 +204,10 @@ class StopPolicy:
         self.update_s.append(time.monotonic() - self._update_started)
 
     def checkpoint_written(self, seconds: float) -> None:
+        """A checkpoint took ``seconds``: the prediction of the next one, recorded for a re-run (``record``)."""
         self.checkpoint_s.append(seconds)
+        if self.record is not None:
+            self.record(list(self.checkpoint_s) + ([self.earlier_checkpoint_s] if self.earlier_checkpoint_s else []))
 
     def before_micro_batch(self, i: int, n: int) -> None:
         """Drop the update in flight when a notice came and the rest of it plus a checkpoint no longer fit.

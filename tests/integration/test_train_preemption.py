@@ -22,7 +22,7 @@ from mugrpo.common.faults import FAULT_ENV
 from mugrpo.common.preemption import GRACE_ENV, PREEMPTED_EXIT_CODE
 from mugrpo.storage.layout import RunLayout
 from mugrpo.storage.store import Store
-from mugrpo.trainer.preemption import read_preemption_record
+from mugrpo.trainer.preemption import checkpoint_times_path, read_preemption_record
 
 pytestmark = pytest.mark.slow
 
@@ -96,6 +96,8 @@ def test_sigterm_saves_the_update_in_flight_and_the_rerun_redoes_nothing(tiny_mo
     assert latest_checkpoint(store, LAYOUT, 0) == 3 and read_job_manifest(store, RUN, 0, "train") is None
     record = read_preemption_record(store, LAYOUT, 0)
     assert record["done"] == 3 and record["saved"] == 3 and record["lost"] == 0 and not record["dropped"]
+    times = store.read_json(checkpoint_times_path(LAYOUT, 0))["seconds"]  # what a re-run predicts from
+    assert len(times) == 2 and all(t > 0 for t in times)  # the checkpoints of updates 2 and 3
 
     code, log = _run(root, tmp_path, "rerun", every=2)
     assert code == 0, log[-3000:]
