@@ -115,6 +115,11 @@ def test_an_update_in_flight_is_dropped_when_the_rest_does_not_fit():
     notice.notify()
     with pytest.raises(UpdateDropped):
         stops.before_micro_batch(0, 2)  # 4 s of update + 3 s checkpoint > 4 s
+    tight, notice = _policy(7.0)  # 4 s of update + 3 s of checkpoint would just fit; with the 1.5x allowance, no
+    tight.update_s = [4.0]
+    notice.notify()
+    with pytest.raises(UpdateDropped):
+        tight.before_micro_batch(0, 2)
     unsafe, notice = _policy(4.0, may_drop=False)  # an algorithm's compose changed state: never dropped
     unsafe.update_s = [4.0]
     notice.notify()
