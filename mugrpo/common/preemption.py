@@ -117,9 +117,12 @@ class PreemptionNotice:
         return cls(grace_from_env())
 
     def install(self, signals: tuple[int, ...] = (signal.SIGTERM,), *, interrupt: bool = False) -> PreemptionNotice:
-        """Record ``signals`` from now on instead of dying of them (main thread only); with ``interrupt``, the first
+        """Record ``signals`` from now on instead of dying of them; with ``interrupt``, the first
         one also raises :class:`PreemptionInterrupt` in the main thread, again every :data:`REDELIVER_S` until
-        :meth:`acknowledge` (a raise that lands in a destructor is dropped). Returns self."""
+        :meth:`acknowledge` (a raise that lands in a destructor is dropped). Outside the main thread (a job run
+        in-process by another program) nothing is installed: the notice never comes. Returns self."""
+        if threading.current_thread() is not threading.main_thread():
+            return self  # a job run in a thread of another program (the lab): its signals are not ours
         self._interrupt = interrupt
         for sig in signals:
             signal.signal(sig, self._handler)
