@@ -102,11 +102,25 @@ def fail(message: str, code: int = 1) -> None:
     sys.exit(code)
 
 
-def preempted(message: str) -> None:
+def install_notice(what: str, *, interrupt: bool = True):
+    """The job's :class:`~mugrpo.common.preemption.PreemptionNotice` (grace from ``MUGRPO_STOP_GRACE_S``), installed
+    (``interrupt``: SIGTERM raises :class:`~mugrpo.common.preemption.PreemptionInterrupt` until the job says
+    otherwise). A malformed grace fails the job: ``{what}: ...``, exit 2."""
+    from mugrpo.common.preemption import PreemptionNotice
+
+    try:
+        return PreemptionNotice.from_env().install(interrupt=interrupt)
+    except ValueError as e:
+        fail(f"{what}: {e}", 2)
+
+
+def preempted(message: str, notice=None) -> None:
     """Print ``preempted: {message}`` (the line the launchers quote) and exit with
     :data:`mugrpo.common.preemption.PREEMPTED_EXIT_CODE`: the job stopped on a preemption notice after saving what
-    fitted in the grace; a re-run resumes from it."""
+    fitted in the grace; a re-run resumes from it. ``notice``: acknowledged first (no further interrupt)."""
     from mugrpo.common.preemption import PREEMPTED_EXIT_CODE
 
+    if notice is not None:
+        notice.acknowledge()
     console.print(f"preempted: {message}", style="yellow", markup=False, highlight=False)
     sys.exit(PREEMPTED_EXIT_CODE)

@@ -20,28 +20,32 @@ lease, 75 preempted (SIGTERM).
 
 from __future__ import annotations
 
-from mugrpo.common.preemption import PreemptionInterrupt, PreemptionNotice
+from mugrpo.common.preemption import PreemptionInterrupt
 from mugrpo.common.progress import quiet_library_bars
 from mugrpo.coordination.start_gate import StartGate
 from mugrpo.evaluation.worker import EvalSpec, run_eval
-from mugrpo.jobs.common import PROCESS_START, fail, load_spec, preempted, refuse_untrusted, spec_argument
+from mugrpo.jobs.common import (
+    PROCESS_START,
+    install_notice,
+    load_spec,
+    preempted,
+    refuse_untrusted,
+    spec_argument,
+)
 
 
 def main(argv: list[str] | None = None) -> None:
     """CLI entry point: ``python -m mugrpo.jobs.eval SPEC``."""
     spec = load_spec(spec_argument(argv, "mugrpo.jobs.eval", EvalSpec, __doc__), EvalSpec)
     quiet_library_bars()
-    try:
-        notice = PreemptionNotice.from_env().install(interrupt=True)
-    except ValueError as e:
-        fail(f"eval stage {spec.stage}: {e}", 2)
+    notice = install_notice(f"eval stage {spec.stage}")
     try:
         with refuse_untrusted("eval", spec.stage):
             run_eval(spec, origin=PROCESS_START, gate=StartGate(spec))
     except PreemptionInterrupt:
-        notice.acknowledge()
         preempted(
-            f"eval stage {spec.stage}: stopped by {notice.signal_name}; the benchmark being evaluated is discarded"
+            f"eval stage {spec.stage}: stopped by {notice.signal_name}; the benchmark being evaluated is discarded",
+            notice,
         )
 
 

@@ -30,26 +30,31 @@ from __future__ import annotations
 
 import os
 
-from mugrpo.common.preemption import PreemptionInterrupt, PreemptionNotice
+from mugrpo.common.preemption import PreemptionInterrupt
 from mugrpo.common.progress import console, quiet_library_bars
 from mugrpo.coordination.start_gate import StartGate
-from mugrpo.jobs.common import PROCESS_START, fail, load_spec, preempted, refuse_untrusted, spec_argument
+from mugrpo.jobs.common import (
+    PROCESS_START,
+    fail,
+    install_notice,
+    load_spec,
+    preempted,
+    refuse_untrusted,
+    spec_argument,
+)
 
 
 def main(argv: list[str] | None = None) -> None:
     """CLI entry point: ``python -m mugrpo.jobs.generate SPEC``."""
     console.print(f"generate: job started (pid {os.getpid()}); importing the engine")  # a line within seconds
-    try:
-        notice = PreemptionNotice.from_env().install(interrupt=True)
-    except ValueError as e:
-        fail(f"generate: {e}", 2)
+    notice = install_notice("generate")
     try:
         _generate(argv)
     except PreemptionInterrupt:
-        notice.acknowledge()
         preempted(
             f"generate: stopped by {notice.signal_name}; the shards complete by then are committed, the one being "
-            "sampled is dropped (a re-run samples it again)"
+            "sampled is dropped (a re-run samples it again)",
+            notice,
         )
 
 

@@ -19,11 +19,19 @@ from __future__ import annotations
 from transformers.utils import logging as hf_logging
 
 from mugrpo.commits.tables import SchemaError
-from mugrpo.common.preemption import PreemptionInterrupt, PreemptionNotice
+from mugrpo.common.preemption import PreemptionInterrupt
 from mugrpo.common.progress import quiet_library_bars
 from mugrpo.execution.warm import SegmentSpec, run_segment
 from mugrpo.generation import GenerationError
-from mugrpo.jobs.common import PROCESS_START, fail, load_spec, preempted, refuse_untrusted, spec_argument
+from mugrpo.jobs.common import (
+    PROCESS_START,
+    fail,
+    install_notice,
+    load_spec,
+    preempted,
+    refuse_untrusted,
+    spec_argument,
+)
 from mugrpo.trainer.data import RolloutDataError
 from mugrpo.trainer.step import NonFiniteError
 
@@ -33,16 +41,14 @@ def main(argv: list[str] | None = None) -> None:
     spec = load_spec(spec_argument(argv, "mugrpo.jobs.segment", SegmentSpec, __doc__), SegmentSpec)
     quiet_library_bars()
     hf_logging.disable_progress_bar()  # in a terminal too: the jobs draw their own progress bars
-    try:
-        notice = PreemptionNotice.from_env().install(interrupt=True)
-    except ValueError as e:
-        fail(f"segment from stage {spec.stage}: {e}", 2)
+    notice = install_notice(f"segment from stage {spec.stage}")
     try:
         with refuse_untrusted("segment", spec.stage):
             run_segment(spec, origin=PROCESS_START)
     except PreemptionInterrupt:
-        notice.acknowledge()
-        preempted(f"segment from stage {spec.stage}: stopped by {notice.signal_name}; what it committed is kept")
+        preempted(
+            f"segment from stage {spec.stage}: stopped by {notice.signal_name}; what it committed is kept", notice
+        )
     except GenerationError as e:
         fail(str(e))
     except (RolloutDataError, SchemaError) as e:

@@ -52,10 +52,18 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from mugrpo.commits.tables import SchemaError
-from mugrpo.common.preemption import PreemptionInterrupt, PreemptionNotice
+from mugrpo.common.preemption import PreemptionInterrupt
 from mugrpo.common.progress import quiet_library_bars
 from mugrpo.coordination.start_gate import StartGate
-from mugrpo.jobs.common import PROCESS_START, fail, load_spec, preempted, refuse_untrusted, spec_argument
+from mugrpo.jobs.common import (
+    PROCESS_START,
+    fail,
+    install_notice,
+    load_spec,
+    preempted,
+    refuse_untrusted,
+    spec_argument,
+)
 from mugrpo.trainer.data import RolloutDataError
 from mugrpo.trainer.loop import run_training
 from mugrpo.trainer.preemption import Preempted
@@ -72,18 +80,16 @@ def main(argv: list[str] | None = None) -> None:
     # are subnormal, and x86 arithmetic on them is 10-100x slower; as zeros they change no log-prob (those are
     # computed in log space) and no gradient measurably. Deterministic, so resume stays bitwise exact.
     torch.set_flush_denormal(True)
-    try:  # until the update loop starts (a start gate, loading) a notice stops the job at once: nothing to save
-        notice = PreemptionNotice.from_env().install(interrupt=True)
-    except ValueError as e:
-        fail(f"train stage {spec.stage}: {e}", 2)
+    # until the update loop starts, a notice stops the job at once: nothing to save
+    notice = install_notice(f"train stage {spec.stage}")
     try:
         with refuse_untrusted("train", spec.stage):  # tampered checkpoint/optimizer/rollouts: exit 2, file named
             run_training(spec, origin=PROCESS_START, gate=StartGate(spec), notice=notice)
     except Preempted as stop:
         preempted(str(stop))
     except PreemptionInterrupt:
-        notice.acknowledge()
-        preempted(f"train stage {spec.stage}: stopped by {notice.signal_name} before its update loop; nothing to save")
+        said = f"train stage {spec.stage}: stopped by {notice.signal_name} before its update loop; nothing to save"
+        preempted(said, notice)
     except (RolloutDataError, SchemaError) as e:
         fail(f"train stage {spec.stage}: bad rollouts: {e}", 2)
     except NonFiniteError as e:
