@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -135,6 +136,8 @@ class PreemptionNotice:
             return
         if first:  # a raise that lands in a destructor is only printed: re-deliver until the job acknowledges it
             threading.Thread(target=self._redeliver, args=(signum,), name="preemption-redeliver", daemon=True).start()
+        elif isinstance(sys.exc_info()[1], PreemptionInterrupt):
+            return  # the first one is propagating (a commit thread being waited for on the way out): let it
         raise PreemptionInterrupt(self.signal_name)
 
     def _redeliver(self, signum: int) -> None:
