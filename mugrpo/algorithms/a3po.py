@@ -44,7 +44,7 @@ from mugrpo.losses import (
 )
 from mugrpo.losses.clipped import clipped_surrogate
 from mugrpo.losses.pipeline import TokenSurrogate, finalize_loss, prepare_batch
-from mugrpo.losses.stale import correction_stats
+from mugrpo.losses.stale import bounded_weight, correction_stats
 
 #: The policy loss of this algorithm, and its per-rollout input (the interpolation weight alpha).
 LOSS_NAME = "a3po"
@@ -174,7 +174,7 @@ def a3po_loss(
     log_rho = batch.log_ratio.detach()
     log_w = alpha.unsqueeze(-1) * log_rho
     keep = mask if config.a3po_weight_cap is None else mask & (log_w <= math.log(config.a3po_weight_cap))
-    weight = torch.where(keep, torch.exp(log_w), 0.0)
+    weight = torch.where(keep, bounded_weight(log_w), 0.0)  # exp, bounded: finite at any alpha * log rho
     inner = clipped_surrogate(
         batch.log_ratio - alpha.unsqueeze(-1) * log_rho, batch.advantages, 1.0 - config.eps_low,
         1.0 + config.eps_high, config.dual_clip_c,

@@ -206,6 +206,13 @@ class PolicyLossConfig(BaseModel):
         "config, m2_threshold: 0.04): the tokens of largest (log rho_t)^2 are dropped until the mean over the kept "
         "tokens of the batch is below it.",
     )
+    m2po_behavior_weight_cap: float | None = Field(
+        default=None,
+        gt=0.0,
+        description="M2PO (arXiv 2510.01161): also drop the tokens whose importance ratio pi_theta / pi_behav "
+        "exceeds it, on top of the second-moment mask (AReaL's M2PO example trains with behav_imp_weight_cap: 5.0). "
+        "None: no cap.",
+    )
     a3po_weight_cap: float | None = Field(
         default=5.0,
         gt=1.0,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from mugrpo.losses.kl import LOG_RATIO_CLAMP
 from mugrpo.losses.metrics import MetricStat
 from mugrpo.losses.pipeline import TokenSurrogate, importance_ratio
 
@@ -59,6 +60,30 @@ def effective_sample_size(w_mean: float, w_sq_mean: float) -> float:
         The normalized ESS; 0.0 when every weight is 0 (every unit dropped).
     """
     return 0.0 if w_sq_mean <= 0.0 else w_mean * w_mean / w_sq_mean
+
+
+def bounded_weight(log_weight: torch.Tensor) -> torch.Tensor:
+    """w = exp(min(log w, 20)): an importance weight that cannot overflow, for weights computed from log-ratios
+    that no other bound limits (A-3PO's behavior weight pi_prox / pi_behav = exp(alpha log rho) with no
+    ``a3po_weight_cap``, arXiv 2512.06547; decoupled PPO, Hilton et al. 2022, arXiv 2110.00641).
+
+    exp overflows fp32 to +inf once log w > 88.72 (log of the largest float32), and the loss then becomes -inf or
+    NaN. Clamping at 88.72 would not be enough: a weight near 3.4e38 times a loss term of magnitude above 1 (PPO's
+    clipped term is 1.2 |A|) still overflows. So the bound is the library's bound on every importance ratio,
+    ``LOG_RATIO_CLAMP`` = 20 (w <= e^20 = 4.85e8; :func:`mugrpo.losses.pipeline.importance_ratio`, ``seq_is``'s
+    log W, the k3 estimator): a bounded weight times a bounded ratio times A stays finite in fp32. Only the upper
+    side is bounded: a very negative log w underflows to 0, which is finite, and is left as it was.
+
+    Below the bound (log w <= 20) the clamp is the identity, so the result is bitwise exp(log w); the weights of
+    inputs with log w > 20 change (from up to 3.4e38, or inf, to 4.85e8). NaN stays NaN; -inf gives 0.
+
+    Args:
+        log_weight: log importance weights, any shape and float dtype (detached where it is a weight).
+
+    Returns:
+        Same shape and dtype: exp(min(log_weight, 20)), in [0, 4.85e8].
+    """
+    return torch.exp(log_weight.clamp(max=LOG_RATIO_CLAMP))
 
 
 def masked_is_surrogate(log_ratio: torch.Tensor, advantages: torch.Tensor, keep: torch.Tensor) -> TokenSurrogate:

@@ -38,8 +38,20 @@ def sequence_log_weight(log_ratio: torch.Tensor, response_mask: torch.Tensor) ->
 def _weighted_surrogate(batch: PreparedBatch, weight: torch.Tensor) -> TokenSurrogate:
     """l_it = -sg[w_i] * A_i * pi_theta(o_it) / sg[pi_theta(o_it)]: value -w_i A_i, gradient -w_i A_i grad log
     pi_theta(o_it), so the summed gradient of a response is w_i A_i grad log pi_theta(o_i) (REINFORCE with a
-    sequence importance weight)."""
-    unit = torch.exp(batch.log_ratio - batch.log_ratio.detach())
+    sequence importance weight).
+
+    The unit factor is exp(log pi_theta - sg[log pi_theta]), not exp(log rho - sg[log rho]): the two have the same
+    value (1) and the same gradient (log pi_behav carries none), but log rho is +inf where log pi_behav = -inf, and
+    inf - inf would make the token's loss NaN.
+
+    Args:
+        batch: the prepared inputs ([B, T] tensors).
+        weight: [B] sequence weights w_i (detached here), finite.
+
+    Returns:
+        :class:`TokenSurrogate` with [B, T] losses (0 at padding) and no clipped token.
+    """
+    unit = torch.exp(batch.logprobs - batch.logprobs.detach())
     loss = -(weight.detach().unsqueeze(-1) * batch.advantages) * unit
     none = torch.zeros_like(batch.response_mask)
     return TokenSurrogate(loss=torch.where(batch.response_mask, loss, 0.0), clipped_low=none, clipped_high=none,
@@ -67,6 +79,12 @@ def seq_is_loss(
     "Your efficient RL framework secretly brings you off-policy RL training"). C = ``config.seq_is_cap`` (default 2.0,
     the default upper threshold of ms-swift's and verl's rollout-correction IS); None: no truncation. log W is
     clamped to [-20, 20] before exp. No PPO clip: the truncation is the only trust region.
+
+    A token the behavior policy could not have sampled (``behavior_logprobs`` = -inf on a response token; the
+    trainer's data path refuses such rows, :mod:`mugrpo.trainer.data`, but a direct call may pass one) has
+    log rho = +inf, so log W_i = +inf and the formula gives w_i = C (``correction_clipped_frac`` counts it), or e^20
+    with no cap: finite, as ``icepop``, ``m2po`` and ``geo_mask`` (which drop the token or its response) and
+    ``grpo`` / ``mu_grpo`` (which bound its ratio at e^20) stay finite on it. A -inf at padding is ignored.
 
     Metrics (:mod:`mugrpo.losses.stale.common`) over non-empty responses: ``correction_clipped_frac`` = responses
     whose weight hit C; ``correction_w_mean`` / ``correction_w_sq_mean`` of w_i (ESS).
@@ -123,6 +141,12 @@ def seq_snis_loss(
     the staleness bench trains each update in one micro-batch, where it is the update (a choice, written in
     docs/algorithms/stale-corrections.md).
 
+    A response with log W_i = +inf (``behavior_logprobs`` = -inf on one of its tokens: a token the behavior policy
+    could not have sampled; the trainer's data path refuses such rows, a direct call may pass one) gets the limit of
+    the formula as its W_i grows without bound: the k responses with W = +inf share the batch's weight equally,
+    w_i = n / k, and every other response gets w = 0 (finite, as the other corrections are on such a token; with
+    k = 1 it is the limit of n W_i / sum_j W_j). A batch with no such response is unaffected by this rule.
+
     Metrics over non-empty responses: ``correction_w_mean`` (1 by construction) and ``correction_w_sq_mean`` (ESS =
     1 / w_sq_mean); nothing is clipped or masked. Arguments, return value and errors as :func:`seq_is_loss`.
     """
@@ -134,6 +158,10 @@ def seq_snis_loss(
     count = nonempty.sum().clamp_min(1)
     log_norm = torch.logsumexp(torch.where(nonempty, log_w, float("-inf")), dim=0)
     weight = torch.where(nonempty, torch.exp(log_w - log_norm) * count, 0.0)
+    infinite = nonempty & (log_w == math.inf)  # W_i = +inf: the limit, n / k each (docstring)
+    n_infinite = infinite.sum()
+    limit = torch.where(infinite, count / n_infinite.clamp_min(1), 0.0).to(weight.dtype)
+    weight = torch.where(n_infinite > 0, limit, weight)
     surrogate = _weighted_surrogate(batch, weight)
     surrogate.extra_stats.update(correction_stats(weight, nonempty, torch.zeros_like(nonempty)))
     return finalize_loss(batch, surrogate, config)
