@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from mugrpo.config.base import _Section
+from mugrpo.config.threads import THREADS_KEY, check_threads
 from mugrpo.config_keys import OPERATIONAL
 from mugrpo.data.datasets import DatasetConfig
 from mugrpo.engines.base import SamplingParams
@@ -19,8 +20,22 @@ class GenerationSection(_Section):
     """The generation job: sampling G responses per prompt from the frozen behavior policy."""
 
     engine: str = Field("transformers", description="Rollout engine: 'transformers' (CPU default) or 'vllm' (GPU).")
-    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra engine options (batch size...).")
+    engine_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra engine options. transformers: num_threads ('auto', the default: the cores the jobs "
+        "beside it leave free, decided by the schedule and recorded in the job spec, mugrpo.config.threads; or an "
+        "integer), batch_size ('auto', the default: as many rows per forward pass as kv_budget_gib of KV cache "
+        "holds, 1.0 GiB by default; or rows), fp32_logits. vllm: see mugrpo.engines.vllm_engine.",
+    )
     sampling: SamplingParams = Field(default_factory=SamplingParams)
+
+    @field_validator("engine_kwargs")
+    @classmethod
+    def _check_num_threads(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if THREADS_KEY in value:
+            check_threads(value[THREADS_KEY])
+        return value
+
     prompts_per_stage: int = Field(64, ge=1, description="Prompts sampled per stage (not published by Mu-GRPO).")
     shard_size: int = Field(16, ge=1, description="Prompts per Parquet shard; a group never spans two shards.")
     workers: int = Field(

@@ -174,6 +174,29 @@ class RolloutEngine(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One ``generate`` call's worth of work: prompts and how to sample them (one benchmark of an evaluation)."""
+
+    prompt_token_ids: list[list[int]]
+    params: SamplingParams
+
+
+def generate_requests(engine: RolloutEngine, requests: Sequence[GenerationRequest]) -> list[list[list[Sample]]]:
+    """Sample every request, in one batch schedule where the engine offers one (``engine.generate_many``: rows of
+    different requests share forward passes), else with one ``generate`` call per request. Each request's samples
+    are those its own ``generate`` call would give (per-row generators seeded from the request's ``params.seed``).
+
+    Returns:
+        one result per request, as ``engine.generate`` returns it: ``result[r][i][j]`` is sample j of prompt i of
+        request r.
+    """
+    many = getattr(engine, "generate_many", None)
+    if many is not None:
+        return many(list(requests))
+    return [engine.generate(r.prompt_token_ids, r.params) for r in requests]
+
+
 EngineFactory = Callable[..., RolloutEngine]
 ROLLOUT_ENGINES: Registry[EngineFactory] = Registry("rollout engine")
 """Engine factories ``factory(model_dir, **options) -> RolloutEngine`` by name; add one with

@@ -18,7 +18,9 @@ from __future__ import annotations
 import gc
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -27,13 +29,20 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from mugrpo.engines.base import (
     ROLLOUT_ENGINES,
     ClosingEngine,
+    GenerationRequest,
     Sample,
     SamplingParams,
     check_prompts,
     finish_reason_of,
 )
+from mugrpo.engines.kv_cache import growing_cache, kv_bytes_per_token, rows_within_budget
 from mugrpo.policy.models import eos_token_ids, load_policy
 from mugrpo.policy.truncation import Truncation, apply_truncation
+
+#: GiB of KV cache one batch may hold with ``batch_size="auto"``: 1 GiB holds ~170 rows of the main job
+#: (SmolLM2-135M in fp32, 46 KiB per position, ~135 positions), past the batch size where tokens/s stops rising
+#: on a 2-core CPU (docs/benchmarks.md, "Engine throughput").
+DEFAULT_KV_BUDGET_GIB = 1.0
 
 
 def _as_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -81,7 +90,7 @@ def sample_next_tokens(
     logits: torch.Tensor,
     temperatures: torch.Tensor,
     truncation: Truncation,
-    generators: list[torch.Generator],
+    generators: list[torch.Generator | None],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row and return it with its behavior log-prob.
 
@@ -98,7 +107,7 @@ def sample_next_tokens(
         logits: [R, V] next-token logits (any float dtype; computed in fp32).
         temperatures: [R] temperatures >= 0.
         truncation: min-p / top-k / top-p of the sampling; greedy rows are not truncated.
-        generators: R CPU generators, one per row.
+        generators: R CPU generators, one per row; None for a greedy row (it draws no noise).
 
     Returns:
         (tokens [R] int64, behavior log-probs [R] fp32 in nats).
@@ -110,9 +119,10 @@ def sample_next_tokens(
         scaled = torch.where(greedy[:, None], scaled, apply_truncation(scaled, truncation))
     row_max = scaled.max(dim=-1, keepdim=True).values
     weights = (scaled - row_max).exp_()
-    noise = torch.empty(logits.shape, dtype=torch.float32)
+    noise = torch.ones(logits.shape, dtype=torch.float32)  # greedy rows (no generator) draw nothing
     for row, generator in enumerate(generators):
-        noise[row].uniform_(generator=generator)
+        if generator is not None:
+            noise[row].uniform_(generator=generator)
     sampled = (weights / noise.to(weights.device).log_().neg_()).argmax(dim=-1)
     tokens = torch.where(greedy, scaled.argmax(dim=-1), sampled)
     log_normalizer = row_max.squeeze(-1) + weights.sum(dim=-1).log()
@@ -131,14 +141,18 @@ class TransformersEngine(ClosingEngine):
         model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase,
         *,
-        batch_size: int = 64,
+        batch_size: int | Literal["auto"] = "auto",
+        kv_budget_gib: float = DEFAULT_KV_BUDGET_GIB,
         fp32_logits: bool = False,
     ) -> None:
         """Args:
         model: causal LM; it is switched to eval mode while generating and restored afterwards.
         tokenizer: its tokenizer (decodes the responses; gives the EOS id).
-        batch_size: rows (prompts x G) per forward pass; a batch always holds whole groups, so it is
-            rounded up to a multiple of G. Memory is O(batch_size x (prompt + response length)) of KV cache.
+        batch_size: rows (prompts x samples) per forward pass, or "auto": as many as the KV cache budget allows
+            (:mod:`mugrpo.engines.kv_cache`). A batch always holds whole groups (a group larger than the limit is
+            a batch of its own). Memory is O(rows x (prompt + response length)) of KV cache.
+        kv_budget_gib: the KV cache budget of ``batch_size="auto"``, GiB per batch (default
+            :data:`DEFAULT_KV_BUDGET_GIB`).
         fp32_logits: project the final hidden states through an fp32 copy of the LM head (V x H x 4 bytes more
             memory), so a bf16 model's logits are not rounded to bf16 (8 significant bits: a logit of 16 is
             rounded to a multiple of 0.125). Log-probs are fp32 from the logits either way. No effect on an fp32
@@ -147,8 +161,11 @@ class TransformersEngine(ClosingEngine):
         Raises:
             ValueError: batch_size < 1, or fp32_logits with an LM head that has a bias.
         """
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if batch_size != "auto" and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+            raise ValueError(f"batch_size must be an int >= 1 or 'auto', got {batch_size!r}")
+        if not kv_budget_gib > 0:
+            raise ValueError(f"kv_budget_gib must be > 0, got {kv_budget_gib!r}")
+        self.kv_budget_gib = float(kv_budget_gib)
         self._head_fp32: torch.Tensor | None = None
         head = model.get_output_embeddings()
         if fp32_logits and head.weight.dtype != torch.float32:
@@ -170,7 +187,8 @@ class TransformersEngine(ClosingEngine):
         model_dir: str | Path,
         *,
         dtype: str | torch.dtype = torch.float32,
-        batch_size: int = 64,
+        batch_size: int | Literal["auto"] = "auto",
+        kv_budget_gib: float = DEFAULT_KV_BUDGET_GIB,
         seed: int | None = None,
         num_threads: int | None = None,
         fp32_logits: bool = False,
@@ -180,8 +198,10 @@ class TransformersEngine(ClosingEngine):
 
         ``seed`` is accepted for a uniform engine factory signature and unused: this engine seeds each
         ``generate`` call from ``SamplingParams.seed``, which is what makes resumed shards reproducible.
-        ``num_threads``, if set, calls ``torch.set_num_threads`` (process-wide). On a CPU shared with other busy
-        processes, 1 thread was 3.5x faster than 2 on a 2-core machine (OpenMP threads spin-wait on each other).
+        ``num_threads``, if set, calls ``torch.set_num_threads`` (process-wide). A job gets it from its spec, where
+        the schedule resolved ``auto`` to the cores the jobs beside it leave free
+        (:func:`mugrpo.orchestration.threads.job_threads`): on a CPU shared with other busy processes, 1 thread was
+        3.5x faster than 2 on a 2-core machine (OpenMP threads spin-wait on each other).
         ``fp32_logits``: see the constructor. ``device``: where the model runs (e.g. ``"cuda"``; None keeps it on
         the CPU, the default); inputs follow the model's device.
         """
@@ -190,7 +210,7 @@ class TransformersEngine(ClosingEngine):
         model, tokenizer = load_policy(model_dir, dtype=_as_dtype(dtype))
         if device is not None:
             model = model.to(device)
-        return cls(model, tokenizer, batch_size=batch_size, fp32_logits=fp32_logits)
+        return cls(model, tokenizer, batch_size=batch_size, kv_budget_gib=kv_budget_gib, fp32_logits=fp32_logits)
 
     @property
     def model(self) -> PreTrainedModel:
@@ -211,26 +231,74 @@ class TransformersEngine(ClosingEngine):
             ValueError: a malformed prompt, or ``params.temperatures`` of the wrong length.
             RuntimeError: the engine is closed.
         """
-        check_prompts(prompt_token_ids)
-        temperatures = params.temperatures_for(len(prompt_token_ids))
+        return self.generate_many([GenerationRequest(prompt_token_ids, params)])[0]
+
+    def generate_many(self, requests: list[GenerationRequest]) -> list[list[list[Sample]]]:
+        """Sample several requests in one batch schedule (:func:`mugrpo.engines.base.generate_requests`): the rows
+        of requests that truncate and stop alike share forward passes, each row with its own generator
+        (:func:`row_generator` of its request's seed, its prompt's index in its request and its sample index) and
+        its own ``max_new_tokens``, so each request gets the samples its own :meth:`generate` would (up to float
+        round-off of the batch composition). A prompt's rows are never split across batches.
+
+        Returns:
+            one result per request: ``result[r][i][j]`` is sample j of prompt i of request r.
+
+        Raises:
+            ValueError: a malformed prompt, or ``params.temperatures`` of the wrong length.
+            RuntimeError: the engine is closed.
+        """
+        items: dict[tuple, list[_Item]] = {}
+        for r, request in enumerate(requests):
+            check_prompts(request.prompt_token_ids)
+            params = request.params
+            temperatures = params.temperatures_for(len(request.prompt_token_ids))
+            key = (params.truncation, tuple(sorted(set(params.stop_token_ids))))
+            items.setdefault(key, []).extend(
+                _Item(r, i, prompt, t, params.n, params.seed, params.max_new_tokens)
+                for i, (prompt, t) in enumerate(zip(request.prompt_token_ids, temperatures, strict=True))
+            )
+        results: list[list[list[Sample]]] = [[[] for _ in r.prompt_token_ids] for r in requests]
         model = self.model
         was_training = model.training
         model.eval()
-        prompts_per_batch = max(1, self.batch_size // params.n)
-        results: list[list[Sample]] = []
         try:
             with torch.inference_mode():
-                for start in range(0, len(prompt_token_ids), prompts_per_batch):
-                    stop = start + prompts_per_batch
-                    results.extend(
-                        self._generate_batch(prompt_token_ids[start:stop], temperatures[start:stop], start, params)
-                    )
+                for (truncation, stop_ids), todo in items.items():
+                    for batch in self._batches(todo):
+                        for item, samples in zip(batch, self._generate_batch(batch, truncation, stop_ids), strict=True):
+                            results[item.request][item.prompt_index] = samples
         finally:
             model.train(was_training)
         return results
 
-    def _prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
-        """Left-padded prefill. Returns (last-position logits [P, V], KV cache, attention mask [P, L])."""
+    def rows_per_batch(self, items: list[_Item]) -> int:
+        """Rows (prompts x samples) per forward pass for ``items``: ``batch_size``, or with ``batch_size="auto"``
+        the most rows whose KV cache fits ``kv_budget_gib`` (:func:`mugrpo.engines.kv_cache.rows_within_budget`,
+        positions = the longest prompt + the largest ``max_new_tokens`` of ``items``)."""
+        if self.batch_size != "auto":
+            return int(self.batch_size)
+        positions = max(len(it.prompt) for it in items) + max(it.max_new_tokens for it in items)
+        per_token = kv_bytes_per_token(self.model.config, self.model.dtype)
+        return rows_within_budget(per_token, positions, self.kv_budget_gib * 2**30)
+
+    def _batches(self, items: list[_Item]) -> list[list[_Item]]:
+        """``items`` in order, packed into batches of at most :meth:`rows_per_batch` rows (an item's n rows stay
+        together; an item with more rows than that is a batch of its own)."""
+        limit = self.rows_per_batch(items) if items else 1
+        batches: list[list[_Item]] = []
+        rows = 0
+        for item in items:
+            if batches and rows + item.n <= limit:
+                batches[-1].append(item)
+                rows += item.n
+            else:
+                batches.append([item])
+                rows = item.n
+        return batches
+
+    def _prefill(self, prompts: list[list[int]], capacity: int) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
+        """Left-padded prefill into a cache of ``capacity`` positions. Returns (last-position logits [P, V], KV cache,
+        attention mask [P, L])."""
         device = self.model.device
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long)
@@ -239,7 +307,7 @@ class TransformersEngine(ClosingEngine):
             input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             attention_mask[row, width - len(prompt) :] = 1
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
+        cache = growing_cache(self.model.config, capacity)
         logits = self._next_logits(
             input_ids=input_ids.to(device),
             attention_mask=attention_mask.to(device),
@@ -257,41 +325,48 @@ class TransformersEngine(ClosingEngine):
         return hidden.float() @ self._head_fp32.t()
 
     def _generate_batch(
-        self, prompts: list[list[int]], temperatures: list[float], first_prompt: int, params: SamplingParams
+        self, items: list[_Item], truncation: Truncation, stop_token_ids: tuple[int, ...]
     ) -> list[list[Sample]]:
-        group_size = params.n
+        """Sample every item of one batch: its prompts prefilled once, each prompt's cache repeated into its n rows."""
         device = self.model.device
-        stop_ids = sorted(set(self.eos_token_ids) | set(params.stop_token_ids))
+        stop_ids = sorted(set(self.eos_token_ids) | set(stop_token_ids))
         stop_tensor = torch.tensor(stop_ids, dtype=torch.long, device=device)
+        horizon = max(it.max_new_tokens for it in items)
 
-        logits, cache, attention_mask = self._prefill(prompts)
-        if group_size > 1:
-            logits = logits.repeat_interleave(group_size, dim=0)
-            cache.batch_repeat_interleave(group_size)
-            attention_mask = attention_mask.repeat_interleave(group_size, dim=0)
-        num_rows = len(prompts) * group_size
+        prompts = [it.prompt for it in items]
+        logits, cache, attention_mask = self._prefill(prompts, max(len(p) for p in prompts) + horizon)
+        repeats = torch.tensor([it.n for it in items])
+        if bool((repeats > 1).any()):
+            rows_of_prompts = torch.arange(len(items)).repeat_interleave(repeats)
+            logits = logits[rows_of_prompts.to(logits.device)]
+            cache.batch_select_indices(rows_of_prompts)
+            attention_mask = attention_mask[rows_of_prompts.to(device)]
+        owners = [(k, j) for k, it in enumerate(items) for j in range(it.n)]  # (item, sample index) of each row
+        num_rows = len(owners)
         next_position = attention_mask.sum(-1)  # [R] position id of the token about to be fed
-        row_temperatures = torch.tensor(temperatures, dtype=torch.float32).repeat_interleave(group_size)
+        row_temperatures = torch.tensor([items[k].temperature for k, _ in owners], dtype=torch.float32)
+        row_limits = torch.tensor([items[k].max_new_tokens for k, _ in owners])
         generators = [
-            row_generator(params.seed, first_prompt + row // group_size, row % group_size) for row in range(num_rows)
+            row_generator(items[k].seed, items[k].prompt_index, j) if items[k].temperature > 0 else None
+            for k, j in owners
         ]
         tokens: list[list[int]] = [[] for _ in range(num_rows)]
         logprobs: list[list[float]] = [[] for _ in range(num_rows)]
         alive = torch.arange(num_rows)  # original row index of each row still in the batch
 
-        for step in range(params.max_new_tokens):
+        for step in range(horizon):
             alive_list = alive.tolist()
             next_tokens, next_logprobs = sample_next_tokens(
-                logits, row_temperatures[alive], params.truncation, [generators[r] for r in alive_list]
+                logits, row_temperatures[alive], truncation, [generators[r] for r in alive_list]
             )
             for row, token, logprob in zip(alive_list, next_tokens.tolist(), next_logprobs.tolist(), strict=True):
                 tokens[row].append(token)
                 logprobs[row].append(logprob)
             if self.on_tokens is not None:
                 self.on_tokens(len(alive_list))
-            if step == params.max_new_tokens - 1:
+            if step == horizon - 1:
                 break
-            keep = ~torch.isin(next_tokens, stop_tensor)
+            keep = ~torch.isin(next_tokens, stop_tensor) & (row_limits[alive] > step + 1).to(device)
             if not keep.any():
                 break
             if not keep.all():
@@ -316,11 +391,28 @@ class TransformersEngine(ClosingEngine):
                 behavior_logprobs=logprobs[row],
                 text=self._tokenizer.decode(tokens[row], skip_special_tokens=True),
                 finish_reason=finish_reason_of(tokens[row], stop_set),
-                temperature=float(temperatures[row // group_size]),
+                temperature=float(items[k].temperature),
             )
-            for row in range(num_rows)
+            for row, (k, _) in enumerate(owners)
         ]
-        return [samples[i : i + group_size] for i in range(0, num_rows, group_size)]
+        groups, row = [], 0
+        for it in items:
+            groups.append(samples[row : row + it.n])
+            row += it.n
+        return groups
+
+
+@dataclass(frozen=True)
+class _Item:
+    """One prompt of a request in a batch schedule: its request, its index there, its tokens and how to sample it."""
+
+    request: int
+    prompt_index: int
+    prompt: list[int]
+    temperature: float
+    n: int
+    seed: int
+    max_new_tokens: int
 
 
 ROLLOUT_ENGINES.register("transformers")(TransformersEngine.from_dir)

@@ -22,12 +22,13 @@ from mugrpo.common.progress import console
 from mugrpo.common.seeds import derive_seed
 from mugrpo.config import BenchmarkConfig
 from mugrpo.config.precision import concrete
+from mugrpo.config.threads import engine_options
 from mugrpo.coordination.fanout import commit_when_all_committed, owned, slowest_timings, worker_job
 from mugrpo.coordination.jobspec import JobSpec
 from mugrpo.coordination.start_gate import StartGate
 from mugrpo.data.datasets import load_problems
 from mugrpo.data.prompts import PromptConfig, encode_prompt, render_prompt
-from mugrpo.engines.base import SamplingParams
+from mugrpo.engines.base import GenerationRequest, SamplingParams, generate_requests
 from mugrpo.evaluation.metrics import avg_at_k, clustered_mean_ci, maj_at_k, mean_pass_at_k
 from mugrpo.policy.adapters import merged_policy_dir
 from mugrpo.rewards import RewardConfig, RewardInput
@@ -67,7 +68,7 @@ class EvalSpec(JobSpec):
             benchmarks=cfg.eval.benchmarks,
             prompt=cfg.data.prompt,
             engine=cfg.generation.engine,
-            engine_kwargs=cfg.generation.engine_kwargs,
+            engine_kwargs=engine_options(cfg, "eval"),
             dtype=cfg.model.dtype,
             verify_timeout_s=cfg.reward.verify_timeout_s,
             reward_workers=cfg.reward.num_workers,
@@ -78,17 +79,26 @@ class EvalSpec(JobSpec):
         )
 
 
-def _bench_rows(spec: EvalSpec, bench: BenchmarkConfig, problems: list, tokenizer, engine, scorer) -> list[dict]:
-    problems = problems[: bench.num_prompts] if bench.num_prompts else problems
-    texts = [render_prompt(tokenizer, p.question, spec.prompt) for p in problems]
-    params = SamplingParams(
+def _bench_params(spec: EvalSpec, bench: BenchmarkConfig) -> SamplingParams:
+    return SamplingParams(
         temperature=bench.temperature,
         top_p=bench.top_p,
         max_new_tokens=bench.max_new_tokens,
         n=bench.k,
         seed=derive_seed(spec.seed, "eval", spec.stage, bench.dataset.name),
     )
-    groups = engine.generate([encode_prompt(tokenizer, t) for t in texts], params)
+
+
+def _bench_prompts(spec: EvalSpec, bench: BenchmarkConfig, problems: list, tokenizer) -> tuple[list, list[str]]:
+    """The benchmark's problems (the first ``num_prompts``) and their rendered prompts."""
+    problems = problems[: bench.num_prompts] if bench.num_prompts else problems
+    return problems, [render_prompt(tokenizer, p.question, spec.prompt) for p in problems]
+
+
+def _bench_rows(
+    spec: EvalSpec, bench: BenchmarkConfig, problems: list, texts: list[str], groups: list, scorer
+) -> list[dict]:
+    """The eval rows of one benchmark from its sampled ``groups`` (one per problem), scored by ``scorer``."""
     flat = [(p, t, i, s) for p, t, samples in zip(problems, texts, groups, strict=True) for i, s in enumerate(samples)]
     results = scorer.score([RewardInput.for_problem(p, s.text) for p, _, _, s in flat])
     correctness = bench.dataset.correctness_component
@@ -229,9 +239,17 @@ class EvalWorker(VerifierPoolOwner):
                 scorer = self.verifier_pool(self.reward_config(spec))
                 t_switch = time.monotonic() - origin
                 t0 = time.monotonic()
-                for bench in todo:
-                    console.print(f"eval policy {spec.stage}: {bench.dataset.name} ...")
-                    rows = _bench_rows(spec, bench, self._problems(bench), tokenizer, engine, scorer)
+                prompts = [_bench_prompts(spec, b, self._problems(b), tokenizer) for b in todo]
+                console.print(f"eval policy {spec.stage}: {', '.join(b.dataset.name for b in todo)} ...")
+                sampled = generate_requests(  # every benchmark in one batch schedule
+                    engine,
+                    [
+                        GenerationRequest([encode_prompt(tokenizer, t) for t in texts], _bench_params(spec, b))
+                        for b, (_, texts) in zip(todo, prompts, strict=True)
+                    ],
+                )
+                for bench, (problems, texts), groups in zip(todo, prompts, sampled, strict=True):
+                    rows = _bench_rows(spec, bench, problems, texts, groups, scorer)
                     write_table(
                         store,
                         layout.eval_file(spec.stage, bench.dataset.name),

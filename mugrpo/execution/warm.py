@@ -43,6 +43,7 @@ from pydantic import Field
 
 from mugrpo.commits.policies import local_policy_dir
 from mugrpo.common.progress import console
+from mugrpo.config.threads import THREADS_KEY, job_threads
 from mugrpo.coordination.jobspec import JobSpec
 from schemas import JobManifest, StageManifest, StageTimings
 
@@ -96,7 +97,8 @@ class WarmEngine:
         from mugrpo.engines.transformers_engine import TransformersEngine, _as_dtype
 
         kwargs = dict(cfg.generation.engine_kwargs)
-        self.num_threads = kwargs.pop("num_threads", None)
+        kwargs.pop(THREADS_KEY, None)
+        self.num_threads = job_threads(cfg, "segment")  # auto: every core (one process generates and trains)
         self._trainer = trainer
         self._copy = None
         self.name = cfg.generation.engine
@@ -152,6 +154,14 @@ class WarmEngine:
         """:meth:`mugrpo.engines.base.RolloutEngine.generate` with the generation thread count."""
         with torch_threads(self.num_threads):
             return self.engine.generate(prompt_token_ids, params)
+
+    def generate_many(self, requests):
+        """:func:`mugrpo.engines.base.generate_requests` with the generation thread count: the cold eval job's
+        batch schedule."""
+        from mugrpo.engines.base import generate_requests
+
+        with torch_threads(self.num_threads):
+            return generate_requests(self.engine, requests)
 
     def close(self) -> None:
         if self.name == "vllm":

@@ -61,6 +61,7 @@ class _GenerateSpecCore(JobSpec):
         """The spec of stage ``stage`` of run config ``cfg`` (a :class:`mugrpo.config.Config`; ``auto`` precision is
         resolved on this machine if the run has not resolved it: :func:`mugrpo.config.precision.concrete`)."""
         from mugrpo.config.precision import concrete
+        from mugrpo.config.threads import engine_options
 
         cfg = concrete(cfg)
         g = cfg.generation
@@ -76,7 +77,7 @@ class _GenerateSpecCore(JobSpec):
             shard_size=g.shard_size,
             sampling=g.sampling,
             engine=g.engine,
-            engine_kwargs=g.engine_kwargs,
+            engine_kwargs=engine_options(cfg, "generate"),
             dtype=cfg.model.dtype,
             reward=cfg.reward,
             advantage=cfg.advantage,

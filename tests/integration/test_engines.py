@@ -9,7 +9,9 @@ import torch
 from pydantic import ValidationError
 
 from mugrpo.engines import ROLLOUT_ENGINES, Sample, SamplingParams, make_engine
-from mugrpo.engines.transformers_engine import TransformersEngine, sample_next_tokens, top_p_mask
+from mugrpo.engines.base import GenerationRequest, generate_requests
+from mugrpo.engines.kv_cache import GrowingLayer, kv_bytes_per_token, rows_within_budget
+from mugrpo.engines.transformers_engine import TransformersEngine, _Item, sample_next_tokens, top_p_mask
 from mugrpo.policy.models import load_policy, response_logprobs
 from mugrpo.policy.truncation import Truncation
 
@@ -240,3 +242,74 @@ def test_smollm2_stops_on_eos_which_is_also_its_pad_token(smollm2_dir):
     assert any("Paris" in s.text for s in samples), [s.text for s in samples]
     reference = response_logprobs(engine.model, [prompts[0]] * 3, [s.response_token_ids for s in samples], 0.7)
     assert max_abs_diff(samples, reference) < 1e-4
+
+
+# --- one batch schedule, batch by memory, the preallocated KV cache -----------------------------------------------
+
+
+def test_requests_in_one_schedule_get_the_samples_of_their_own_calls(engine, prompts):
+    """An evaluation's benchmarks (a greedy k = 1 and a sampled k = 4, different seeds and lengths) share forward
+    passes: each gets the samples its own generate call gives."""
+    greedy = GenerationRequest(prompts[:3], SamplingParams(temperature=0.0, n=1, max_new_tokens=6, seed=1))
+    sampled = GenerationRequest(
+        prompts[1:], SamplingParams(temperature=1.0, n=4, max_new_tokens=9, seed=2, stop_token_ids=MANY_STOP_IDS)
+    )
+    sampled_same_stops = GenerationRequest(prompts[2:], sampled.params.model_copy(update={"seed": 3}))
+    requests = [greedy, sampled, sampled_same_stops]
+    together = TransformersEngine(engine.model, engine._tokenizer, batch_size=64).generate_many(requests)
+    for request, got in zip(requests, together, strict=True):
+        alone = engine.generate(request.prompt_token_ids, request.params)
+        assert [[s.response_token_ids for s in g] for g in got] == [[s.response_token_ids for s in g] for g in alone]
+        assert max_abs_diff(flat(got), [s.behavior_logprobs for s in flat(alone)]) < 1e-5
+        assert all(s.num_tokens <= request.params.max_new_tokens for s in flat(got))
+
+    # an engine without generate_many (vLLM's) is called once per request
+    class OneCallEngine:
+        calls = 0
+
+        def generate(self, prompt_token_ids, params):
+            self.calls += 1
+            return engine.generate(prompt_token_ids, params)
+
+    one = OneCallEngine()
+    assert generate_requests(one, requests) == [engine.generate(r.prompt_token_ids, r.params) for r in requests]
+    assert one.calls == len(requests)
+
+
+def test_auto_batch_fills_rows_up_to_the_kv_budget(engine, prompts):
+    params = SamplingParams(n=3, max_new_tokens=8, seed=7, stop_token_ids=MANY_STOP_IDS)
+    config = engine.model.config
+    per_token = kv_bytes_per_token(config, engine.model.dtype)
+    heads = config.num_key_value_heads or config.num_attention_heads
+    assert per_token == 2 * config.num_hidden_layers * heads * (config.hidden_size // config.num_attention_heads) * 4
+    positions = max(len(p) for p in prompts) + params.max_new_tokens
+    # a budget of 7 rows' cache packs two groups of 3 per forward pass; one of 2 rows, one group (never split)
+    roomy = TransformersEngine(engine.model, engine._tokenizer, kv_budget_gib=7.5 * per_token * positions / 2**30)
+    tight = TransformersEngine(engine.model, engine._tokenizer, kv_budget_gib=2.0 * per_token * positions / 2**30)
+    items = [_Item(0, i, p, 1.0, 3, 7, 8) for i, p in enumerate(prompts)]
+    assert roomy.rows_per_batch(items) == 7 and [len(b) for b in roomy._batches(items)] == [2, 2]
+    assert tight.rows_per_batch(items) == 2 and [len(b) for b in tight._batches(items)] == [1, 1, 1, 1]
+    assert rows_within_budget(per_token, positions, 1.0) == 1  # at least one row
+    want = [s.response_token_ids for s in flat(engine.generate(prompts, params))]
+    assert [s.response_token_ids for s in flat(roomy.generate(prompts, params))] == want
+    assert [s.response_token_ids for s in flat(tight.generate(prompts, params))] == want
+
+
+def test_preallocated_cache_refuses_more_positions_than_its_capacity(tiny_model_dir):
+    layer = GrowingLayer(4)
+    keys = torch.randn(2, 1, 3, 8)
+    k, v = layer.update(keys, keys + 1)
+    assert torch.equal(k, keys) and torch.equal(v, keys + 1) and layer.get_seq_length() == 3
+    layer.batch_select_indices(torch.tensor([1, 1, 0]))  # a prompt's row repeated into its samples
+    k, _ = layer.update(torch.zeros(3, 1, 1, 8), torch.zeros(3, 1, 1, 8))
+    assert torch.equal(k[:, :, :3], keys[[1, 1, 0]]) and k.shape == (3, 1, 4, 8)
+    with pytest.raises(RuntimeError, match="holds 4 positions; 5 were written"):
+        layer.update(torch.zeros(3, 1, 1, 8), torch.zeros(3, 1, 1, 8))
+
+
+def test_batch_size_must_be_positive_or_auto(engine):
+    for bad in (0, -1, "many", 2.5):
+        with pytest.raises(ValueError, match="batch_size must be an int >= 1 or 'auto'"):
+            TransformersEngine(engine.model, engine._tokenizer, batch_size=bad)
+    with pytest.raises(ValueError, match="kv_budget_gib must be > 0"):
+        TransformersEngine(engine.model, engine._tokenizer, kv_budget_gib=0)
