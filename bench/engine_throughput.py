@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -167,6 +168,7 @@ def main() -> None:
             print(f"{row['batch']!s:>6} | {before:>12} | {a['tokens_per_s']:>11.0f} | {ratio:>12} | {frac:>13}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
+    shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

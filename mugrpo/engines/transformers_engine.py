@@ -5,10 +5,12 @@ exact distribution its token was drawn from (convention in :mod:`mugrpo.engines.
 draws from its own seeded generator (results do not depend on how rows are batched, up to float round-off), and
 (c) a prompt is prefilled once and its KV cache repeated G times, instead of prefilling G copies.
 
-Per batch of prompts:
-    1. left-pad the prompts, prefill them with position ids ``cumsum(attention_mask) - 1`` and keep only the
-       last position's logits (``logits_to_keep=1``: a full [B, L, V] fp32 logits tensor would be ~GBs);
-    2. repeat logits, KV cache and attention mask G times (``repeat_interleave``: rows of a group are adjacent);
+Per batch of prompts (several requests' prompts share batches: :meth:`TransformersEngine.generate_many`):
+    1. prefill the prompts' shared prefix once (system prompt, worked examples), then their rests left-padded on
+       top of it, with position ids ``cumsum(attention_mask) - 1``, keeping only the last position's logits
+       (``logits_to_keep=1``: a full [B, L, V] fp32 logits tensor would be ~GBs), into a KV cache preallocated for
+       the prompt and the longest response (:mod:`mugrpo.engines.kv_cache`);
+    2. repeat each prompt's logits, KV cache and attention mask into its n rows (rows of a group are adjacent);
     3. loop: sample one token per live row, append it and its log-prob, drop rows that emitted a stop token from
        the batch and the KV cache, feed the rest one token forward.
 """
@@ -45,6 +47,10 @@ from mugrpo.policy.truncation import Truncation, apply_truncation
 DEFAULT_KV_BUDGET_GIB = 1.0
 
 
+#: Tokens a batch's prompts must share for the prefix to be prefilled once (below it, batching them is cheaper).
+MIN_SHARED_PREFIX = 16
+
+
 def _as_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
@@ -61,6 +67,17 @@ def _as_dtype(dtype: str | torch.dtype) -> torch.dtype:
 def cache_kwarg(model: PreTrainedModel) -> str:
     """Name of the KV-cache argument of ``model.forward``: ``cache`` (transformers >= 5.2x) or ``past_key_values``."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def shared_prefix_length(prompts: list[list[int]]) -> int:
+    """Tokens every prompt of ``prompts`` starts with, leaving each at least one token of its own (the position
+    whose logits the first sample is drawn from)."""
+    first = prompts[0]
+    limit = min(len(p) for p in prompts) - 1
+    n = 0
+    while n < limit and all(p[n] == first[n] for p in prompts):
+        n += 1
+    return n
 
 
 def row_generator(seed: int, prompt_index: int, sample_index: int) -> torch.Generator:
@@ -175,6 +192,8 @@ class TransformersEngine(ClosingEngine):
         self._model: PreTrainedModel | None = model
         self._tokenizer = tokenizer
         self.batch_size = batch_size
+        #: Shared prompt prefixes shorter than this are prefilled with each prompt (:meth:`_prefill`).
+        self.min_shared_prefix = MIN_SHARED_PREFIX
         self.eos_token_ids = eos_token_ids(model.generation_config, tokenizer)
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self._cache_kwarg = cache_kwarg(model)
@@ -297,17 +316,39 @@ class TransformersEngine(ClosingEngine):
         return batches
 
     def _prefill(self, prompts: list[list[int]], capacity: int) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
-        """Left-padded prefill into a cache of ``capacity`` positions. Returns (last-position logits [P, V], KV cache,
-        attention mask [P, L])."""
+        """Prefill into a cache of ``capacity`` positions. Returns (last-position logits [P, V], KV cache, attention
+        mask [P, L]).
+
+        The prompts' shared prefix (:func:`shared_prefix_length`; a main-job prompt is ~90 tokens of system prompt and
+        worked examples before a ~13-token question) is prefilled once, as a batch of one, and its cache repeated
+        into the P rows; then each prompt's rest, left-padded to the longest rest, is prefilled on top. The padding
+        sits between the prefix and the rest: the attention mask hides it and position ids count only real tokens
+        (``cumsum(mask) - 1``), so each row sees its prompt at positions 0..len-1, as without the shared prefix.
+        """
         device = self.model.device
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            attention_mask[row, width - len(prompt) :] = 1
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        shared = shared_prefix_length(prompts) if len(prompts) > 1 else 0
+        if shared < self.min_shared_prefix:
+            shared = 0
         cache = growing_cache(self.model.config, capacity)
+        if shared:
+            prefix = torch.tensor([prompts[0][:shared]], dtype=torch.long, device=device)
+            self.model.get_decoder()(  # the cache is what the prefix is for: no LM head
+                input_ids=prefix,
+                attention_mask=torch.ones_like(prefix),
+                position_ids=torch.arange(shared, device=device)[None],
+                use_cache=True,
+                **{self._cache_kwarg: cache},
+            )
+            cache.batch_select_indices(torch.zeros(len(prompts), dtype=torch.long))
+        rests = [p[shared:] for p in prompts]
+        width = max(len(r) for r in rests)
+        input_ids = torch.full((len(rests), width), self._pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(rests), shared + width), dtype=torch.long)
+        attention_mask[:, :shared] = 1
+        for row, rest in enumerate(rests):
+            input_ids[row, width - len(rest) :] = torch.tensor(rest, dtype=torch.long)
+            attention_mask[row, shared + width - len(rest) :] = 1
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
         logits = self._next_logits(
             input_ids=input_ids.to(device),
             attention_mask=attention_mask.to(device),

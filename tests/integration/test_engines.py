@@ -11,7 +11,13 @@ from pydantic import ValidationError
 from mugrpo.engines import ROLLOUT_ENGINES, Sample, SamplingParams, make_engine
 from mugrpo.engines.base import GenerationRequest, generate_requests
 from mugrpo.engines.kv_cache import GrowingLayer, kv_bytes_per_token, rows_within_budget
-from mugrpo.engines.transformers_engine import TransformersEngine, _Item, sample_next_tokens, top_p_mask
+from mugrpo.engines.transformers_engine import (
+    TransformersEngine,
+    _Item,
+    sample_next_tokens,
+    shared_prefix_length,
+    top_p_mask,
+)
 from mugrpo.policy.models import load_policy, response_logprobs
 from mugrpo.policy.truncation import Truncation
 
@@ -313,3 +319,24 @@ def test_batch_size_must_be_positive_or_auto(engine):
             TransformersEngine(engine.model, engine._tokenizer, batch_size=bad)
     with pytest.raises(ValueError, match="kv_budget_gib must be > 0"):
         TransformersEngine(engine.model, engine._tokenizer, kv_budget_gib=0)
+
+
+def test_a_shared_prompt_prefix_is_prefilled_once_with_the_same_samples(engine, prompts):
+    """Prompts that share a prefix (the main job's system prompt and worked examples) get it prefilled once: the
+    same tokens as prefilling each prompt whole, log-probs equal up to float round-off."""
+    preamble = prompts[1][:-1] * 2  # a long shared prefix, then each prompt
+    shared = [preamble + p for p in prompts]
+    assert shared_prefix_length(shared) == len(preamble) + shared_prefix_length(prompts)
+    assert shared_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2  # each keeps one token of its own
+    params = SamplingParams(n=3, max_new_tokens=8, seed=5, stop_token_ids=MANY_STOP_IDS)
+    whole = TransformersEngine(engine.model, engine._tokenizer)
+    whole.min_shared_prefix = 10**9  # never shares
+    once = TransformersEngine(engine.model, engine._tokenizer)
+    once.min_shared_prefix = 1
+    want, got = flat(whole.generate(shared, params)), flat(once.generate(shared, params))
+    assert [s.response_token_ids for s in got] == [s.response_token_ids for s in want]
+    assert max_abs_diff(got, [s.behavior_logprobs for s in want]) < 1e-5
+    greedy = SamplingParams(temperature=0.0, n=1, max_new_tokens=8)
+    assert [s.response_token_ids for s in flat(once.generate(shared, greedy))] == [
+        s.response_token_ids for s in flat(whole.generate(shared, greedy))
+    ]
