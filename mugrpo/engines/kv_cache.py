@@ -2,7 +2,7 @@
 
 transformers' ``DynamicCache`` grows each layer's keys and values by ``torch.cat`` at every decoding step, so a
 step copies the whole cache (O(L) per step, O(L^2) per response): 16% of the CPU time of a SmolLM2-135M decoding
-loop here (docs/benchmarks.md, "Where a decoding step's time goes"). :class:`GrowingLayer` allocates each layer's
+loop here (docs/benchmarks.md, "The CPU engine at the machine's width"). :class:`GrowingLayer` allocates each layer's
 [B, H_kv, capacity, D] buffers once, at the prefill, and writes each new position in place; attention reads a view
 of the filled prefix. Dropping finished rows (``batch_select_indices``) still copies the surviving rows, as before.
 

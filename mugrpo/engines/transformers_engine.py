@@ -42,8 +42,8 @@ from mugrpo.policy.models import eos_token_ids, load_policy
 from mugrpo.policy.truncation import Truncation, apply_truncation
 
 #: GiB of KV cache one batch may hold with ``batch_size="auto"``: 1 GiB holds ~170 rows of the main job
-#: (SmolLM2-135M in fp32, 46 KiB per position, ~135 positions), past the batch size where tokens/s stops rising
-#: on a 2-core CPU (docs/benchmarks.md, "Engine throughput").
+#: (SmolLM2-135M in fp32, 46 KiB per position, ~135 positions), where tokens/s levels off on a 2-core CPU (2 threads,
+#: fp32: 224 tokens/s at 128 rows, 238 at 256; docs/benchmarks.md, "The CPU engine at the machine's width").
 DEFAULT_KV_BUDGET_GIB = 1.0
 
 
@@ -176,7 +176,8 @@ class TransformersEngine(ClosingEngine):
             model. The option "fp32 logits in the sampler" of the mismatch study (docs/precision.md).
 
         Raises:
-            ValueError: batch_size < 1, or fp32_logits with an LM head that has a bias.
+            ValueError: batch_size neither 'auto' nor an int >= 1, kv_budget_gib <= 0, or fp32_logits with an LM
+                head that has a bias.
         """
         if batch_size != "auto" and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
             raise ValueError(f"batch_size must be an int >= 1 or 'auto', got {batch_size!r}")

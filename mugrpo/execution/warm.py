@@ -112,7 +112,8 @@ class WarmEngine:
                 from mugrpo.policy.models import cast_parameters
 
                 model = self._copy = cast_parameters(copy.deepcopy(model), dtype).requires_grad_(False).eval()
-            self.engine = TransformersEngine(model, trainer.tokenizer, batch_size=kwargs.get("batch_size", 64))
+            options = {k: kwargs[k] for k in ("batch_size", "kv_budget_gib", "fp32_logits") if k in kwargs}
+            self.engine = TransformersEngine(model, trainer.tokenizer, **options)  # the cold engine's defaults
             self.synced_stage = None if self._copy is not None else -1  # -1: shares the module, always in sync
         elif self.name == "vllm":
             from mugrpo.engines import make_engine
