@@ -1,10 +1,8 @@
 """Edge cases of the stale-data corrections that an independent float64 check found (M2PO's drop-all rule, tie
 order and behavior-weight cap; A-3PO's weight overflow; a behavior log-prob of -inf in sequence IS and SNIS), and
-the guarantee that mending them left every result on normal inputs bitwise as before.
-
-"As before" is checked against the pre-change implementations, kept below (``_old_*``) built from the same
-unchanged library helpers: loss, gradient and every metric must be ``torch.equal``. The edge cases are checked
-against float64 references written from the docstrings' equations (plain loops, not the library's helpers)."""
+normal inputs against the same references. The mends left every result on normal inputs bitwise as before (checked
+against the pre-change implementations, loss, gradient and every metric, when they were made). References: float64,
+written from the docstrings' equations (plain loops, not the library's helpers)."""
 
 from __future__ import annotations
 
@@ -30,22 +28,15 @@ from mugrpo.losses.stale import (
 )
 from mugrpo.losses.stale.m2po import m2po_loss
 from mugrpo.losses.stale.seq_is import sequence_log_weight
+from tests.unit.test_stale_corrections import LENGTHS
+from tests.unit.test_stale_corrections import _batch as _batch64
 
 TOL = 1e-6
-LENGTHS = [5, 3, 6, 4, 6, 2]
 
 
 def _batch(seed: int, scale: float, offsets: list[float] | None = None):
-    """fp32 log-probs, behavior log-probs, advantages and mask of 6 responses (lengths LENGTHS, padded to 6)."""
-    g = torch.Generator().manual_seed(seed)
-    b, t = len(LENGTHS), max(LENGTHS)
-    mask = torch.tensor([[j < n for j in range(t)] for n in LENGTHS])
-    behavior = -torch.rand(b, t, generator=g, dtype=torch.float64) * 3 - 0.05
-    noise = torch.randn(b, t, generator=g, dtype=torch.float64) * scale
-    if offsets is not None:
-        noise = noise + torch.tensor(offsets, dtype=torch.float64).unsqueeze(-1)
-    logprobs = torch.where(mask, behavior + noise, 0.0)
-    advantages = torch.tensor([1.0, -0.5, 0.8, -1.2, 0.3, -0.7], dtype=torch.float64)
+    """The fp32 batch of tests/unit/test_stale_corrections.py's ``_batch``: 6 responses of lengths LENGTHS."""
+    logprobs, behavior, advantages, mask = _batch64(seed, scale, offsets)
     return logprobs.float(), behavior.float(), advantages.float(), mask
 
 
@@ -74,103 +65,7 @@ def _tokens(mask):
     return [(i, t) for i in range(mask.shape[0]) for t in range(mask.shape[1]) if mask[i, t]]
 
 
-# --- the implementations before this change (copied, on the unchanged helpers) -------------------------------------
-
-
-def _old_weighted_surrogate(batch: PreparedBatch, weight: torch.Tensor) -> TokenSurrogate:
-    unit = torch.exp(batch.log_ratio - batch.log_ratio.detach())
-    loss = -(weight.detach().unsqueeze(-1) * batch.advantages) * unit
-    none = torch.zeros_like(batch.response_mask)
-    return TokenSurrogate(torch.where(batch.response_mask, loss, 0.0), none, none, none)
-
-
-def _old_seq_is(logprobs, behavior_logprobs, advantages, response_mask, config, *, context=None):
-    batch = prepare_batch(logprobs, behavior_logprobs, advantages, response_mask, config, context)
-    log_w = sequence_log_weight(batch.log_ratio.detach(), batch.response_mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    clipped = torch.zeros_like(log_w, dtype=torch.bool)
-    if config.seq_is_cap is not None:
-        clipped = log_w >= math.log(config.seq_is_cap)
-        log_w = log_w.clamp(max=math.log(config.seq_is_cap))
-    weight = torch.exp(log_w)
-    surrogate = _old_weighted_surrogate(batch, weight)
-    nonempty = batch.response_mask.any(dim=-1)
-    surrogate.extra_stats.update(correction_stats(weight, nonempty, torch.zeros_like(nonempty), clipped))
-    return finalize_loss(batch, surrogate, config)
-
-
-def _old_seq_snis(logprobs, behavior_logprobs, advantages, response_mask, config, *, context=None):
-    batch = prepare_batch(logprobs, behavior_logprobs, advantages, response_mask, config, context)
-    nonempty = batch.response_mask.any(dim=-1)
-    log_w = sequence_log_weight(batch.log_ratio.detach(), batch.response_mask)
-    count = nonempty.sum().clamp_min(1)
-    log_norm = torch.logsumexp(torch.where(nonempty, log_w, float("-inf")), dim=0)
-    weight = torch.where(nonempty, torch.exp(log_w - log_norm) * count, 0.0)
-    surrogate = _old_weighted_surrogate(batch, weight)
-    surrogate.extra_stats.update(correction_stats(weight, nonempty, torch.zeros_like(nonempty)))
-    return finalize_loss(batch, surrogate, config)
-
-
-def _old_m2po(logprobs, behavior_logprobs, advantages, response_mask, config, *, context=None):
-    batch = prepare_batch(logprobs, behavior_logprobs, advantages, response_mask, config, context)
-    log_ratio = batch.log_ratio.detach()
-    keep = m2po_keep_mask(log_ratio, batch.response_mask, config.m2po_tau)
-    surrogate = masked_is_surrogate(batch.log_ratio, batch.advantages, keep)
-    weight = torch.where(keep, importance_ratio(log_ratio), 0.0)
-    surrogate.extra_stats.update(correction_stats(weight, batch.response_mask, ~keep))
-    m2 = log_ratio.double() ** 2
-    surrogate.extra_stats["m2po_m2"] = MetricStat.masked_mean(m2, batch.response_mask)
-    surrogate.extra_stats["m2po_m2_kept"] = MetricStat.masked_mean(m2, keep)
-    return finalize_loss(batch, surrogate, config)
-
-
-def _old_a3po(logprobs, behavior_logprobs, advantages, response_mask, config, *, context=None):
-    batch = prepare_batch(logprobs, behavior_logprobs, advantages, response_mask, config, context)
-    alpha = torch.as_tensor(batch.context.input(ALPHA, "loss.name=a3po"), device=logprobs.device).float()
-    mask = batch.response_mask
-    log_rho = batch.log_ratio.detach()
-    log_w = alpha.unsqueeze(-1) * log_rho
-    keep = mask if config.a3po_weight_cap is None else mask & (log_w <= math.log(config.a3po_weight_cap))
-    weight = torch.where(keep, torch.exp(log_w), 0.0)
-    inner = clipped_surrogate(
-        batch.log_ratio - alpha.unsqueeze(-1) * log_rho, batch.advantages, 1.0 - config.eps_low,
-        1.0 + config.eps_high, config.dual_clip_c,
-    )  # fmt: skip
-    surrogate = TokenSurrogate(
-        loss=torch.where(keep, weight * inner.loss, 0.0),
-        clipped_low=inner.clipped_low & keep,
-        clipped_high=inner.clipped_high & keep,
-        dual_clipped=inner.dual_clipped & keep,
-    )
-    surrogate.extra_stats.update(correction_stats(weight, mask, mask & ~keep))
-    surrogate.extra_stats["a3po_alpha_mean"] = MetricStat.masked_mean(alpha.double(), mask.any(dim=-1))
-    return finalize_loss(batch, surrogate, config)
-
-
-# --- normal inputs: bitwise as before ----------------------------------------------------------------------------
-
-NORMAL = [(0, 0.1, [0.2, -0.1, 0.0, 0.25, -0.2, 0.05]), (1, 0.3, None), (4, 0.3, None), (11, 0.05, None)]
-ALPHAS = torch.tensor([0.0, 0.5, 0.75, 0.9, 0.2, 0.6])
-
-
-@pytest.mark.parametrize("seed, scale, offsets", NORMAL)
-@pytest.mark.parametrize("agg_mode", ["token-mean", "seq-mean-token-mean"])
-def test_normal_inputs_give_bitwise_the_results_from_before(seed, scale, offsets, agg_mode):
-    batch = _batch(seed, scale, offsets)
-    cases = [
-        ("seq_is", _old_seq_is, {"seq_is_cap": 2.0}),
-        ("seq_is", _old_seq_is, {"seq_is_cap": None}),
-        ("seq_snis", _old_seq_snis, {}),
-        ("m2po", _old_m2po, {"m2po_tau": 0.04}),
-        ("m2po", _old_m2po, {"m2po_tau": 0.5}),
-    ]
-    for name, old, cfg in cases:
-        config = PolicyLossConfig(name=name, agg_mode=agg_mode, **cfg)
-        _assert_bitwise_equal(_run(name, *batch, agg_mode=agg_mode, **cfg), _call(old, *batch, config))
-    for cap in (5.0, None):  # a3po.py is unchanged; this pins it for the bounded weight it is meant to adopt
-        context = LossContext(inputs={ALPHA: ALPHAS})
-        config = PolicyLossConfig(name="a3po", agg_mode=agg_mode, a3po_weight_cap=cap)
-        got = _run("a3po", *batch, context=context, agg_mode=agg_mode, a3po_weight_cap=cap)
-        _assert_bitwise_equal(got, _call(_old_a3po, *batch, config, context))
+# --- normal inputs ---------------------------------------------------------------------------------------------------
 
 
 def test_normal_inputs_still_match_the_float64_reference():
@@ -244,10 +139,9 @@ def test_m2po_behavior_weight_cap_matches_its_float64_reference():
     # the config's loss.m2po_behavior_weight_cap is the same cap as the keyword
     by_config = PolicyLossConfig(name="m2po", m2po_tau=tau, m2po_behavior_weight_cap=cap)
     _assert_bitwise_equal(_call(m2po_loss, lp, b, a, mask, by_config), (loss, grad, metrics))
-    # no cap (the default) is the result from before
-    config = PolicyLossConfig(name="m2po", m2po_tau=tau)
-    _assert_bitwise_equal(_call(m2po_loss, lp, b, a, mask, config, behavior_weight_cap=None),
-                          _call(_old_m2po, lp, b, a, mask, config))  # fmt: skip
+    # no cap (the default) keeps the tokens the M2 mask keeps
+    _, _, no_cap = _call(m2po_loss, lp, b, a, mask, PolicyLossConfig(name="m2po", m2po_tau=tau))
+    assert float(no_cap[MASKED_FRAC]) == pytest.approx(1 - len(by_m2) / n_tok, abs=TOL)
 
 
 @pytest.mark.parametrize("cap", [0.0, -1.0])
