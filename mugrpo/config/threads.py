@@ -51,25 +51,31 @@ def check_threads(value: Any, field: str = "generation.engine_kwargs.num_threads
         raise ValueError(f"{field} must be 'auto' or an integer >= 1, got {value!r}")
 
 
-def beside(cfg, job: str) -> int:
-    """How many jobs that compute with torch threads the schedule runs at once on this machine with ``job``
-    (itself included): its fan-out workers under the subprocess launcher of a cold run, else 1."""
-    orch = cfg.orchestration
-    if orch.execution != "cold" or orch.launcher != "subprocess":
+def fanout_workers(cfg, job: str) -> int:
+    """The worker jobs the schedule launches at once for ``job`` in a cold run (``generation.workers``; for "eval",
+    ``eval.workers`` but no more than the benchmarks they split); 1 in a warm segment (one process) and for any
+    other job."""
+    if cfg.orchestration.execution != "cold":
         return 1
     if job == "generate":
         return cfg.generation.workers
     if job == "eval":
-        return max(1, min(cfg.eval.workers, len(cfg.eval.benchmarks)))
+        return min(cfg.eval.workers, max(len(cfg.eval.benchmarks), 1))
     return 1
+
+
+def beside(cfg, job: str) -> int:
+    """How many jobs that compute with torch threads the schedule runs at once on this machine with ``job``
+    (itself included): its fan-out workers under the subprocess launcher, else 1."""
+    return fanout_workers(cfg, job) if cfg.orchestration.launcher == "subprocess" else 1
 
 
 def job_threads(cfg, job: str) -> int | None:
     """The torch thread count of ``job`` ("generate", "eval" or "segment") for run config ``cfg``: the configured
     integer, or ``auto`` resolved by the rule in this module's docstring; None where no count is set (another
-    engine, or a launcher that gives a job its own machine)."""
+    engine, or a launcher that gives a job its own machine). The config refused any other value
+    (:func:`check_threads`)."""
     value = cfg.generation.engine_kwargs.get(THREADS_KEY, "auto")
-    check_threads(value)
     if value != "auto":
         return value
     if cfg.generation.engine != THREADS_ENGINE or cfg.orchestration.launcher != "subprocess":

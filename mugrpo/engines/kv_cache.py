@@ -76,7 +76,8 @@ class GrowingLayer(DynamicLayer):
         raise NotImplementedError("GrowingLayer is a sampling cache: it is never cropped")
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        self.batch_select_indices(torch.arange(self._keys.shape[0]).repeat_interleave(repeats))
+        if self.is_initialized:
+            self.batch_select_indices(torch.arange(self._keys.shape[0]).repeat_interleave(repeats))
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep rows ``indices`` ([R'] int64; repeats allowed: a prompt's row becomes its G sample rows)."""

@@ -136,9 +136,11 @@ def sample_next_tokens(
         scaled = torch.where(greedy[:, None], scaled, apply_truncation(scaled, truncation))
     row_max = scaled.max(dim=-1, keepdim=True).values
     weights = (scaled - row_max).exp_()
-    noise = torch.ones(logits.shape, dtype=torch.float32)  # greedy rows (no generator) draw nothing
+    noise = torch.empty(logits.shape, dtype=torch.float32)
     for row, generator in enumerate(generators):
-        if generator is not None:
+        if generator is None:  # a greedy row draws nothing; its sampled token is not used
+            noise[row].fill_(1.0)
+        else:
             noise[row].uniform_(generator=generator)
     sampled = (weights / noise.to(weights.device).log_().neg_()).argmax(dim=-1)
     tokens = torch.where(greedy, scaled.argmax(dim=-1), sampled)

@@ -22,7 +22,7 @@ from mugrpo.common.progress import console
 from mugrpo.common.seeds import derive_seed
 from mugrpo.config import BenchmarkConfig
 from mugrpo.config.precision import concrete
-from mugrpo.config.threads import engine_options
+from mugrpo.config.threads import engine_options, fanout_workers
 from mugrpo.coordination.fanout import commit_when_all_committed, owned, slowest_timings, worker_job
 from mugrpo.coordination.jobspec import JobSpec
 from mugrpo.coordination.start_gate import StartGate
@@ -72,10 +72,7 @@ class EvalSpec(JobSpec):
             dtype=cfg.model.dtype,
             verify_timeout_s=cfg.reward.verify_timeout_s,
             reward_workers=cfg.reward.num_workers,
-            # a warm segment evaluates in its own process: one worker
-            workers=min(cfg.eval.workers, max(len(cfg.eval.benchmarks), 1))
-            if cfg.orchestration.execution == "cold"
-            else 1,
+            workers=fanout_workers(cfg, "eval"),  # a warm segment evaluates in its own process: one worker
         )
 
 
