@@ -180,8 +180,3 @@ def auto_choice(verdict: Bf16Verdict | None = None) -> tuple[str, str]:
         return pinned, f"{PIN_ENV}={pinned} pins auto precision"
     verdict = verdict or bf16_verdict()
     return ("bf16" if verdict.native else "fp32"), verdict.reason
-
-
-def auto_dtype() -> str:
-    """The engine weight dtype ``auto`` picks here: "bfloat16" or "float32"."""
-    return "bfloat16" if auto_choice()[0] == "bf16" else "float32"

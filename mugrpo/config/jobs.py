@@ -85,6 +85,13 @@ class TrainSection(_Section):
     checkpoint_every: int = Field(4, ge=1, description="Updates between checkpoints (and one at the end).")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
     logprob_chunk_size: int = Field(1024, ge=1, description="Tokens per chunk of the fused log-softmax.")
+    shared_prefix: bool = Field(
+        True,
+        description="Run a micro-batch's shared prompt prefix (system prompt, worked examples, a group's prompt) once, "
+        "every row attending to its one copy of keys and values (Prefix Grouper, arXiv 2506.05433): the same "
+        "log-probs (bitwise in fp32 on CPU), gradients equal up to fp32 summation order; forward and backward 2.1-2.3x "
+        "faster on the main job. Off while gradient_checkpointing recomputes layers.",
+    )
     recompute_behavior_logprobs: bool | Literal["auto"] = Field(
         False,
         description="Recompute behavior log-probs with the trainer at stage start instead of trusting the engine's "
@@ -117,7 +124,8 @@ class TrainSection(_Section):
     checkpoint_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto",
         description="dtype of the weights and AdamW moments a checkpoint and a published policy hold. auto: "
-        "bfloat16 when auto precision picks bf16 (model.dtype), else float32 (mugrpo.config.precision). bfloat16 "
+        "bfloat16 when model.dtype is (or auto picks) bfloat16, else float32: an explicit model.dtype decides, not the "
+        "machine (mugrpo.config.precision). bfloat16 "
         "halves what each stage writes (SmolLM2-135M: 0.81 instead of 1.62 GB): at every checkpoint the trainer "
         "rounds its live fp32 weights and moments to bf16 values in place (round to nearest even) before writing "
         "them, so training continues from exactly what a resume reads back (bitwise resume holds) and the next "
@@ -127,8 +135,9 @@ class TrainSection(_Section):
     )
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = Field(
         "auto",
-        description="accelerate mixed precision of the training job. auto: bf16 where the machine computes bf16 "
-        "natively, else no (resolved with model.dtype at run start; mugrpo.config.precision). bf16: "
+        description="accelerate mixed precision of the training job. auto: bf16 when model.dtype is (or auto "
+        "picks) bfloat16, else no: an explicit model.dtype decides, not the machine (resolved at run start; "
+        "mugrpo.config.precision). bf16: "
         "torch.autocast(bfloat16) over fp32 master "
         "weights, fp32 gradients and fp32 AdamW moments (Micikevicius et al. 2018, arXiv 1710.03740, with bf16 and "
         "no loss scaling); the LM head, log-softmax, log-prob gather, loss and reductions stay fp32. On CPU, "

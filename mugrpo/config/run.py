@@ -89,9 +89,12 @@ class ModelSection(_Section):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
         description="Weight dtype of the generation and eval engines (the trainer keeps fp32 master weights; see "
-        "train.mixed_precision). auto: bfloat16 where the machine computes bf16 natively (a GPU with bf16, a CPU "
-        "with AVX512-BF16, AMX or ARM BF16 whose matmul probe confirms it), float32 elsewhere; resolved once at run "
-        "start, recorded in run.json and kept on resume (mugrpo.config.precision; `mugrpo env` shows the verdict). "
+        "train.mixed_precision). Set, it decides train.mixed_precision, train.checkpoint_dtype and "
+        "train.recompute_behavior_logprobs where they are auto (float32: no, float32, off; bfloat16: bf16, bfloat16, "
+        "on; float16: no, float32, on), so the config computes the same bits on any machine. auto: bfloat16 where the "
+        "machine computes bf16 natively (a GPU with bf16, a CPU with AVX512-BF16, AMX or ARM BF16 whose matmul probe "
+        "confirms it), float32 elsewhere, the train keys left at auto with it; resolved once at run start, recorded "
+        "in run.json and kept on resume (mugrpo.config.precision; `mugrpo env` shows the verdict). "
         "On CPUs without bf16 units bf16 is emulated, 44-499x slower than fp32 (pytorch/pytorch#146508). Behavior "
         "log-probs are computed in fp32 from the logits in every dtype; bf16 puts the sampler's log-probs ~0.03 "
         "nats (mean |log ratio|, SmolLM2-135M) away from the trainer's, which train.recompute_behavior_logprobs "

@@ -18,7 +18,6 @@ Per batch of prompts (several requests' prompts share batches: :meth:`Transforme
 from __future__ import annotations
 
 import gc
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from mugrpo.common.dtypes import torch_dtype
 from mugrpo.engines.base import (
     ROLLOUT_ENGINES,
     ClosingEngine,
@@ -39,45 +39,13 @@ from mugrpo.engines.base import (
 )
 from mugrpo.engines.kv_cache import growing_cache, kv_bytes_per_token, rows_within_budget
 from mugrpo.policy.models import eos_token_ids, load_policy
+from mugrpo.policy.prefix import MIN_SHARED_PREFIX, cache_kwarg, shared_prefix_length
 from mugrpo.policy.truncation import Truncation, apply_truncation
 
 #: GiB of KV cache one batch may hold with ``batch_size="auto"``: 1 GiB holds ~170 rows of the main job
 #: (SmolLM2-135M in fp32, 46 KiB per position, ~135 positions), where tokens/s levels off on a 2-core CPU (2 threads,
 #: fp32: 224 tokens/s at 128 rows, 238 at 256; docs/benchmarks.md, "The CPU engine at the machine's width").
 DEFAULT_KV_BUDGET_GIB = 1.0
-
-
-#: Tokens a batch's prompts must share for the prefix to be prefilled once (below it, batching them is cheaper).
-MIN_SHARED_PREFIX = 16
-
-
-def _as_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":  # model.dtype auto outside a run (a run resolves it at its start): this machine's pick
-        from mugrpo.common.hardware import auto_dtype
-
-        dtype = auto_dtype()
-    value = getattr(torch, dtype, None)
-    if not isinstance(value, torch.dtype):
-        raise ValueError(f"dtype must name a torch dtype such as 'float32' or 'bfloat16', got {dtype!r}")
-    return value
-
-
-def cache_kwarg(model: PreTrainedModel) -> str:
-    """Name of the KV-cache argument of ``model.forward``: ``cache`` (transformers >= 5.2x) or ``past_key_values``."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-def shared_prefix_length(prompts: list[list[int]]) -> int:
-    """Tokens every prompt of ``prompts`` starts with, leaving each at least one token of its own (the position
-    whose logits the first sample is drawn from)."""
-    first = prompts[0]
-    limit = min(len(p) for p in prompts) - 1
-    n = 0
-    while n < limit and all(p[n] == first[n] for p in prompts):
-        n += 1
-    return n
 
 
 def row_generator(seed: int, prompt_index: int, sample_index: int) -> torch.Generator:
@@ -229,7 +197,7 @@ class TransformersEngine(ClosingEngine):
         """
         if num_threads is not None:
             torch.set_num_threads(num_threads)
-        model, tokenizer = load_policy(model_dir, dtype=_as_dtype(dtype))
+        model, tokenizer = load_policy(model_dir, dtype=torch_dtype(dtype))
         if device is not None:
             model = model.to(device)
         return cls(model, tokenizer, batch_size=batch_size, kv_budget_gib=kv_budget_gib, fp32_logits=fp32_logits)

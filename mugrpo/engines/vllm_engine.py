@@ -34,6 +34,7 @@ from typing import Any
 
 from transformers import GenerationConfig
 
+from mugrpo.common.dtypes import torch_dtype
 from mugrpo.common.scratch import scratch_dir
 from mugrpo.engines.base import ROLLOUT_ENGINES, ClosingEngine, FinishReason, Sample, SamplingParams, check_prompts
 from mugrpo.engines.vllm_worker import WORKER_EXTENSION, pack_weights
@@ -138,9 +139,10 @@ class VLLMEngine(ClosingEngine):
         Args:
             model_dir: HF-format model directory (safetensors + tokenizer + generation config).
             seed: engine seed (``LLM(seed=...)``); the only seed vLLM uses, see the module docstring.
-            dtype: weights dtype ("float32" matches TransformersEngine's log-probs most closely). "auto" is
-                mugrpo's auto (:func:`mugrpo.common.hardware.auto_dtype`: bf16 only where this machine computes it
-                natively), never vLLM's own "auto", which follows the checkpoint whatever the hardware.
+            dtype: weights dtype ("float32" matches TransformersEngine's log-probs most closely). A concrete dtype:
+                "auto" is refused (mugrpo's auto is resolved once, in the config layer:
+                :func:`mugrpo.config.precision.resolve_precision`), and vLLM's own "auto", which follows the
+                checkpoint whatever the hardware, is never passed on.
             max_model_len: prompt + response token limit of a sequence.
             enable_prefix_caching: share the KV cache of a prompt among its G samples.
             **llm_kwargs: passed to ``vllm.LLM`` (e.g. ``gpu_memory_utilization``, ``kv_cache_memory_bytes``,
@@ -152,7 +154,9 @@ class VLLMEngine(ClosingEngine):
 
         Raises:
             ImportError: vLLM is not installed in this interpreter (it lives in its own virtualenv).
+            ValueError: ``dtype`` is "auto" or names no torch dtype.
         """
+        torch_dtype(dtype)  # a concrete dtype: "auto" and unknown names are refused before vLLM starts
         try:
             import vllm
         except ImportError as err:  # pragma: no cover - depends on the environment
@@ -166,10 +170,6 @@ class VLLMEngine(ClosingEngine):
         self.eos_token_ids = eos_token_ids(GenerationConfig.from_pretrained(model_dir), self._tokenizer)
         self.seed = seed
         llm_kwargs = cpu_defaults(llm_kwargs)
-        if dtype == "auto":  # a run passes its resolved dtype; outside one, this machine's verdict
-            from mugrpo.common.hardware import auto_dtype
-
-            dtype = auto_dtype()
         with ipc_sockets_folder() as self._ipc_folder:
             self._llm = vllm.LLM(
                 model=str(model_dir),

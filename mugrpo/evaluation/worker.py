@@ -13,11 +13,12 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from mugrpo.commits.manifest import read_job_manifest, write_job_manifest
 from mugrpo.commits.policies import local_policy_dir
 from mugrpo.commits.tables import read_table, table_from_rows, write_table
+from mugrpo.common.dtypes import refuse_auto
 from mugrpo.common.progress import console
 from mugrpo.common.seeds import derive_seed
 from mugrpo.config import BenchmarkConfig
@@ -45,11 +46,16 @@ class EvalSpec(JobSpec):
     prompt: PromptConfig = Field(default_factory=PromptConfig)
     engine: str = "transformers"
     engine_kwargs: dict = Field(default_factory=dict)
-    dtype: str = "float32"
+    dtype: str = Field("float32", description="The engine's weight dtype: concrete, never auto (model.dtype resolved).")
     verify_timeout_s: float = 5.0
     reward_workers: int = 2
     workers: int = Field(1, ge=1, description="Evaluation workers (eval.workers); they split the benchmarks.")
     worker: int = Field(0, ge=0, description="This worker's index w: it runs benchmarks w, w + workers, ...")
+
+    @field_validator("dtype")
+    @classmethod
+    def _concrete_dtype(cls, dtype: str) -> str:
+        return refuse_auto("dtype", dtype)
 
     @model_validator(mode="after")
     def _worker_in_range(self) -> EvalSpec:

@@ -39,10 +39,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from mugrpo.commits.policies import local_policy_dir
+from mugrpo.common.dtypes import refuse_auto, torch_dtype
 from mugrpo.common.progress import console
+from mugrpo.config.precision import CHOICES, FOLLOWERS, concrete
 from mugrpo.config.threads import THREADS_KEY, job_threads
 from mugrpo.coordination.jobspec import JobSpec
 from schemas import JobManifest, StageManifest, StageTimings
@@ -55,15 +57,22 @@ PROGRESS_TAG = "mugrpo-segment-progress "
 class SegmentSpec(JobSpec):
     """A warm segment: stages ``stage .. stage + num_stages - 1`` of the run described by ``config``."""
 
-    config: dict[str, Any] = Field(description="The resolved run config (as in run.json).")
+    config: dict[str, Any] = Field(description="The resolved run config (as in run.json): no auto precision.")
     num_stages: int = Field(ge=1, description="Consecutive stages this job runs (cut at the run's last stage).")
+
+    @field_validator("config")
+    @classmethod
+    def _concrete_precision(cls, config: dict[str, Any]) -> dict[str, Any]:
+        for key in [*CHOICES, *FOLLOWERS]:
+            section, name = key.split(".")
+            default = "auto" if key in CHOICES else None  # left out, a CHOICES key loads as its default: auto
+            refuse_auto(f"config.{key}", config.get(section, {}).get(name, default))
+        return config
 
     @classmethod
     def from_config(cls, cfg, first: int, count: int) -> SegmentSpec:
         """The segment of ``count`` stages starting at ``first`` of run config ``cfg`` (``auto`` precision resolved
         as in :func:`mugrpo.config.precision.concrete`)."""
-        from mugrpo.config.precision import concrete
-
         cfg = concrete(cfg)
         return cls(**cls.run_fields(cfg, first), config=cfg.to_json_dict(), num_stages=count)
 
@@ -94,7 +103,7 @@ class WarmEngine:
     """
 
     def __init__(self, cfg, trainer, policy_dir: str) -> None:
-        from mugrpo.engines.transformers_engine import TransformersEngine, _as_dtype
+        from mugrpo.engines.transformers_engine import TransformersEngine
 
         kwargs = dict(cfg.generation.engine_kwargs)
         kwargs.pop(THREADS_KEY, None)
@@ -104,7 +113,7 @@ class WarmEngine:
         self.name = cfg.generation.engine
         self.synced_stage: int | None = None
         if self.name == "transformers":
-            dtype = _as_dtype(cfg.model.dtype)
+            dtype = torch_dtype(cfg.model.dtype)
             model = trainer.policy
             if dtype != next(model.parameters()).dtype:  # buffers (RoPE inv_freq) stay fp32, as the cold engine's
                 import copy
@@ -185,13 +194,12 @@ class WarmSegment:
     and the warm rollout engine (built on first use). :meth:`run_stage` runs one stage with them."""
 
     def __init__(self, cfg) -> None:
-        from mugrpo.config.precision import concrete
+        """``cfg``: the segment spec's config, concrete (:class:`SegmentSpec` refuses auto precision)."""
         from mugrpo.evaluation.worker import EvalWorker
         from mugrpo.generation import GenerationWorker
         from mugrpo.orchestration.runs import open_store
         from mugrpo.trainer.loop import Trainer
 
-        cfg = concrete(cfg)
         self.cfg, self.store, self.layout = cfg, open_store(cfg), cfg.layout
         self.trainer = Trainer(cfg.train.mixed_precision)
         if self.trainer.accelerator.num_processes > 1:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, create_model, model_validator
+from pydantic import Field, create_model, field_validator, model_validator
 
 from mugrpo.algorithms import Settings, check_sections, section_fields, sections_of
+from mugrpo.common.dtypes import refuse_auto
 from mugrpo.coordination.jobspec import JobSpec
 from mugrpo.data.datasets import DatasetConfig
 from mugrpo.data.prompts import PromptConfig
@@ -36,7 +37,7 @@ class _GenerateSpecCore(JobSpec):
     )
     engine: str = "transformers"
     engine_kwargs: dict = Field(default_factory=dict)
-    dtype: str = "float32"
+    dtype: str = Field("float32", description="The engine's weight dtype: concrete, never auto (model.dtype resolved).")
     reward: RewardConfig = Field(default_factory=RewardConfig)
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
     on_bad_prompt: Literal["skip", "error"] = "skip"
@@ -48,6 +49,11 @@ class _GenerateSpecCore(JobSpec):
         description="A run id whose committed responses of this stage are re-scored instead of sampled (a fork's "
         "parent with run.parent.reuse_rollouts; mugrpo.generation.stored). None: sample with the engine.",
     )
+
+    @field_validator("dtype")
+    @classmethod
+    def _concrete_dtype(cls, dtype: str) -> str:
+        return refuse_auto("dtype", dtype)
 
     @model_validator(mode="after")
     def _worker_in_range(self) -> _GenerateSpecCore:

@@ -22,6 +22,7 @@ class TokenBatch:
     Attributes:
         input_ids: [B, L] int64, padded with ``pad_token_id`` after each sequence.
         position_ids: [B, L] int64, 0..L-1 (right padding: real tokens keep positions 0..len-1).
+        prompt_lengths: [B] int64 prompt tokens of each row (>= 1).
         response_index: [B, R] int64, position of the hidden state that predicts response token j of row i
             (``len(prompt_i) - 1 + j``); 0 on padding.
         response_ids: [B, R] int64 response tokens, 0 on padding.
@@ -44,6 +45,7 @@ class TokenBatch:
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
+    prompt_lengths: torch.Tensor
     response_index: torch.Tensor
     response_ids: torch.Tensor
     response_mask: torch.Tensor
@@ -110,6 +112,7 @@ def collate(
     return TokenBatch(
         input_ids=input_ids,
         position_ids=torch.arange(seq_len).expand(batch, seq_len).contiguous(),
+        prompt_lengths=torch.tensor([len(r.prompt_token_ids) for r in rollouts], dtype=torch.long),
         response_index=response_index,
         response_ids=response_ids,
         response_mask=response_mask,

@@ -122,7 +122,7 @@ class Resident:
         if train.gradient_checkpointing:
             enable_activation_checkpointing(policy)
         policy.train()
-        model = PolicyTokenLogprobs(policy, train.logprob_chunk_size)
+        model = PolicyTokenLogprobs(policy, train.logprob_chunk_size, train.shared_prefix)
         optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], train)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.policy = self.accelerator.unwrap_model(self.model).policy
@@ -181,7 +181,11 @@ def setup_stage(
     reference = None
     if spec.loss.kl_coef > 0:
         ref_policy = load_model(local_policy_dir(store, spec.reference_policy_dir)).requires_grad_(False)
-        reference = PolicyTokenLogprobs(ref_policy, train.logprob_chunk_size).to(resident.accelerator.device).eval()
+        reference = (
+            PolicyTokenLogprobs(ref_policy, train.logprob_chunk_size, train.shared_prefix)
+            .to(resident.accelerator.device)
+            .eval()
+        )
     acc = resident.accelerator
     return StageRun(
         spec=spec,
@@ -275,7 +279,7 @@ def recompute_behavior(resident: Resident, spec: TrainSpec, data: RolloutSet, or
     with ``recompute_behavior_logprobs`` (returns None; the engine's stay as ``sampler_logprobs``), else returned
     for truncated IS (one [R_i] tensor per rollout)."""
     train, device = spec.train, resident.accelerator.device
-    behavior_policy = PolicyTokenLogprobs(behavior.to(device).eval(), train.logprob_chunk_size)
+    behavior_policy = PolicyTokenLogprobs(behavior.to(device).eval(), train.logprob_chunk_size, train.shared_prefix)
     needed = sorted({i for u in range(train.updates_per_stage) for i in order.minibatch(u)})
     subset = dataclasses.replace(data, rollouts=[data.rollouts[i] for i in needed])
     with resident.accelerator.autocast():

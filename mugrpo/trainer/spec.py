@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
-from pydantic import Field, create_model, model_validator
+from typing import Any
+
+from pydantic import Field, create_model, field_validator, model_validator
 
 from mugrpo.algorithms import Settings, check_sections, section_fields, sections_of
+from mugrpo.common.dtypes import refuse_auto
 from mugrpo.config import Config, TrainSection
-from mugrpo.config.precision import concrete, concrete_train
+from mugrpo.config.precision import concrete
 from mugrpo.coordination.jobspec import JobSpec
 from mugrpo.losses.config import PolicyLossConfig
 from mugrpo.losses.registry import check_trainer_settings
 from mugrpo.schedules.stages import stage_plan, total_updates
+
+#: What a training spec's precision keys hold when its ``train`` section, given as a mapping (a bench, a test, the
+#: spec's JSON), leaves them out: fp32, as :class:`~mugrpo.generation.GenerateSpec`'s ``dtype`` defaults to float32.
+#: ``auto`` is refused: it exists in the config layer alone (:mod:`mugrpo.config.precision`).
+SPEC_PRECISION: dict[str, Any] = {
+    "mixed_precision": "no",
+    "checkpoint_dtype": "float32",
+    "recompute_behavior_logprobs": False,
+}
 
 
 class _TrainSpecCore(JobSpec):
@@ -62,13 +74,31 @@ class _TrainSpecCore(JobSpec):
         "checkpoint is gone, and refuses (OptimizerStatePruned) when train.keep_optimizer_state pruned its moments.",
     )
     keep_checkpoints: int = Field(1, ge=1, description="Complete checkpoints kept per stage (older ones deleted).")
-    train: TrainSection = Field(default_factory=TrainSection)
+    train: TrainSection = Field(
+        default_factory=lambda: TrainSection(**SPEC_PRECISION),
+        description="The train section with concrete precision (SPEC_PRECISION where a mapping leaves it out).",
+    )
     loss: PolicyLossConfig = Field(default_factory=PolicyLossConfig)
+
+    @field_validator("train", mode="before")
+    @classmethod
+    def _concrete_precision(cls, train: Any) -> Any:
+        """Refuse ``auto`` in the precision keys (a :class:`TrainSection` comes from a config: resolve it first,
+        :func:`mugrpo.config.precision.concrete`); a mapping that leaves them out gets :data:`SPEC_PRECISION`."""
+        if isinstance(train, TrainSection):
+            given = {name: getattr(train, name) for name in SPEC_PRECISION}
+        elif isinstance(train, dict):
+            given = {name: train[name] for name in SPEC_PRECISION if name in train}
+            train = {**SPEC_PRECISION, **train}
+        else:
+            return train  # pydantic refuses it
+        for name, value in given.items():
+            refuse_auto(f"train.{name}", value)
+        return train
 
     @model_validator(mode="after")
     def _defaults(self) -> _TrainSpecCore:
         layout = self.layout
-        self.train = concrete_train(self.train)  # a spec built without a run: auto precision resolved here
         if not self.rollout_stages:
             self.rollout_stages = [self.stage]
         bad = [s for s in self.rollout_stages if not 0 <= s <= self.stage]

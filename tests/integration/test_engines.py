@@ -15,10 +15,10 @@ from mugrpo.engines.transformers_engine import (
     TransformersEngine,
     _Item,
     sample_next_tokens,
-    shared_prefix_length,
     top_p_mask,
 )
 from mugrpo.policy.models import load_policy, response_logprobs
+from mugrpo.policy.prefix import shared_prefix_length
 from mugrpo.policy.truncation import Truncation
 
 QUESTIONS = ["hi", "What is 2 + 2? Explain every step in detail, please.", "x", "Name three prime numbers."]

@@ -149,6 +149,7 @@ def _bf16_config(root: Path, tiny_model_dir: Path, **train) -> Config:
             "rollouts_per_update": 2,  # 4 of the stage's 8 rollouts are trained on (and recomputed)
             "checkpoint_every": 2,
             "mixed_precision": "bf16",
+            "checkpoint_dtype": "float32",  # explicit: left at auto it would follow model.dtype to bf16 checkpoints
             **train,
         },
         eval={"every_stage": DEFAULT},
