@@ -158,7 +158,7 @@ def execute(cfg, log: Path, tmp: Path) -> None:
     """Run ``cfg``'s stages through the job processes (cold: three per stage; warm: one segment job; as its
     ``orchestration.execution`` says), then evaluate its final policy (an eval job)."""
     from flows.stage import job_python
-    from mugrpo.orchestration.runs import write_final_eval_spec
+    from mugrpo.orchestration.job_specs import write_final_eval_spec
 
     if cfg.orchestration.execution == "warm":
         run_warm(cfg, log, tmp)

@@ -151,7 +151,8 @@ def main() -> None:
 
         model = str(make_tiny_random_model(tmp / "tiny", seed=0))
     from mugrpo.commits.manifest import read_job_manifest
-    from mugrpo.orchestration.runs import init_run, open_store, write_final_eval_spec, write_job_specs
+    from mugrpo.orchestration.job_specs import write_final_eval_spec, write_job_specs
+    from mugrpo.orchestration.runs import init_run, open_store
 
     sizes = {"prompts": args.prompts, "group": args.group_size}
     gen_cfg = config(tmp / "gen", args.quick, model, updates, args.lr, ARMS["veto-suffix"], **sizes)

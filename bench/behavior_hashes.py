@@ -101,7 +101,8 @@ def _job(module: str, spec: str, log: Path) -> None:
 def run_cold(cfg_dict: dict, log: Path) -> Path:
     """What the stage flow does in cold execution: generate, train (and eval) job processes, then the stage commit."""
     from mugrpo.config import config_from_dict
-    from mugrpo.orchestration.runs import commit_stage, init_run, write_job_specs
+    from mugrpo.orchestration.job_specs import write_job_specs
+    from mugrpo.orchestration.runs import commit_stage, init_run
     from schemas import StageTimings
 
     cfg = config_from_dict(cfg_dict)

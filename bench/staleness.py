@@ -265,7 +265,8 @@ def _child(config_json: Path) -> None:
     from mugrpo.execution.warm import SegmentSpec
     from mugrpo.jobs import eval as eval_job
     from mugrpo.jobs import segment as segment_job
-    from mugrpo.orchestration.runs import init_run, write_final_eval_spec
+    from mugrpo.orchestration.job_specs import write_final_eval_spec
+    from mugrpo.orchestration.runs import init_run
 
     cfg = config_from_dict(json.loads(config_json.read_text()), source=str(config_json))
     init_run(cfg)

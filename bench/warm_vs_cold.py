@@ -127,7 +127,7 @@ class ProcessLauncher:
 
     def _request(self, job_name: str, stage: int, spec_url: str):
         from flows.stage import job_python
-        from mugrpo.orchestration.runs import job_env
+        from mugrpo.orchestration.job_specs import job_env
         from tasks.jobs import job_request
 
         env = {**job_env(self.cfg), "PYTHONPATH": str(REPO)}

@@ -20,7 +20,8 @@ from mugrpo.commits.verify import refuse_corrupted
 from mugrpo.config import Config, config_from_dict
 from mugrpo.config.precision import SHOWN_ENV, describe
 from mugrpo.coordination.lease import RunLease, held_lease
-from mugrpo.orchestration.runs import open_store, start_run, write_final_eval_spec
+from mugrpo.orchestration.job_specs import write_final_eval_spec
+from mugrpo.orchestration.runs import open_store, start_run
 from mugrpo.tracking.session import TrackingSession
 from tasks.stops import note_flow_run
 

@@ -21,7 +21,8 @@ from mugrpo.commits.manifest import read_manifest
 from mugrpo.config import Config, config_from_dict
 from mugrpo.coordination.fanout import FANOUT_JOBS
 from mugrpo.execution.pipeline import RunningJob, run_stage
-from mugrpo.orchestration.runs import job_env, open_store
+from mugrpo.orchestration.job_specs import job_env
+from mugrpo.orchestration.runs import open_store
 from schemas import StageManifest
 from tasks.jobs import discard_prestarted, prestart_job, run_job
 

@@ -8,8 +8,8 @@ spec's ``start_after`` exists (:meth:`StartGate.wait`). Only then does it read i
 commits is what a job launched after those markers would: the same files, the same resume, the same fencing. On
 Kubernetes the same job is a pod created ahead and blocked on the markers.
 
-The markers are commit points (:mod:`mugrpo.orchestration.runs` ``start_markers``): a job manifest, a policy folder's
-``_COMPLETE`` marker, a stage manifest. Waking up, the gate checks the run lease
+The markers are commit points (:mod:`mugrpo.orchestration.job_specs` ``start_markers``): a job manifest, a policy
+folder's ``_COMPLETE`` marker, a stage manifest. Waking up, the gate checks the run lease
 (:func:`mugrpo.coordination.lease.check_fence`): a job pre-started by a writer that has since lost the run exits without
 reading anything.
 """

@@ -13,7 +13,7 @@ whose previous stage's training has not committed (:class:`mugrpo.trainer.loop.T
 
 Pre-started jobs (``orchestration.prestart_jobs``): each job is launched while the job before it still runs,
 and waits at its start gate (:mod:`mugrpo.coordination.start_gate`) for the commit markers the schedule itself waits for
-(:func:`mugrpo.orchestration.runs.start_markers`):
+(:func:`mugrpo.orchestration.job_specs.start_markers`):
 
     launch generate k   ->  pre-start train k          (waits for generate k's manifest, stage k-1's manifest)
     launch train k      ->  pre-start generate k+1     (waits for policies/stage=k+1)
@@ -49,7 +49,8 @@ from typing import Protocol
 
 from mugrpo.commits.manifest import read_job_manifest, read_manifest
 from mugrpo.config import Config
-from mugrpo.orchestration.runs import commit_stage, open_store, overlaps_next_generation, prestarts, write_job_specs
+from mugrpo.orchestration.job_specs import write_job_specs
+from mugrpo.orchestration.runs import commit_stage, open_store, overlaps_next_generation, prestarts
 from schemas import StageManifest, StageTimings
 
 #: The job-reported seconds of real work, by job kind; the rest of a job's wall time is switching overhead.
@@ -164,7 +165,7 @@ def run_stage(cfg: Config, stage: int, launcher: StageJobs, say: Callable[[str],
 
 def prestart_next(cfg: Config, stage: int, job: str, launcher: StageJobs, say: Callable[[str], None]) -> None:
     """Before job ``job`` of ``stage`` is launched, pre-start the jobs that follow it (``orchestration.
-    prestart_jobs``; each waits for its markers, :func:`mugrpo.orchestration.runs.start_markers`):
+    prestart_jobs``; each waits for its markers, :func:`mugrpo.orchestration.job_specs.start_markers`):
 
     - before generate k: train k;
     - before train k: generate k+1;

@@ -5,7 +5,7 @@ stage after stage) with the policy, the optimizer, the rollout engine and the ve
 This is ``orchestration.execution: warm``: how TRL and verl run GRPO's many short generate -> train cycles, and so
 the fair way to run standard GRPO (mu = 4) against Mu-GRPO's few large stages. It is a way to run, not a second
 implementation: each stage writes the same job specs as the cold path
-(:func:`mugrpo.orchestration.runs.build_job_specs`) and runs them through the same objects as the cold jobs
+(:func:`mugrpo.orchestration.job_specs.build_job_specs`) and runs them through the same objects as the cold jobs
 (:class:`~mugrpo.generation.GenerationWorker`, :class:`~mugrpo.evaluation.worker.EvalWorker`,
 :class:`~mugrpo.trainer.loop.Trainer`), then commits the stage with :func:`mugrpo.orchestration.runs.commit_stage`. The
 files, their layout and schemas are those of the cold path.
@@ -223,7 +223,8 @@ class WarmSegment:
             (stage manifest, generate job manifest, train job manifest).
         """
         from mugrpo.commits.manifest import read_job_manifest
-        from mugrpo.orchestration.runs import build_job_specs, commit_stage
+        from mugrpo.orchestration.job_specs import build_job_specs
+        from mugrpo.orchestration.runs import commit_stage
 
         cfg, store, trainer = self.cfg, self.store, self.trainer
         specs = build_job_specs(cfg, k)

@@ -13,7 +13,7 @@ The rollouts are never rewritten. A re-scoring named ``NAME`` writes, beside the
 A **flip** is a rollout whose new reward differs from its stored one (both float32): ``false_negative`` where the
 new reward is higher (the old verifier under-credited it, e.g. refused a correct answer), ``false_positive`` where
 it is lower (the old verifier over-credited it). Rows whose rewards are equal are not flips. The SQL view
-``reward_flips`` (:mod:`mugrpo.sql.catalog`) joins these rows with the rollouts' texts.
+``reward_flips`` (:mod:`mugrpo.sql.views.rescores`) joins these rows with the rollouts' texts.
 
 Groups are re-normalized as generation normalized them (:func:`mugrpo.generation.shards.rollout_rows`): the
 rollouts of one prompt of one shard, rows not trained on (an algorithm's extra groups, :mod:`mugrpo.commits.exclusion`)

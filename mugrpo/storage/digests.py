@@ -20,6 +20,7 @@ Every read of file bytes through a :class:`mugrpo.storage.store.Store` may be lo
 from __future__ import annotations
 
 import base64
+import hashlib
 import logging
 import os
 import sqlite3
@@ -52,6 +53,11 @@ class StoredObject:
     sha256: str | None
     version: str
     multipart: bool = False
+
+
+def sha256_bytes(data: bytes) -> str:
+    """Hex sha256 of ``data``."""
+    return hashlib.sha256(data).hexdigest()
 
 
 def sha256_from_s3_checksum(checksum: str | None) -> str | None:

@@ -12,17 +12,26 @@ Bounded memory: files move in :data:`CHUNK_BYTES` chunks (:meth:`Store.write_fil
 
 Faults: S3 requests are retried by botocore (the one retry layer; s3fs's own loop is set to a single attempt) within
 :class:`RetryBudget`; past it the error names the object and the cause (:class:`StorageError`).
+
+:class:`Store` is the one public class. This module holds its byte I/O: paths, atomic and streamed writes and reads,
+hashing, folders, and :meth:`Store.publish`, through which every write and delete passes its commit guard. The other
+concerns are modules of their own, each with one job: the conditional commits of the run lease
+(:mod:`mugrpo.storage.conditional`, a mixin of :class:`Store`: those methods are the store's and use its byte I/O),
+the local ``flock`` and the naming of its holder (:mod:`mugrpo.storage.locks`: plain functions on a lock file,
+which :meth:`Store.local_lock` calls), the exceptions (:mod:`mugrpo.storage.exceptions`) and the digests
+(:mod:`mugrpo.storage.digests`). The names callers use are re-exported here: every exception a store raises is
+caught as ``mugrpo.storage.store.X``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import posixpath
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,14 +40,20 @@ from fsspec.implementations.local import LocalFileSystem
 from pydantic import BaseModel, ConfigDict, Field
 
 from mugrpo.common.faults import fault_pause
-from mugrpo.common.processes import process_stat
+from mugrpo.storage.conditional import ConditionalWrites
+from mugrpo.storage.conditional import PreconditionFailed as PreconditionFailed  # re-exported: callers catch it here
 from mugrpo.storage.digests import (
     StoredObject,
     digest_cache,
     local_version,
     log_read,
+    sha256_bytes,
     sha256_from_s3_checksum,
 )
+from mugrpo.storage.exceptions import ChecksumError, CommitRefused, StorageError, describe_cause
+from mugrpo.storage.locks import LOCAL_LOCK_WAIT_ENV as LOCAL_LOCK_WAIT_ENV  # re-exported (callers set it)
+from mugrpo.storage.locks import LocalLockTimeout as LocalLockTimeout  # re-exported: callers catch it here
+from mugrpo.storage.locks import local_flock
 
 COMPLETE_MARKER = "_COMPLETE"
 TMP_TAG = ".tmp-"
@@ -58,11 +73,6 @@ S3_CHECKSUM = {"ChecksumAlgorithm": "SHA256"}
 #: The ``_COMPLETE`` marker's key holding, on S3, the ETag of each multipart file at commit (:meth:`Store.upload_dir`).
 MARKER_ETAGS = "etags"
 _S3_PROTOCOLS = ("s3://", "s3a://")
-#: Seconds a local store waits for a lock another process holds (:meth:`Store.local_lock`) before it names the holder
-#: and fails: the sections under it (a compare and a rename) take milliseconds. ``MUGRPO_LOCAL_LOCK_WAIT_S``
-#: overrides it (a slow network filesystem).
-LOCAL_LOCK_WAIT_S = 60.0
-LOCAL_LOCK_WAIT_ENV = "MUGRPO_LOCAL_LOCK_WAIT_S"
 
 
 class RetryBudget(BaseModel):
@@ -101,91 +111,13 @@ class RetryBudget(BaseModel):
         return out
 
 
-def describe_flock_holders(lock_path: str) -> str:
-    """Who holds a ``flock`` on ``lock_path``: ``"pid 123 (stopped)"`` for each holder listed in Linux's
-    ``/proc/locks`` (matched by inode), with the state from ``/proc/PID/stat``; ``"another process"`` where that
-    is not readable (another OS, another machine's NFS client)."""
-    try:
-        inode = os.stat(lock_path).st_ino
-        with open("/proc/locks") as f:
-            rows = [line.split() for line in f]
-    except OSError:
-        return "another process"
-    states = {
-        "R": "running",
-        "S": "sleeping",
-        "D": "in uninterruptible I/O",
-        "T": "stopped",
-        "t": "stopped by a tracer",
-    }
-    holders = []
-    for row in rows:
-        # "1: FLOCK  ADVISORY  WRITE 4242 08:01:131090 0 EOF" (a blocked waiter's row has "->" after the id)
-        if "->" in row:  # a process waiting for the lock, not holding it
-            continue
-        if len(row) >= 6 and row[1] == "FLOCK" and row[5].rsplit(":", 1)[-1] == str(inode):
-            pid = row[4]
-            if pid == str(os.getpid()):
-                holders.append(f"pid {pid} (this process)")
-                continue
-            fields = process_stat(int(pid))
-            state = fields[0] if fields else "?"
-            holders.append(f"pid {pid} ({states.get(state, state)})")
-    return ", ".join(holders) or "another process"
-
-
-def sha256_bytes(data: bytes) -> str:
-    """Hex sha256 of ``data``."""
-    return hashlib.sha256(data).hexdigest()
-
-
-class StorageError(RuntimeError):
-    """A storage operation failed; the message names the URL."""
-
-
-class ChecksumError(StorageError):
-    """A file's bytes do not match the sha256 recorded for it."""
-
-
 #: A store's commit guard (``Store(guard=...)``): called as ``guard(store, rel, commit)`` where a write or delete of
 #: ``rel`` is about to become visible; it calls ``commit()`` exactly once, or raises (a :class:`CommitRefused` to
 #: refuse it) and leaves it unpublished.
 CommitGuard = Callable[["Store", str, Callable[[], None]], None]
 
 
-class CommitRefused(RuntimeError):
-    """Raised by a store's commit guard to refuse a commit (e.g. :class:`mugrpo.coordination.lease.LeaseFenced`): it
-    reaches the caller as raised, not wrapped in a :class:`StorageError` (a refusal is not an I/O failure; retrying
-    cannot fix it)."""
-
-
-class LocalLockTimeout(StorageError):
-    """A local store's lock stayed held by another process past its wait (:meth:`Store.local_lock`)."""
-
-
-class PreconditionFailed(StorageError):
-    """A conditional write lost: the object exists (create) or changed since it was read (replace)."""
-
-
-def describe_cause(exc: BaseException) -> str:
-    """``Type: message`` of the deepest exception in ``exc``'s cause chain that says something, plus the S3 error
-    code when there is one (e.g. ``ClientError [SlowDown]: ...``)."""
-    best, code = exc, None
-    e: BaseException | None = exc
-    seen: set[int] = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        response = getattr(e, "response", None)
-        if isinstance(response, dict) and response.get("Error", {}).get("Code"):
-            code = response["Error"]["Code"]
-        if str(e).strip():
-            best = e
-        e = e.__cause__ or e.__context__
-    line = (str(best).strip().splitlines() or [""])[0][:300]
-    return f"{type(best).__name__}{f' [{code}]' if code else ''}: {line}"
-
-
-class Store:
+class Store(ConditionalWrites):
     """A root URL plus an fsspec filesystem. All paths given to methods are relative to the root.
 
     Args:
@@ -264,25 +196,7 @@ class Store:
             except Exception as e:  # noqa: BLE001 - every cause gets the object's name
                 raise self._failed("write", rel, e) from e
             return sha256_bytes(data)
-        try:
-            self.invalidate_cache()
-            version = self.fs.info(self.full(rel)).get("ETag")
-        except FileNotFoundError:
-            version = None
-        condition = {"IfMatch": version} if version else {"IfNoneMatch": "*"}
-
-        def put() -> None:
-            try:
-                self._conditional_put(rel, data, **condition)
-            except PreconditionFailed:
-                current = self.read_versioned(rel)
-                if current is None or current[0] != data:  # someone else's bytes: never replaced
-                    raise
-                # the same bytes, written by a sibling job of this writer (e.g. a fan-out worker's prompt plan)
-
-        fault_pause(rel)
-        self.publish(rel, put)
-        return sha256_bytes(data)
+        return self._guarded_put(rel, data)  # conditional (mugrpo.storage.conditional)
 
     def publish(self, rel: str, commit: Callable[[], None]) -> None:
         """Make a write or delete of ``rel`` visible: ``commit()`` (a rename, the final PUT, a removal), through the
@@ -535,71 +449,7 @@ class Store:
     def invalidate_cache(self) -> None:
         self.fs.invalidate_cache()
 
-    # conditional writes (the run lease, mugrpo.coordination.lease)
-    def read_versioned(self, rel: str) -> tuple[bytes, str] | None:
-        """``(bytes, version)`` of ``rel``, or None if it does not exist. The version is what
-        :meth:`replace_if` compares: the ETag on S3 (bytes and ETag come from one GET, so they match), the sha256
-        of the bytes locally."""
-        if self.is_local:
-            path = self.full(rel)
-            if not os.path.exists(path):
-                return None
-            data = Path(path).read_bytes()
-            return data, sha256_bytes(data)
-        bucket, key, _ = self.fs.split_path(self.full(rel))
-
-        async def get() -> tuple[bytes, str]:
-            response = await self.fs._call_s3("get_object", Bucket=bucket, Key=key)
-            async with response["Body"] as body:
-                return await body.read(), response["ETag"]
-
-        try:
-            return fsspec.asyn.sync(self.fs.loop, get)
-        except FileNotFoundError:
-            return None
-        except Exception as e:  # noqa: BLE001
-            raise self._failed("read", rel, e) from e
-
-    def create_exclusive(self, rel: str, data: bytes) -> str:
-        """Create ``rel`` with ``data`` only if it does not exist; returns the new version.
-
-        S3: ``PutObject`` with ``If-None-Match: *`` (S3 conditional writes, 2024; moto implements them). Local: a
-        temporary file hard-linked to the name (``link`` fails atomically if the name exists).
-
-        Raises:
-            PreconditionFailed: ``rel`` exists.
-            StorageError: the write failed for another reason.
-        """
-        if self.is_local:
-            with self.local_lock(rel):
-                tmp = self._local_tmp(rel, data)
-                try:
-                    os.link(tmp, self.full(rel))
-                except FileExistsError as e:
-                    raise PreconditionFailed(f"{self.uri(rel)} already exists") from e
-                finally:
-                    os.unlink(tmp)
-            return sha256_bytes(data)
-        return self._conditional_put(rel, data, IfNoneMatch="*")
-
-    def replace_if(self, rel: str, data: bytes, version: str) -> str:
-        """Overwrite ``rel`` with ``data`` only if its version is still ``version``; returns the new version.
-
-        S3: ``PutObject`` with ``If-Match: ETAG``. Local: under an exclusive ``flock`` on a lock file beside it,
-        compare the sha256, then write a temporary file and rename it.
-
-        Raises:
-            PreconditionFailed: ``rel`` changed (or vanished) since ``version`` was read.
-        """
-        if self.is_local:
-            with self.local_lock(rel):
-                current = self.read_versioned(rel)
-                if current is None or current[1] != version:
-                    raise PreconditionFailed(f"{self.uri(rel)} changed since it was read")
-                os.replace(self._local_tmp(rel, data), self.full(rel))
-            return sha256_bytes(data)
-        return self._conditional_put(rel, data, IfMatch=version)
-
+    # local temporary files and locks (the conditional writes, mugrpo.storage.conditional)
     def _local_tmp(self, rel: str, data: bytes) -> str:
         """A fsynced temporary file beside ``rel`` holding ``data``; on a failed write (a full disk) it is removed
         and the error names ``rel``.
@@ -628,57 +478,15 @@ class Store:
         path = self.full(rel)
         return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}{TMP_TAG}lock")
 
-    @contextlib.contextmanager
-    def local_lock(self, rel: str, *, wait_s: float | None = None) -> Iterator[None]:
-        """An exclusive ``flock`` on a hidden lock file beside ``rel`` (local stores), held for the block.
-
-        Every section held under it is short (a compare and a rename), so a lock still held after ``wait_s``
-        (default :data:`LOCAL_LOCK_WAIT_S`, or ``MUGRPO_LOCAL_LOCK_WAIT_S``) belongs to a writer that is frozen
-        (SIGSTOP, a paused container) or stuck inside a commit on this machine. Waiting on would hang silently, and
-        taking the object without the lock would let that writer's rename land later over what this one commits;
-        the wait therefore ends in an error that names the lock's holder (its pid and state, from ``/proc/locks``).
+    def local_lock(self, rel: str, *, wait_s: float | None = None) -> AbstractContextManager[None]:
+        """An exclusive ``flock`` on a hidden lock file beside ``rel`` (local stores), held for the block; a lock
+        still held by another process after ``wait_s`` (default ``LOCAL_LOCK_WAIT_S``, or
+        ``MUGRPO_LOCAL_LOCK_WAIT_S``) fails, naming its holder (:func:`mugrpo.storage.locks.local_flock`).
 
         Raises:
             LocalLockTimeout: the lock was held by another process for ``wait_s`` seconds; nothing was written.
         """
-        import fcntl
-        import time
-
-        path = self.full(rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        lock = self.local_lock_path(rel)
-        limit = float(os.environ.get(LOCAL_LOCK_WAIT_ENV) or LOCAL_LOCK_WAIT_S) if wait_s is None else wait_s
-        # read-only: flock needs no write access, so a writer of another user (or a read-only root) can still lock
-        with os.fdopen(os.open(lock, os.O_RDONLY | os.O_CREAT, 0o644), "rb") as f:
-            start, pause = time.monotonic(), 0.001
-            while True:
-                try:
-                    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    waited = time.monotonic() - start
-                    if waited >= limit:
-                        raise LocalLockTimeout(
-                            f"could not lock {self.uri(rel)}: its lock file {lock} has been held for {waited:.0f} s "
-                            f"by {describe_flock_holders(lock)}; a commit holds it for milliseconds, so that writer "
-                            "is frozen (SIGSTOP, a paused container) or stuck on this machine. Resume or stop it, "
-                            "then run the command again; nothing was written"
-                        ) from None
-                    time.sleep(pause)
-                    pause = min(pause * 2, 0.1)
-            try:
-                yield
-            finally:
-                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-    def _conditional_put(self, rel: str, data: bytes, **condition: str) -> str:
-        try:
-            out = self._put(rel, data, **condition)
-        except Exception as e:  # noqa: BLE001
-            if _precondition_failed(e):
-                raise PreconditionFailed(f"{self.uri(rel)}: conditional write refused ({condition})") from e
-            raise self._failed("write", rel, e) from e
-        return out["ETag"]
+        return local_flock(self.local_lock_path(rel), self.uri(rel), wait_s=wait_s)
 
     # folders
     def is_complete_dir(self, rel: str) -> bool:
@@ -727,20 +535,3 @@ def _file_chunks(src: str | os.PathLike) -> Iterator[bytes]:
     with open(src, "rb") as f:
         while chunk := f.read(CHUNK_BYTES):
             yield chunk
-
-
-def _precondition_failed(exc: BaseException) -> bool:
-    """Whether ``exc`` (s3fs wraps botocore's ClientError in OSError) is S3's 412 PreconditionFailed or 409
-    ConditionalRequestConflict (a concurrent conditional write won)."""
-    e: BaseException | None = exc
-    seen: set[int] = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        response = getattr(e, "response", None)
-        if isinstance(response, dict):
-            code = response.get("Error", {}).get("Code")
-            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if code in {"PreconditionFailed", "ConditionalRequestConflict"} or status in {412, 409}:
-                return True
-        e = e.__cause__ or e.__context__
-    return False

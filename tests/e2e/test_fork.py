@@ -24,7 +24,8 @@ from safetensors.torch import load_file
 
 from mugrpo.config import config_from_dict
 from mugrpo.orchestration.fork import ForkRefused, plan_fork
-from mugrpo.orchestration.runs import commit_stage, create_fork, init_run, load_run_config, write_job_specs
+from mugrpo.orchestration.job_specs import write_job_specs
+from mugrpo.orchestration.runs import commit_stage, create_fork, init_run, load_run_config
 from mugrpo.storage.layout import RunLayout
 from mugrpo.storage.store import Store
 from schemas import StageTimings

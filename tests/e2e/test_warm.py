@@ -31,7 +31,8 @@ from safetensors.torch import load_file
 from mugrpo.commits.manifest import checkpoint_steps, read_manifest
 from mugrpo.config import config_from_dict
 from mugrpo.execution.warm import PROGRESS_TAG, SegmentSpec
-from mugrpo.orchestration.runs import commit_stage, init_run, open_store, write_job_specs
+from mugrpo.orchestration.job_specs import write_job_specs
+from mugrpo.orchestration.runs import commit_stage, init_run, open_store
 from mugrpo.storage.layout import RunLayout
 from mugrpo.storage.store import Store
 from schemas import StageTimings

@@ -38,7 +38,8 @@ from mugrpo.commits.manifest import read_manifest
 from mugrpo.config import config_from_dict
 from mugrpo.config.precision import concrete
 from mugrpo.execution.warm import SegmentSpec
-from mugrpo.orchestration.runs import commit_stage, init_run, open_store, write_job_specs
+from mugrpo.orchestration.job_specs import write_job_specs
+from mugrpo.orchestration.runs import commit_stage, init_run, open_store
 from mugrpo.policy.models import load_policy, response_logprobs
 from mugrpo.storage.layout import RunLayout
 from schemas import StageTimings

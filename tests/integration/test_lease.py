@@ -187,7 +187,8 @@ def test_heartbeat_renews_and_a_superseded_writer_is_fenced(store, monkeypatch):
 def test_a_real_job_of_a_superseded_writer_exits_2_without_committing(tmp_path, tiny_model_dir):
     """A generate job launched with the token of a writer that lost the lease: exit 2, no shard, no manifest."""
     from mugrpo.config import config_from_dict
-    from mugrpo.orchestration.runs import init_run, write_job_specs
+    from mugrpo.orchestration.job_specs import write_job_specs
+    from mugrpo.orchestration.runs import init_run
 
     # A tiny run config; only its stage 0 generate job runs here.
     cfg = config_from_dict(tiny_config(tmp_path, tiny_model_dir, run_id=RUN, run={"num_stages": 1}), source="test")
@@ -239,8 +240,8 @@ def test_a_writer_frozen_inside_a_local_commit_is_named_instead_of_waited_on_for
 
     import yaml
 
-    import mugrpo.storage.store as store_module
-    from mugrpo.storage.store import LOCAL_LOCK_WAIT_ENV, LocalLockTimeout
+    import mugrpo.storage.locks as locks_module
+    from mugrpo.storage.locks import LOCAL_LOCK_WAIT_ENV, LocalLockTimeout
 
     root = str(tmp_path / "runs")
     holder = subprocess.Popen(
@@ -259,7 +260,7 @@ def test_a_writer_frozen_inside_a_local_commit_is_named_instead_of_waited_on_for
     )
     try:
         assert holder.stdout.readline().strip() == "held"
-        monkeypatch.setattr(store_module, "LOCAL_LOCK_WAIT_S", 1.0)
+        monkeypatch.setattr(locks_module, "LOCAL_LOCK_WAIT_S", 1.0)
         store = Store(root)
         t0 = time.monotonic()
         with pytest.raises(

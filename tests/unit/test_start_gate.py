@@ -1,6 +1,7 @@
 """The start gate of a pre-started job (mugrpo.coordination.start_gate) and the markers the cold schedule gives each job
-(mugrpo.orchestration.runs.start_markers): a job waits for exactly the commits the schedule itself waits for, wakes when
-they exist, gives up after its timeout naming what is missing, and refuses to run for a writer that lost the run.
+(mugrpo.orchestration.job_specs.start_markers): a job waits for exactly the commits the schedule itself waits for,
+wakes when they exist, gives up after its timeout naming what is missing, and refuses to run for a writer that lost
+the run.
 
 Real Store files, a real run lease; the clock is faked only in the timeout test.
 """
@@ -17,7 +18,8 @@ from mugrpo.config import config_from_dict
 from mugrpo.coordination.jobspec import JobSpec
 from mugrpo.coordination.lease import TOKEN_ENV, LeaseFenced, LeaseRecord
 from mugrpo.coordination.start_gate import StartGate, StartTimeout
-from mugrpo.orchestration.runs import build_job_specs, prestarts, start_markers
+from mugrpo.orchestration.job_specs import build_job_specs, start_markers
+from mugrpo.orchestration.runs import prestarts
 from mugrpo.storage.layout import RunLayout
 from mugrpo.storage.store import COMPLETE_MARKER, Store
 from tests._tiny import tiny_config
