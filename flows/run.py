@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ from mugrpo.algorithms import excluding_columns
 from mugrpo.commits.manifest import read_job_manifest
 from mugrpo.commits.verify import refuse_corrupted
 from mugrpo.config import Config, config_from_dict
-from mugrpo.config.precision import SHOWN_ENV, describe
+from mugrpo.config.precision import describe
 from mugrpo.coordination.lease import RunLease, held_lease
 from mugrpo.orchestration.job_specs import write_final_eval_spec
 from mugrpo.orchestration.runs import open_store, start_run
@@ -108,7 +107,7 @@ def _run_leased(cfg: Config, lease: RunLease) -> dict[str, Any]:
     started = start_run(cfg, check)
     store, cfg = started.store, started.config  # the concrete config: auto precision resolved once, at run start
     logger.info("run %s lives at %s", cfg.run.id, store.uri(cfg.run.id))
-    if os.environ.get(SHOWN_ENV) != "1":  # not already printed by the command line that started this flow
+    if check is None:  # this flow resolved the precision (no preflight of `mugrpo run` did, nor printed it): it says so
         logger.info(describe(started.precision))
         if started.warning:
             logger.warning(started.warning)

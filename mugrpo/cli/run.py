@@ -3,7 +3,6 @@ controller and the temporary Prefect server around the run flow, and one block f
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import typer
@@ -38,7 +37,7 @@ def execute(cfg) -> None:
     ``orchestration.stop_grace_s`` to save their work, then releases the lease, marks the flow runs ``Cancelled``
     in the Prefect API, stops the temporary server, prints the resume command and exits 130 / 143."""
     prefect_env()
-    from mugrpo.config.precision import SHOWN_ENV, describe
+    from mugrpo.config.precision import describe
     from mugrpo.coordination.lease import RunLease, RunLeaseHeld
     from mugrpo.orchestration.preflight import Refusal, preflight
     from mugrpo.storage.store import LocalLockTimeout, StorageError
@@ -51,11 +50,11 @@ def execute(cfg) -> None:
         err.print(f"Error: {e.message}", style="red", markup=False, highlight=False)
         raise typer.Exit(e.exit_code) from None
     store, uri, precision = cleared.store, cleared.uri, cleared.check.precision
-    if precision is not None:  # what the run computes in, and why (resolved once; kept on resume)
+    if precision is not None:  # what the run computes in, and why, said by the preflight that resolved it (once;
+        # the flow builds on this check through the lease and does not repeat it)
         console.print(describe(precision.record), markup=False, highlight=False)
         if precision.warning:
             err.print(precision.warning, style="bold yellow", markup=False, highlight=False)
-        os.environ[SHOWN_ENV] = "1"  # the flow, in this process, does not repeat them
     lease = RunLease(
         store, cfg.run.id, ttl_s=cfg.orchestration.lease_ttl_s, wait_s=cfg.orchestration.lease_wait_s
     )  # taken here, so two `mugrpo run` started together never both reach Prefect (the flow runs under it)

@@ -53,9 +53,6 @@ from typing import Any
 from mugrpo.config.tree import Config
 
 AUTO = "auto"
-#: Set by the process that printed the precision line and its warning before the run flow started (the command line),
-#: so that the flow, in the same process, does not print them a second time.
-SHOWN_ENV = "MUGRPO_PRECISION_SHOWN"
 #: Each ``auto`` key and what it resolves to for the two choices.
 CHOICES: dict[str, dict[str, str]] = {
     "model.dtype": {"bf16": "bfloat16", "fp32": "float32"},

@@ -29,6 +29,8 @@ def test_a_tiny_run_through_prefect_then_status_sql_and_verify(tmp_path, tiny_mo
 
     out = run_cli(["run", str(path)], env, timeout=900)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    said = out.stdout + out.stderr  # the precision line, once: by the preflight that resolved it, not by the flow
+    assert said.count("precision: model.dtype=float32") == 1, said[-4000:]
     run = tmp_path / "runs" / RUN
     assert (run / "stages/stage=0.json").is_file() and (run / "policies/stage=1/_COMPLETE").is_file()
 
