@@ -228,7 +228,7 @@ def tiny_runs(tmp: Path, model: Path) -> dict:
                 tmp / "conspo",
                 model,
                 stages=2,
-                loss={"name": "conspo", "positive_rule": "reward_threshold", "positive_threshold": 0.5},
+                loss={"name": "conspo", "conspo": {"positive_rule": "reward_threshold", "positive_threshold": 0.5}},
                 train={"group_minibatches": True, "updates_per_stage": 2},
             ),
             "cold",
@@ -257,7 +257,7 @@ SYN_ARMS = {
         {"agpo": {}},
     ),
     "syn-conspo": (
-        {"name": "conspo", "conspo_tau": 1.0, "conspo_margin": 1.0, "conspo_margin_alpha": 1.0},
+        {"name": "conspo", "conspo": {"tau": 1.0, "margin": 1.0, "margin_alpha": 1.0}},
         {"group_minibatches": True, "rollouts_per_update": 8, "micro_batch_size": 4},
         {},
     ),

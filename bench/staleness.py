@@ -101,12 +101,12 @@ REGIMES: dict[str, tuple[str, ...]] = {
         "train.learner_temperature=1.0",
     ),
     # the stale-data corrections (docs/algorithms/stale-corrections.md), each at its published default
-    "seq-is": ("loss.name=seq_is", "loss.seq_is_cap=2.0"),
+    "seq-is": ("loss.name=seq_is", "loss.seq_is.cap=2.0"),
     "snis": ("loss.name=seq_snis",),
-    "geo-mask": ("loss.name=geo_mask", "loss.geo_mask_low=0.99", "loss.geo_mask_high=1.01"),
-    "icepop": ("loss.name=icepop", "loss.icepop_low=0.5", "loss.icepop_high=2.0"),
-    "m2po": ("loss.name=m2po", "loss.m2po_tau=0.04"),
-    "a3po": ("loss.name=a3po", "loss.eps_low=0.2", "loss.eps_high=0.2", "loss.a3po_weight_cap=5.0"),
+    "geo-mask": ("loss.name=geo_mask", "loss.geo_mask.low=0.99", "loss.geo_mask.high=1.01"),
+    "icepop": ("loss.name=icepop", "loss.icepop.low=0.5", "loss.icepop.high=2.0"),
+    "m2po": ("loss.name=m2po", "loss.m2po.tau=0.04"),
+    "a3po": ("loss.name=a3po", "loss.eps_low=0.2", "loss.eps_high=0.2", "loss.a3po.weight_cap=5.0"),
 }
 #: The arm every other is compared with (paired CIs of held-out accuracy).
 BASELINE_ARM = "mu-grpo"

@@ -58,6 +58,13 @@ def section_model(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+def fields_of(model: type[BaseModel]) -> dict[str, Any]:
+    """The keys of a config model: its ``model_fields``, then the sections it composes from a registry at
+    validation time (a ``section_fields()`` classmethod, e.g. the loss sections ``loss.<name>.*``)."""
+    composed = getattr(model, "section_fields", None)
+    return {**model.model_fields, **(composed() if callable(composed) else {})}
+
+
 def key_class(key: str, model: type[BaseModel]) -> str:
     """The class of dotted ``key`` (e.g. ``generation.workers``): the nearest class declared on it or a section
     above it, else semantic. A key below a field that is not a section (``run.storage_options.endpoint_url``) takes
@@ -71,7 +78,7 @@ def key_class(key: str, model: type[BaseModel]) -> str:
     for i, part in enumerate(key.split(".")):
         if current is None:  # inside a dict-valued field: its entries share its class
             return cls
-        field = current.model_fields.get(part)
+        field = fields_of(current).get(part)
         if field is None:
             raise KeyError(f"{'.'.join(key.split('.')[: i + 1])!r} is not a config key")
         cls = declared_class(field) or cls
@@ -119,7 +126,7 @@ def config_changes(old: dict[str, Any], new: dict[str, Any], model: type[BaseMod
 
 
 def _changes(old: Any, new: Any, model: type[BaseModel], prefix: str, inherited: str):
-    for name, field in model.model_fields.items():
+    for name, field in fields_of(model).items():
         key, cls = f"{prefix}{name}", declared_class(field) or inherited
         a = old.get(name, _MISSING) if isinstance(old, dict) else _MISSING
         b = new.get(name, _MISSING) if isinstance(new, dict) else _MISSING

@@ -37,8 +37,10 @@ from mugrpo.losses import (
     POLICY_LOSSES,
     LossContext,
     LossOutput,
+    LossSection,
     MetricStat,
     PolicyLossConfig,
+    loss_section,
     requires,
     token_surrogate,
 )
@@ -52,7 +54,7 @@ ALPHA = "a3po_alpha"
 
 
 class A3POConfig(BaseModel):
-    """Settings of A-3PO's proximal-policy interpolation (arXiv 2512.06547); the loss's knobs are in ``loss``."""
+    """Settings of A-3PO's proximal-policy interpolation (arXiv 2512.06547); the loss's knobs are in ``loss.a3po``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -126,6 +128,16 @@ class A3PO(Algorithm):
         return A3POTrainHooks(section or A3POConfig()) if loss.name == LOSS_NAME else None
 
 
+@loss_section(LOSS_NAME)
+class A3POLossConfig(LossSection):
+    """a3po's own loss knob (``loss.a3po.*``, decoupled PPO's behavior-weight cap, arXiv 2512.06547)."""
+
+    weight_cap: float | None = Field(default=5.0, gt=1.0)
+    """A-3PO (arXiv 2512.06547): tokens whose behavior importance weight pi_prox / pi_behav exceeds it get no
+    gradient (decoupled PPO's behavior-weight cap; 5.0 as AReaL's decoupled-loss example configs,
+    behav_imp_weight_cap: 5.0). None: no cap."""
+
+
 @POLICY_LOSSES.register("a3po")
 @token_surrogate  # at ratio 1 every token term is -A_i: the audit recomputes update 1
 @requires(inputs=(ALPHA,))
@@ -142,11 +154,11 @@ def a3po_loss(
 
     log w_t = log pi_prox - log pi_behav = alpha_i sg[log rho_t]            (behavior weight, no gradient)
     log r_t = log pi_theta - log pi_prox = log rho_t - alpha_i sg[log rho_t]
-    l_t = -M_t w_t min(r_t A_i, clip(r_t, 1 - eps_low, 1 + eps_high) A_i),  M_t = 1[w_t <= a3po_weight_cap]
+    l_t = -M_t w_t min(r_t A_i, clip(r_t, 1 - eps_low, 1 + eps_high) A_i),  M_t = 1[w_t <= a3po.weight_cap]
 
     with rho_t = pi_theta / pi_behav. ``eps_low`` / ``eps_high`` are PPO's (0.2), ``dual_clip_c`` applies to the
-    surrogate, ``a3po_weight_cap`` (default 5.0) drops tokens of a larger behavior weight (decoupled PPO's cap). The
-    gradient is that of the decoupled objective with pi_prox fixed: w_t grad r_t where the clip leaves it.
+    surrogate, ``loss.a3po.weight_cap`` (default 5.0) drops tokens of a larger behavior weight (decoupled PPO's
+    cap). The gradient is that of the decoupled objective with pi_prox fixed: w_t grad r_t where the clip leaves it.
 
     Metrics over response tokens: the standard clip fractions (of r_t), ``correction_masked_frac`` (tokens over the
     cap), ``correction_w_mean`` / ``correction_w_sq_mean`` of M_t w_t (ESS), ``a3po_alpha_mean`` (over responses).
@@ -173,7 +185,8 @@ def a3po_loss(
     mask = batch.response_mask
     log_rho = batch.log_ratio.detach()
     log_w = alpha.unsqueeze(-1) * log_rho
-    keep = mask if config.a3po_weight_cap is None else mask & (log_w <= math.log(config.a3po_weight_cap))
+    cap = config.a3po.weight_cap
+    keep = mask if cap is None else mask & (log_w <= math.log(cap))
     weight = torch.where(keep, bounded_weight(log_w), 0.0)  # exp, bounded: finite at any alpha * log rho
     inner = clipped_surrogate(
         batch.log_ratio - alpha.unsqueeze(-1) * log_rho, batch.advantages, 1.0 - config.eps_low,

@@ -9,7 +9,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from mugrpo.config.tree import Config
-from mugrpo.config_keys import SEMANTIC_CLASS, declared_class, section_model
+from mugrpo.config_keys import SEMANTIC_CLASS, declared_class, fields_of, section_model
 
 
 def _type_name(annotation) -> str:
@@ -38,7 +38,7 @@ def config_reference(model: type[BaseModel] = Config, prefix: str = "", inherite
     reference (``model`` = Config) starts with what the classes mean (:mod:`mugrpo.config_keys`)."""
     sections: list[str] = []
     rows: list[str] = []
-    for name, field in model.model_fields.items():
+    for name, field in fields_of(model).items():
         key = f"{prefix}{name}"
         cls = declared_class(field) or inherited
         sub = section_model(field.annotation)

@@ -169,4 +169,22 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"{path}: the top level must be a mapping of sections (run, model, train, ...)")
         data = loaded
     data = apply_overrides(data, list(overrides or []))
+    _refuse_renamed_loss_keys(data, source)
     return config_from_dict(data, source=source, overrides=list(overrides or []))
+
+
+def _refuse_renamed_loss_keys(data: dict[str, Any], source: str) -> None:
+    """A YAML config or override with a loss knob's old flat key (``loss.icepop_low``) is refused, naming its section
+    key; stored run.json files keep loading them (:func:`mugrpo.losses.config.compose_sections` maps them).
+
+    Raises:
+        ConfigError: naming each old key and its new one.
+    """
+    from mugrpo.losses.config import renamed_key
+
+    loss = data.get("loss")
+    moved = [f"loss.{k} is now loss.{renamed_key(k)}" for k in loss if renamed_key(k)] if isinstance(loss, dict) else []
+    if moved:
+        raise ConfigError(
+            f"{source}: " + "; ".join(moved) + " (each loss's own knobs are in its section loss.<name>.*)"
+        )

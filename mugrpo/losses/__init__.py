@@ -10,14 +10,24 @@ Usage::
     out.loss.backward()
 
 Built-in losses: ``grpo``, ``mu_grpo``, ``gspo``, ``conspo``. An algorithm package may register its own loss
-(:mod:`mugrpo.algorithms`): add one with ``@POLICY_LOSSES.register("name")``. A loss's per-rollout inputs are
-declared by name (``@requires(inputs=...)``) and read from ``LossContext.inputs`` (:mod:`mugrpo.losses.inputs`).
+(:mod:`mugrpo.algorithms`): add one with ``@POLICY_LOSSES.register("name")``, and its own knobs
+(``loss.<name>.*``) with ``@loss_section("name")`` on a pydantic model in the same module. A loss's per-rollout
+inputs are declared by name (``@requires(inputs=...)``) and read from ``LossContext.inputs``
+(:mod:`mugrpo.losses.inputs`).
 """
 
 from mugrpo.losses import clipped, conspo, gspo, stale  # noqa: F401  (importing registers the built-in losses)
 from mugrpo.losses.aggregation import AGGREGATIONS, aggregate_token_values
 from mugrpo.losses.clipped import clipped_surrogate, grpo_loss, mu_grpo_loss
-from mugrpo.losses.config import AggMode, KLEstimator, PolicyLossConfig, VetoScope
+from mugrpo.losses.config import (
+    LOSS_SECTIONS,
+    AggMode,
+    KLEstimator,
+    LossSection,
+    PolicyLossConfig,
+    VetoScope,
+    loss_section,
+)
 from mugrpo.losses.conspo import (
     CORRECTNESS_COMPONENT,
     PositiveLabeler,
@@ -61,6 +71,7 @@ __all__ = [
     "CORRECTNESS_COMPONENT",
     "AGGREGATIONS",
     "KL_ESTIMATORS",
+    "LOSS_SECTIONS",
     "POLICY_LOSSES",
     "ROLLOUT_INPUTS",
     "VETO_SCOPES",
@@ -69,6 +80,7 @@ __all__ = [
     "LossContext",
     "LossOutput",
     "LossRequirements",
+    "LossSection",
     "MetricStat",
     "PolicyLossConfig",
     "PolicyLossFn",
@@ -98,6 +110,7 @@ __all__ = [
     "input_tensor",
     "kl_estimate",
     "loss_requirements",
+    "loss_section",
     "margin_schedule",
     "merge_stats",
     "mu_grpo_loss",

@@ -1,19 +1,39 @@
-"""Configuration of a policy loss (one pydantic model shared by every registered loss)."""
+"""Configuration of a policy loss: the knobs every loss shares, plus one section per loss that has its own
+(``loss.<name>.*``, registered in the loss's module with :func:`loss_section`)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.fields import FieldInfo
+
+from mugrpo.common.registry import Registry
 
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 VetoScope = Literal["trigger", "suffix", "non_trigger_suffix", "sequence"]
 KLEstimator = Literal["k1", "k2", "k3"]
-PositiveRule = Literal["correctness", "reward_threshold"]
+
+
+class LossSection(BaseModel):
+    """Base of a loss's own config section ``loss.<name>.*`` (:func:`loss_section`): frozen, no unknown key, each
+    field described by the docstring below it (cite the paper there)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+S = TypeVar("S", bound=LossSection)
+
+#: Each loss's own config section ``loss.<name>.*`` by name, registered in the loss's module with
+#: ``@loss_section("name")`` on its pydantic model; :class:`PolicyLossConfig` carries one of each.
+LOSS_SECTIONS: Registry[type[LossSection]] = Registry("loss section")
 
 
 class PolicyLossConfig(BaseModel):
     """Hyper-parameters of a policy loss; ``name`` selects the loss from the registry.
+
+    A loss's own knobs are in its section (``config.<name>.<key>``, e.g. ``loss.icepop.low``; :func:`loss_section`).
 
     Unpublished choices (docs/papers.md, "Mu-GRPO" and "ConSPO") and how they are settled here:
 
@@ -28,11 +48,11 @@ class PolicyLossConfig(BaseModel):
       known before the forward pass and global counts (``LossContext.global_num_tokens``) stay exact.
     * ConSPO (arXiv 2605.12969) is silent on group size, batch size, KL and aggregation across groups: the loss
       is the mean over the update's valid groups (``LossContext.global_num_valid_groups``), the KL term is the
-      same optional ``kl_coef`` term as for the other losses, and a positive is chosen by ``positive_rule``
+      same optional ``kl_coef`` term as for the other losses, and a positive is chosen by ``loss.conspo.positive_rule``
       (docs/algorithms/conspo.md).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True)  # the extras are the loss sections (_compose_sections)
 
     name: str = Field(
         default="mu_grpo",
@@ -133,103 +153,89 @@ class PolicyLossConfig(BaseModel):
         "LossContext.trainer_behavior_logprobs.",
     )
 
-    conspo_tau: float = Field(
-        default=10.0,
-        gt=0.0,
-        description="ConSPO temperature tau (arXiv 2605.12969: 10): the group InfoNCE compares scores s/tau and "
-        "the loss is scaled by tau.",
-    )
-    conspo_margin: float = Field(
-        default=0.01,
-        ge=0.0,
-        description="ConSPO maximum margin M (arXiv 2605.12969: 0.01) subtracted from each positive's score: "
-        "m_t = (M/2)(1 - cos(pi min(lambda_t/alpha, 1))), lambda_t = updates done / the run's total updates.",
-    )
-    conspo_margin_alpha: float = Field(
-        default=0.3,
-        gt=0.0,
-        le=1.0,
-        description="ConSPO margin ramp alpha (arXiv 2605.12969: 0.3): the margin rises from 0 to M over the "
-        "first alpha of training (cosine), then stays at M.",
-    )
-    positive_rule: PositiveRule = Field(
-        default="correctness",
-        description="Which responses are positives for ConSPO (arXiv 2605.12969: verified-correct responses). "
-        "correctness: the math_correctness reward component equals 1 (the paper's rule); reward_threshold "
-        "(our choice, for policies that are almost never correct, e.g. SmolLM2-135M on GSM8K): total reward "
-        ">= positive_threshold. The label is computed from each rollout row when the trainer loads it.",
-    )
-    positive_threshold: float | None = Field(
-        default=None,
-        description="Total-reward threshold of positive_rule=reward_threshold (a response with reward >= it is a "
-        "positive); required by that rule and rejected by the other.",
-    )
-
-    seq_is_cap: float | None = Field(
-        default=2.0,
-        gt=0.0,
-        description="Truncation C of seq_is's sequence weight w_i = min(exp(sum_t log rho_it), C) (sequence-level "
-        "truncated IS, Yao et al. 2025; default 2.0: the upper IS threshold of verl's and ms-swift's rollout "
-        "correction). None: untruncated.",
-    )
-    geo_mask_low: float = Field(
-        default=0.99,
-        gt=0.0,
-        le=1.0,
-        description="Lower bound of geo_mask's band: a response with geometric-mean token ratio "
-        "exp(mean_t log rho_t) < it is dropped (SkyRL's off-policy correction, sequence_mask_metric=geometric, "
-        "documented default 0.99).",
-    )
-    geo_mask_high: float = Field(
-        default=1.01,
-        ge=1.0,
-        description="Upper bound of geo_mask's band: a response with geometric-mean token ratio > it is dropped "
-        "(SkyRL's documented default 1.01).",
-    )
-    icepop_low: float = Field(
-        default=0.5,
-        gt=0.0,
-        le=1.0,
-        description="Lower bound alpha of icepop's token band: a token with ratio rho_t < alpha gets no gradient "
-        "(IcePop, Ring-1T, arXiv 2510.18855; masked IS lower threshold 1/2.0 = 0.5 of verl and ms-swift).",
-    )
-    icepop_high: float = Field(
-        default=2.0,
-        ge=1.0,
-        description="Upper bound beta of icepop's token band: a token with ratio rho_t > beta gets no gradient "
-        "(IcePop, arXiv 2510.18855; masked IS threshold 2.0 of verl and ms-swift).",
-    )
-    m2po_tau: float = Field(
-        default=0.04,
-        gt=0.0,
-        description="M2PO's second-moment threshold tau_M2 (arXiv 2510.01161; 0.04 as in AReaL's M2PO example "
-        "config, m2_threshold: 0.04): the tokens of largest (log rho_t)^2 are dropped until the mean over the kept "
-        "tokens of the batch is below it.",
-    )
-    m2po_behavior_weight_cap: float | None = Field(
-        default=None,
-        gt=0.0,
-        description="M2PO (arXiv 2510.01161): also drop the tokens whose importance ratio pi_theta / pi_behav "
-        "exceeds it, on top of the second-moment mask (AReaL's M2PO example trains with behav_imp_weight_cap: 5.0). "
-        "None: no cap.",
-    )
-    a3po_weight_cap: float | None = Field(
-        default=5.0,
-        gt=1.0,
-        description="A-3PO (arXiv 2512.06547): tokens whose behavior importance weight pi_prox / pi_behav exceeds "
-        "it get no gradient (decoupled PPO's behavior-weight cap; 5.0 as AReaL's decoupled-loss example configs, "
-        "behav_imp_weight_cap: 5.0). None: no cap.",
-    )
-
     @model_validator(mode="after")
     def _check_clip_ranges(self) -> PolicyLossConfig:
         if self.ratio_min >= self.ratio_max:
             raise ValueError(f"ratio_min ({self.ratio_min}) must be < ratio_max ({self.ratio_max})")
-        if self.positive_rule == "reward_threshold" and self.positive_threshold is None:
-            raise ValueError("positive_rule=reward_threshold needs positive_threshold (e.g. 0.5)")
-        if self.positive_rule != "reward_threshold" and self.positive_threshold is not None:
-            raise ValueError(
-                f"positive_threshold={self.positive_threshold} is only used with positive_rule=reward_threshold "
-                f"(positive_rule is {self.positive_rule!r})"
-            )
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _compose_sections(cls, data: Any) -> Any:
+        return compose_sections(data, set(cls.model_fields)) if isinstance(data, dict) else data
+
+    @classmethod
+    def section_fields(cls) -> dict[str, FieldInfo]:
+        """One field per registered loss section (``loss.<name>.*``), as the config reference and the resume diff
+        read them beside ``model_fields``."""
+        return {
+            name: FieldInfo(
+                annotation=LOSS_SECTIONS[name],
+                default_factory=LOSS_SECTIONS[name],
+                description=(LOSS_SECTIONS[name].__doc__ or "").strip().splitlines()[0],
+            )
+            for name in LOSS_SECTIONS
+        }
+
+    def section(self, name: str) -> BaseModel:
+        """The section ``loss.<name>`` (its defaults where this config was built before it was registered).
+
+        Raises:
+            UnknownNameError: no loss section is registered as ``name``.
+        """
+        extra = self.__pydantic_extra__ or {}
+        return extra[name] if name in extra else LOSS_SECTIONS[name]()
+
+
+def loss_section(name: str) -> Callable[[type[S]], type[S]]:
+    """Decorator registering a loss's own config section ``loss.<name>.*`` (a :class:`LossSection`; put it in the
+    loss's module). The flat keys that run.json files written before sections hold (``loss.<name>_<key>``, or the
+    section's ``legacy_keys``: old flat key -> field) still load into it; a YAML config with one is refused."""
+    return LOSS_SECTIONS.register(name)
+
+
+def compose_sections(data: dict[str, Any], fields: set[str]) -> dict[str, Any]:
+    """``data`` (a loss config's keys) with one validated section per registered loss section, each built from its
+    ``loss.<name>`` dict and the old flat keys of earlier run.json files that map to it.
+
+    Raises:
+        ValueError: a key that is neither a shared knob, a section nor an old flat key of one.
+    """
+    legacy = _legacy_keys()
+    out: dict[str, Any] = {}
+    given: dict[str, dict[str, Any]] = {}
+    for key, value in data.items():
+        if key in fields:
+            out[key] = value
+        elif key in LOSS_SECTIONS:
+            values = value.model_dump() if isinstance(value, BaseModel) else value
+            if not isinstance(values, dict):
+                raise ValueError(f"loss.{key} is a section: give its keys (loss.{key}.<key>=...)")
+            given.setdefault(key, {}).update(values)
+        elif key in legacy:
+            name, field = legacy[key]
+            given.setdefault(name, {}).setdefault(field, value)
+        else:
+            raise ValueError(
+                f"loss.{key} is not a loss key: shared knobs are {sorted(fields)}, each loss's own are under "
+                f"loss.<name>.* (sections: {sorted(LOSS_SECTIONS)})"
+            )
+    for name in LOSS_SECTIONS:
+        out[name] = LOSS_SECTIONS[name].model_validate(given.get(name, {}))
+    return out
+
+
+def renamed_key(key: str) -> str | None:
+    """The section key (``icepop.low``) that an old flat loss key (``icepop_low``) became, else None."""
+    moved = _legacy_keys().get(key)
+    return None if moved is None else f"{moved[0]}.{moved[1]}"
+
+
+def _legacy_keys() -> dict[str, tuple[str, str]]:
+    """Old flat key -> (section, field): ``<name>_<field>`` for every field, plus each section's ``legacy_keys``."""
+    keys: dict[str, tuple[str, str]] = {}
+    for name in LOSS_SECTIONS:
+        model = LOSS_SECTIONS[name]
+        keys.update({f"{name}_{field}": (name, field) for field in model.model_fields})
+        keys.update({old: (name, field) for old, field in getattr(model, "legacy_keys", {}).items()})
+    return keys

@@ -21,11 +21,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import torch
+from pydantic import Field, model_validator
 
-from mugrpo.losses.config import PolicyLossConfig
+from mugrpo.losses.config import LossSection, PolicyLossConfig, loss_section
 from mugrpo.losses.inputs import ROLLOUT_INPUTS, RolloutInput
 from mugrpo.losses.interface import LossContext, LossOutput
 from mugrpo.losses.metrics import MetricStat
@@ -34,6 +35,49 @@ from mugrpo.losses.registry import POLICY_LOSSES, loss_requirements, requires
 
 #: The reward component of the paper's positive rule: a verified-correct answer (math-verify).
 CORRECTNESS_COMPONENT = "math_correctness"
+
+
+PositiveRule = Literal["correctness", "reward_threshold"]
+
+
+@loss_section("conspo")
+class ConSPOConfig(LossSection):
+    """ConSPO's own knobs (``loss.conspo.*``, arXiv 2605.12969)."""
+
+    #: Flat keys of run.json files written before loss sections (loss.positive_rule) -> field.
+    legacy_keys: ClassVar[dict[str, str]] = {
+        "positive_rule": "positive_rule",
+        "positive_threshold": "positive_threshold",
+    }
+
+    tau: float = Field(default=10.0, gt=0.0)
+    """ConSPO temperature tau (arXiv 2605.12969: 10): the group InfoNCE compares scores s/tau and the loss is scaled
+    by tau."""
+    margin: float = Field(default=0.01, ge=0.0)
+    """ConSPO maximum margin M (arXiv 2605.12969: 0.01) subtracted from each positive's score: m_t = (M/2)(1 -
+    cos(pi min(lambda_t/alpha, 1))), lambda_t = updates done / the run's total updates."""
+    margin_alpha: float = Field(default=0.3, gt=0.0, le=1.0)
+    """ConSPO margin ramp alpha (arXiv 2605.12969: 0.3): the margin rises from 0 to M over the first alpha of
+    training (cosine), then stays at M."""
+    positive_rule: PositiveRule = Field(default="correctness")
+    """Which responses are positives for ConSPO (arXiv 2605.12969: verified-correct responses). correctness: the
+    math_correctness reward component equals 1 (the paper's rule); reward_threshold (our choice, for policies that
+    are almost never correct, e.g. SmolLM2-135M on GSM8K): total reward >= positive_threshold. The label is computed
+    from each rollout row when the trainer loads it."""
+    positive_threshold: float | None = Field(default=None)
+    """Total-reward threshold of positive_rule=reward_threshold (a response with reward >= it is a positive);
+    required by that rule and rejected by the other."""
+
+    @model_validator(mode="after")
+    def _check_threshold(self) -> ConSPOConfig:
+        if self.positive_rule == "reward_threshold" and self.positive_threshold is None:
+            raise ValueError("positive_rule=reward_threshold needs positive_threshold (e.g. 0.5)")
+        if self.positive_rule != "reward_threshold" and self.positive_threshold is not None:
+            raise ValueError(
+                f"positive_threshold={self.positive_threshold} is only used with positive_rule=reward_threshold "
+                f"(positive_rule is {self.positive_rule!r})"
+            )
+        return self
 
 
 # --- schedule -----------------------------------------------------------------------------------------------------
@@ -127,20 +171,25 @@ def positive_labeler(config: PolicyLossConfig) -> PositiveLabeler | None:
     ``positive`` input."""
     if POSITIVE not in loss_requirements(config.name).inputs:
         return None
-    return PositiveLabeler(config.positive_rule, config.positive_threshold)
+    return PositiveLabeler(config.conspo.positive_rule, config.conspo.positive_threshold)
+
+
+def positive_labeler_of(config: PolicyLossConfig) -> PositiveLabeler:
+    """The labeler of ``loss.conspo.positive_rule`` (the ``positive`` input's row function)."""
+    return PositiveLabeler(config.conspo.positive_rule, config.conspo.positive_threshold)
 
 
 def check_positive_rule(config: PolicyLossConfig, reward_components: Collection[str]) -> None:
-    """Check that the run's rewards can label its rollouts by ``loss.positive_rule``.
+    """Check that the run's rewards can label its rollouts by ``loss.conspo.positive_rule``.
 
     Raises:
         ValueError: ``positive_rule=correctness`` without the correctness reward component (naming both keys).
     """
-    if config.positive_rule == "correctness" and CORRECTNESS_COMPONENT not in reward_components:
+    if config.conspo.positive_rule == "correctness" and CORRECTNESS_COMPONENT not in reward_components:
         raise ValueError(
-            f"loss.positive_rule=correctness labels a response positive when its {CORRECTNESS_COMPONENT!r} reward "
-            f"component is 1, but reward.components is {sorted(reward_components)}: add it, or use "
-            "loss.positive_rule=reward_threshold with loss.positive_threshold"
+            f"loss.conspo.positive_rule=correctness labels a response positive when its {CORRECTNESS_COMPONENT!r} "
+            f"reward component is 1, but reward.components is {sorted(reward_components)}: add it, or use "
+            "loss.conspo.positive_rule=reward_threshold with loss.conspo.positive_threshold"
         )
 
 
@@ -161,7 +210,7 @@ def count_valid_groups(group_index: Sequence[int], positive: Sequence[bool], non
     return sum(1 for labels in seen.values() if len(labels) == 2)
 
 
-#: ConSPO's per-rollout input: each response's positive/negative label, from its row by ``loss.positive_rule``,
+#: ConSPO's per-rollout input: each response's positive/negative label, from its row by ``loss.conspo.positive_rule``,
 #: with the update's count of valid groups (its loss normalizer) as the update statistic ``num_valid_groups``.
 POSITIVE = "positive"
 NUM_VALID_GROUPS = "num_valid_groups"
@@ -169,7 +218,7 @@ ROLLOUT_INPUTS.register(POSITIVE)(
     RolloutInput(
         dtype=torch.bool,
         columns=("reward", "reward_components"),
-        make=lambda config: PositiveLabeler(config.positive_rule, config.positive_threshold),
+        make=positive_labeler_of,
         update_stats={NUM_VALID_GROUPS: lambda labels, groups, nonempty: count_valid_groups(groups, labels, nonempty)},
         check=lambda config, components: check_positive_rule(config, components),
     )
@@ -285,7 +334,7 @@ def conspo_loss(
         behavior_logprobs: [B, T] log pi_behav (metrics only).
         advantages: [B] or [B, T] (metrics only).
         response_mask: [B, T] bool, True on response tokens.
-        config: ``conspo_tau``, ``conspo_margin``, ``conspo_margin_alpha``, ``kl_coef`` / ``kl_estimator`` /
+        config: ``conspo.tau``, ``conspo.margin``, ``conspo.margin_alpha``, ``kl_coef`` / ``kl_estimator`` /
             ``agg_mode`` (the KL term's aggregation).
         context: needs ``group_index`` [B], ``inputs["positive"]`` [B] bool and ``progress`` (lambda_t); optional
             ``inputs["num_valid_groups"]``, ``global_num_tokens`` (KL term), ``ref_logprobs``, ``entropy``.
@@ -310,11 +359,11 @@ def conspo_loss(
     positive = context.input(POSITIVE, "loss.name=conspo")
     batch = prepare_batch(logprobs, behavior_logprobs, advantages, response_mask, config, context)
     ctx = batch.context
-    margin = margin_schedule(ctx.progress, config.conspo_margin, config.conspo_margin_alpha)
+    margin = margin_schedule(ctx.progress, config.conspo.margin, config.conspo.margin_alpha)
     scores = sequence_scores(batch.logprobs, batch.response_mask)
     member = batch.response_mask.any(dim=-1)
     out = group_infonce(
-        scores, positive.bool().to(scores.device), ctx.group_index.to(scores.device), member, config.conspo_tau, margin
+        scores, positive.bool().to(scores.device), ctx.group_index.to(scores.device), member, config.conspo.tau, margin
     )
     if NUM_VALID_GROUPS in ctx.inputs:
         policy_loss, is_global = out.loss_sum / max(float(ctx.inputs[NUM_VALID_GROUPS]), 1.0), True

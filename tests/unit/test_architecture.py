@@ -188,3 +188,66 @@ def test_core_path_functions_fit_on_a_screen(root):
 
 def test_report_render_fits_on_a_screen():
     assert not [f for f in _long_functions(REPO / "mugrpo" / "inspection" / "report" / "page.py") if " render " in f]
+
+
+@pytest.fixture
+def throwaway_loss():
+    """A loss with its own knobs, registered as a plug-in would (``@POLICY_LOSSES.register`` and
+    ``@loss_section``, nothing else), unregistered afterwards."""
+    from pydantic import Field
+
+    from mugrpo.losses import LOSS_SECTIONS, LossSection, loss_section
+
+    @loss_section("throwaway")
+    class ThrowawayConfig(LossSection):
+        """The throwaway loss's own knobs (a test)."""
+
+        temperature: float = Field(default=1.0, gt=0.0)
+        """A knob."""
+
+    POLICY_LOSSES.register("throwaway")(lambda *args, config, context=None: config.throwaway.temperature)
+    yield ThrowawayConfig
+    POLICY_LOSSES.unregister("throwaway")
+    LOSS_SECTIONS.unregister("throwaway")
+
+
+def test_adding_a_loss_touches_no_shared_file(throwaway_loss):
+    """A loss's knobs live in its own section ``loss.<name>.*``, registered in its module: the shared loss config
+    (mugrpo/losses/config.py) names no loss with a section and no such knob, and accepts a new loss's section."""
+    from mugrpo.config import config_from_dict, load_config
+    from mugrpo.config.docs import config_reference
+    from mugrpo.config_keys import key_class
+    from mugrpo.losses import LOSS_SECTIONS, PolicyLossConfig
+
+    config = PolicyLossConfig.model_validate({"name": "throwaway", "throwaway": {"temperature": 0.5}})
+    assert config.throwaway == throwaway_loss(temperature=0.5) and PolicyLossConfig().throwaway.temperature == 1.0
+    with pytest.raises(ValueError, match="greater than 0"):
+        PolicyLossConfig(throwaway={"temperature": 0.0})
+    data = load_config("configs/gsm8k-smollm2.yaml").to_json_dict()
+    data["loss"]["throwaway"] = {"temperature": 2.0}
+    assert config_from_dict(data).loss.throwaway.temperature == 2.0  # the run config carries it too
+    assert key_class("loss.throwaway.temperature", Config) == "semantic"
+    assert "`loss.throwaway.temperature`" in config_reference()
+    shared = (REPO / "mugrpo" / "losses" / "config.py").read_text()
+    assert not code_mentions(shared, sorted(LOSS_SECTIONS))  # (its default name, mu_grpo, has no section)
+    knobs = {k for name in LOSS_SECTIONS for k in LOSS_SECTIONS[name].model_fields}
+    assert not knobs & set(PolicyLossConfig.model_fields)
+
+
+def test_loss_sections_read_the_flat_keys_of_earlier_run_configs():
+    """run.json files written before loss sections hold flat keys (loss.icepop_low); they still load, mapped. A YAML
+    config or override with one is refused, naming the new key."""
+    from mugrpo.config import ConfigError, load_config
+    from mugrpo.losses import PolicyLossConfig
+
+    with pytest.raises(ConfigError, match=r"loss.icepop_low is now loss.icepop.low; loss.positive_rule is now "
+                       r"loss.conspo.positive_rule"):  # fmt: skip
+        load_config("configs/gsm8k-smollm2.yaml", ["loss.icepop_low=0.3", "loss.positive_rule=correctness"])
+
+    old = PolicyLossConfig.model_validate({"name": "icepop", "icepop_low": 0.3, "positive_rule": "reward_threshold",
+                                           "positive_threshold": 0.5, "m2po_behavior_weight_cap": 4.0})  # fmt: skip
+    assert (old.icepop.low, old.icepop.high, old.m2po.behavior_weight_cap) == (0.3, 2.0, 4.0)
+    assert old.conspo.positive_threshold == 0.5
+    assert PolicyLossConfig.model_validate(old.model_dump(mode="json")) == old
+    with pytest.raises(ValueError, match="loss.icepop_lo is not a loss key"):
+        PolicyLossConfig.model_validate({"icepop_lo": 0.3})

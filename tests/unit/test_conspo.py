@@ -97,7 +97,7 @@ def _reference_loss(flat: list[float], tau: float, margin: float) -> float:
 
 def test_hand_computed_value_gradient_and_metrics():
     # tau = 1, M = 0.4, alpha = 0.5, lambda = 0.25 -> rho = 0.5 -> m = 0.2.
-    config = PolicyLossConfig(name="conspo", conspo_tau=1.0, conspo_margin=0.4, conspo_margin_alpha=0.5)
+    config = PolicyLossConfig(name="conspo", conspo={"tau": 1.0, "margin": 0.4, "margin_alpha": 0.5})
     logprobs, mask = _padded(TOKENS)
     logprobs.requires_grad_()
     out = _loss(logprobs, mask, config)
@@ -180,7 +180,7 @@ def _random_groups(seed):
 
 def test_micro_batching_changes_nothing_with_the_global_valid_group_count():
     logprobs0, behavior, mask, groups, positive, ref = _random_groups(0)
-    config = PolicyLossConfig(name="conspo", kl_coef=0.1, conspo_tau=2.0, conspo_margin=0.3)
+    config = PolicyLossConfig(name="conspo", kl_coef=0.1, conspo={"tau": 2.0, "margin": 0.3})
     nonempty = mask.any(-1)
     valid = count_valid_groups(groups.tolist(), positive.tolist(), nonempty.tolist())
     assert valid == 3  # groups 0, 1, 4; group 2 all positive, group 3 all negative
@@ -281,12 +281,16 @@ def test_config_demands_whole_groups_and_a_positive_rule_that_fits_the_rewards()
     with pytest.raises(ConfigError, match="reward.components is \\['format'\\]"):
         load_config(
             "configs/gsm8k-smollm2-conspo.yaml",
-            ["loss.positive_rule=correctness", "loss.positive_threshold=null", "reward.components={format: 1.0}"],
+            [
+                "loss.conspo.positive_rule=correctness",
+                "loss.conspo.positive_threshold=null",
+                "reward.components={format: 1.0}",
+            ],
         )
     with pytest.raises(ConfigError, match="needs positive_threshold"):
-        load_config("configs/gsm8k-smollm2-conspo.yaml", ["loss.positive_threshold=null"])
+        load_config("configs/gsm8k-smollm2-conspo.yaml", ["loss.conspo.positive_threshold=null"])
     with pytest.raises(ConfigError, match="only used with positive_rule=reward_threshold"):
-        load_config("configs/gsm8k-smollm2-conspo.yaml", ["loss.positive_rule=correctness"])
+        load_config("configs/gsm8k-smollm2-conspo.yaml", ["loss.conspo.positive_rule=correctness"])
     with pytest.raises(ValueError, match="group_minibatches"):
         TrainSpec(root="r", run_id=RUN, stage=0, policy_version=0, loss={"name": "conspo"})
 
@@ -302,7 +306,9 @@ def test_labels_come_from_the_rollout_rows(tmp_path, tiny_model_dir):
     key = {(r["prompt_id"], r["sample_idx"]): i for i, r in enumerate(rows)}  # load_rollouts sorts the rows
     order_of = [key[(r.prompt_id, r.sample_idx)] for r in data.rollouts]
     assert [r.inputs["positive"] for r in data.rollouts] == [rows[i]["reward"] >= 1.0 for i in order_of]
-    threshold = row_inputs(PolicyLossConfig(name="conspo", positive_rule="reward_threshold", positive_threshold=1.2))
+    threshold = row_inputs(
+        PolicyLossConfig(name="conspo", conspo={"positive_rule": "reward_threshold", "positive_threshold": 1.2})
+    )
     by_reward = load_rollouts(store, RUN, [0], skip_zero_variance_groups=True, row_inputs=threshold)
     assert [r.inputs["positive"] for r in by_reward.rollouts] == [i == 0 for i in order_of]
     assert by_reward.fingerprint != data.fingerprint  # a checkpoint is tied to its labels
@@ -327,7 +333,7 @@ def test_labels_come_from_the_rollout_rows(tmp_path, tiny_model_dir):
 def _spec(root, **train) -> TrainSpec:
     settings = {"group_minibatches": True, "skip_zero_variance_groups": False, **train}
     # A large margin ramped over the whole run: every update has another m_t, so a wrong lambda on resume shows.
-    loss = {"name": "conspo", "conspo_tau": 1.0, "conspo_margin": 1.0, "conspo_margin_alpha": 1.0}
+    loss = {"name": "conspo", "conspo": {"tau": 1.0, "margin": 1.0, "margin_alpha": 1.0}}
     return train_spec(root, RUN, total_updates=8, keep_checkpoints=2, train=settings, loss=loss)
 
 

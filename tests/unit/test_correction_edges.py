@@ -130,17 +130,17 @@ def test_m2po_behavior_weight_cap_matches_its_float64_reference():
     want_grad = torch.zeros_like(lp)
     for k in kept:
         want_grad[k] = -math.exp(log_rho[k]) * float(a[k[0]]) / n_tok
-    loss, grad, metrics = _call(m2po_loss, lp, b, a, mask, PolicyLossConfig(name="m2po", m2po_tau=tau),
+    loss, grad, metrics = _call(m2po_loss, lp, b, a, mask, PolicyLossConfig(name="m2po", m2po={"tau": tau}),
                                 behavior_weight_cap=cap)  # fmt: skip
     assert float(loss) == pytest.approx(want_loss, abs=TOL)
     assert torch.allclose(grad, want_grad, atol=TOL, rtol=0)
     assert float(metrics[MASKED_FRAC]) == pytest.approx(1 - len(kept) / n_tok, abs=TOL)
     assert float(metrics["m2po_m2_kept"]) == pytest.approx(sum(m2[k] for k in kept) / len(kept), abs=TOL)
-    # the config's loss.m2po_behavior_weight_cap is the same cap as the keyword
-    by_config = PolicyLossConfig(name="m2po", m2po_tau=tau, m2po_behavior_weight_cap=cap)
+    # the config's loss.m2po.behavior_weight_cap is the same cap as the keyword
+    by_config = PolicyLossConfig(name="m2po", m2po={"tau": tau, "behavior_weight_cap": cap})
     _assert_bitwise_equal(_call(m2po_loss, lp, b, a, mask, by_config), (loss, grad, metrics))
     # no cap (the default) keeps the tokens the M2 mask keeps
-    _, _, no_cap = _call(m2po_loss, lp, b, a, mask, PolicyLossConfig(name="m2po", m2po_tau=tau))
+    _, _, no_cap = _call(m2po_loss, lp, b, a, mask, PolicyLossConfig(name="m2po", m2po={"tau": tau}))
     assert float(no_cap[MASKED_FRAC]) == pytest.approx(1 - len(by_m2) / n_tok, abs=TOL)
 
 
@@ -190,7 +190,9 @@ def test_a3po_without_a_weight_cap_stays_finite_past_the_float32_exp_overflow():
     b[0, 1] = lp[0, 1] - 200.0  # log rho = 200: alpha * log rho = 100 > 88.7 for alpha = 0.5 (A > 0)
     b[3, 2] = lp[3, 2] - 180.0  # and 90 for A < 0
     alpha = torch.full((len(LENGTHS),), 0.5)
-    loss, grad, metrics = _run("a3po", lp, b, a, mask, context=LossContext(inputs={ALPHA: alpha}), a3po_weight_cap=None)
+    loss, grad, metrics = _run(
+        "a3po", lp, b, a, mask, context=LossContext(inputs={ALPHA: alpha}), a3po={"weight_cap": None}
+    )
     assert torch.isfinite(loss) and torch.isfinite(grad).all()
     assert all(torch.isfinite(v) for v in metrics.values())
     want_loss, want_grad = _a3po_reference(lp, b, a, mask, alpha)
@@ -230,7 +232,7 @@ def test_seq_is_truncates_the_infinite_weight_of_an_impossible_token(cap):
     weights = [math.exp(min(max(x, -LOG_RATIO_CLAMP), bound)) for x in log_w]
     assert weights[2] == (cap if cap is not None else math.exp(LOG_RATIO_CLAMP))
     want_loss, want_grad = _sequence_reference(lp, b, a, mask, weights)
-    loss, grad, metrics = _run("seq_is", lp, b, a, mask, seq_is_cap=cap)
+    loss, grad, metrics = _run("seq_is", lp, b, a, mask, seq_is={"cap": cap})
     assert torch.isfinite(loss) and torch.isfinite(grad).all()
     assert float(loss) == pytest.approx(want_loss, rel=1e-6, abs=TOL)
     assert torch.allclose(grad.double(), want_grad, rtol=1e-6, atol=TOL)

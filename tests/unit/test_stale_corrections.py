@@ -89,7 +89,7 @@ def test_seq_is_matches_its_float64_reference():
 
     ref = _sequence_reference(*batch, truncated)
     assert 0 < ref[2][CLIPPED_FRAC] < 1  # the inputs do exercise the truncation
-    _check(_run("seq_is", *batch, seq_is_cap=cap), *ref)
+    _check(_run("seq_is", *batch, seq_is={"cap": cap}), *ref)
 
 
 def test_seq_snis_matches_its_float64_reference():
@@ -171,7 +171,7 @@ def test_m2po_matches_its_float64_reference():
 
     ref = _token_reference(*batch, greedy)
     assert 0 < ref[2][MASKED_FRAC] < 1
-    got = _run("m2po", *batch, m2po_tau=tau)
+    got = _run("m2po", *batch, m2po={"tau": tau})
     _check(got, *ref)
     assert got[2]["m2po_m2_kept"] < tau <= got[2]["m2po_m2"]
 
@@ -256,10 +256,10 @@ def test_each_correction_is_registered_and_refuses_the_veto(name):
 
 def test_the_bands_are_validated():
     with pytest.raises(ValueError):
-        PolicyLossConfig(icepop_low=1.5)
+        PolicyLossConfig(icepop={"low": 1.5})
     with pytest.raises(ValueError):
-        PolicyLossConfig(geo_mask_high=0.9)
-    assert PolicyLossConfig().m2po_tau == 0.04 and PolicyLossConfig().seq_is_cap == 2.0
+        PolicyLossConfig(geo_mask={"high": 0.9})
+    assert PolicyLossConfig().m2po.tau == 0.04 and PolicyLossConfig().seq_is.cap == 2.0
 
 
 def test_a3po_runs_from_the_loss_name_and_its_section_needs_that_loss():

@@ -215,7 +215,7 @@ def test_every_arm_is_a_regime_and_the_corrections_are_arms(tmp_path):
     names = {r: c.loss.name for r, c in cfgs.items()}
     assert names["seq-is"] == "seq_is" and names["snis"] == "seq_snis" and names["geo-mask"] == "geo_mask"
     assert names["icepop"] == "icepop" and names["m2po"] == "m2po" and names["a3po"] == "a3po"
-    assert cfgs["m2po"].loss.m2po_tau == 0.04 and cfgs["icepop"].loss.icepop_high == 2.0
+    assert cfgs["m2po"].loss.m2po.tau == 0.04 and cfgs["icepop"].loss.icepop.high == 2.0
     assert {r: extra_forward_passes(c) for r, c in cfgs.items() if extra_forward_passes(c)} == {
         "tis": 1.0,
         "cooled": 1.0,

@@ -65,7 +65,7 @@ def effective_sample_size(w_mean: float, w_sq_mean: float) -> float:
 def bounded_weight(log_weight: torch.Tensor) -> torch.Tensor:
     """w = exp(min(log w, 20)): an importance weight that cannot overflow, for weights computed from log-ratios
     that no other bound limits (A-3PO's behavior weight pi_prox / pi_behav = exp(alpha log rho) with no
-    ``a3po_weight_cap``, arXiv 2512.06547; decoupled PPO, Hilton et al. 2022, arXiv 2110.00641).
+    ``loss.a3po.weight_cap``, arXiv 2512.06547; decoupled PPO, Hilton et al. 2022, arXiv 2110.00641).
 
     exp overflows fp32 to +inf once log w > 88.72 (log of the largest float32), and the loss then becomes -inf or
     NaN. Clamping at 88.72 would not be enough: a weight near 3.4e38 times a loss term of magnitude above 1 (PPO's

@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 
 import torch
+from pydantic import Field
 
-from mugrpo.losses.config import PolicyLossConfig
+from mugrpo.losses.config import LossSection, PolicyLossConfig, loss_section
 from mugrpo.losses.gspo import sequence_log_ratio
 from mugrpo.losses.interface import LossContext, LossOutput
 from mugrpo.losses.metrics import MetricStat
@@ -35,6 +36,18 @@ def geometric_keep_mask(
     return keep, log_g
 
 
+@loss_section("geo_mask")
+class GeoMaskConfig(LossSection):
+    """geo_mask's own knobs (``loss.geo_mask.*``, SkyRL's geometric sequence mask)."""
+
+    low: float = Field(default=0.99, gt=0.0, le=1.0)
+    """Lower bound of geo_mask's band: a response with geometric-mean token ratio exp(mean_t log rho_t) < it is
+    dropped (SkyRL's off-policy correction, sequence_mask_metric=geometric, documented default 0.99)."""
+    high: float = Field(default=1.01, ge=1.0)
+    """Upper bound of geo_mask's band: a response with geometric-mean token ratio > it is dropped (SkyRL's
+    documented default 1.01)."""
+
+
 @POLICY_LOSSES.register("geo_mask")
 @token_surrogate  # at ratio 1 every token term is -A_i: the audit recomputes update 1
 def geo_mask_loss(
@@ -48,11 +61,11 @@ def geo_mask_loss(
 ) -> LossOutput:
     """Token importance sampling over the responses a geometric sequence mask keeps.
 
-    g_i = exp((1/|o_i|) sum_t log rho_it);  M_i = 1[geo_mask_low <= g_i <= geo_mask_high]
+    g_i = exp((1/|o_i|) sum_t log rho_it);  M_i = 1[geo_mask.low <= g_i <= geo_mask.high]
     l_it = -M_i rho_it A_i                                   (aggregated by ``config.agg_mode``)
 
     SkyRL's off-policy correction ``sequence_mask_metric: geometric`` (SkyRL docs, "Off-policy correction"; its
-    documented thresholds 0.99 / 1.01 are the defaults of ``geo_mask_low`` / ``geo_mask_high``); g_i is GSPO's
+    documented thresholds 0.99 / 1.01 are the defaults of ``geo_mask.low`` / ``geo_mask.high``); g_i is GSPO's
     length-normalised sequence ratio (arXiv 2507.18071). SkyRL applies the mask on top of its PPO loss to correct the
     sampler/learner mismatch of one step; here the one ratio is against the stale behavior policy and the mask is
     the only trust region (no PPO clip), recomputed every update from the current policy (detached), like the
@@ -66,7 +79,7 @@ def geo_mask_loss(
         raise ValueError("veto_enabled=True: the negative-advantage veto does not apply to geo_mask (a response mask)")
     batch = prepare_batch(logprobs, behavior_logprobs, advantages, response_mask, config, context)
     keep_seq, _ = geometric_keep_mask(
-        batch.log_ratio.detach(), batch.response_mask, config.geo_mask_low, config.geo_mask_high
+        batch.log_ratio.detach(), batch.response_mask, config.geo_mask.low, config.geo_mask.high
     )
     keep = batch.response_mask & keep_seq.unsqueeze(-1)
     surrogate = masked_is_surrogate(batch.log_ratio, batch.advantages, keep)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 
 import torch
+from pydantic import Field
 
-from mugrpo.losses.config import PolicyLossConfig
+from mugrpo.losses.config import LossSection, PolicyLossConfig, loss_section
 from mugrpo.losses.interface import LossContext, LossOutput
 from mugrpo.losses.metrics import MetricStat
 from mugrpo.losses.pipeline import finalize_loss, importance_ratio, prepare_batch
@@ -55,6 +56,19 @@ def m2po_keep_mask(log_ratio: torch.Tensor, response_mask: torch.Tensor, tau: fl
     return keep
 
 
+@loss_section("m2po")
+class M2POConfig(LossSection):
+    """m2po's own knobs (``loss.m2po.*``, second-moment token mask, arXiv 2510.01161)."""
+
+    tau: float = Field(default=0.04, gt=0.0)
+    """M2PO's second-moment threshold tau_M2 (arXiv 2510.01161; 0.04 as in AReaL's M2PO example config,
+    m2_threshold: 0.04): the tokens of largest (log rho_t)^2 are dropped until the mean over the kept tokens of the
+    batch is below it."""
+    behavior_weight_cap: float | None = Field(default=None, gt=0.0)
+    """M2PO (arXiv 2510.01161): also drop the tokens whose importance ratio pi_theta / pi_behav exceeds it, on top
+    of the second-moment mask (AReaL's M2PO example trains with behav_imp_weight_cap: 5.0). None: no cap."""
+
+
 @POLICY_LOSSES.register("m2po")
 @token_surrogate  # at ratio 1 every token term is -A_i: the audit recomputes update 1
 def m2po_loss(
@@ -71,7 +85,7 @@ def m2po_loss(
 
     M2_hat = (1/N) sum_t (log rho_t)^2 over the batch's response tokens (the paper's M2 estimator, step 1 of
     AReaL's M2PO page);
-    M_t from :func:`m2po_keep_mask` with tau_M2 = ``config.m2po_tau`` (default 0.04: the value of AReaL's M2PO
+    M_t from :func:`m2po_keep_mask` with tau_M2 = ``config.m2po.tau`` (default 0.04: the value of AReaL's M2PO
     example config, ``m2_threshold: 0.04``; the paper's text was not available to confirm its own), and with
     ``behavior_weight_cap`` = C also M_t = 0 where rho_t > C;
     J = (1/sum_i |o_i|) sum_{i,t} M_t rho_t A_t (the masked objective, no PPO clip, as AReaL's M2PO page states it;
@@ -89,7 +103,7 @@ def m2po_loss(
     ratio is rho_t = pi_theta / pi_behav (pi_prox = pi_theta, which is what AReaL's recomputed pi_prox equals at its
     example's single minibatch per step), so the cap drops the tokens with rho_t > C, compared in log space
     (log rho_t > log C), on top of the M2 mask, which stays over every response token as in AReaL.
-    By default (None) there is no cap, unlike AReaL's example; ``loss.m2po_behavior_weight_cap=5.0`` gives its value.
+    By default (None) there is no cap, unlike AReaL's example; ``loss.m2po.behavior_weight_cap=5.0`` gives its value.
 
     Metrics over response tokens: ``correction_masked_frac`` (tokens dropped by the M2 mask or the cap),
     ``correction_w_mean`` / ``correction_w_sq_mean`` of M_t rho_t (ESS), ``m2po_m2`` (M2_hat before masking) and
@@ -100,10 +114,10 @@ def m2po_loss(
         behavior_logprobs: [B, T] log pi_behav from the sampler (no grad).
         advantages: [B] or [B, T] advantages.
         response_mask: [B, T] bool, True on response tokens.
-        config: :class:`PolicyLossConfig` (``m2po_tau``, ``agg_mode``, ``kl_coef``).
+        config: :class:`PolicyLossConfig` (``m2po.tau``, ``agg_mode``, ``kl_coef``).
         context: optional :class:`LossContext`.
         behavior_weight_cap: C > 0: also drop the tokens with rho_t > C; None (default):
-            ``config.m2po_behavior_weight_cap`` (itself None by default: no cap).
+            ``config.m2po.behavior_weight_cap`` (itself None by default: no cap).
 
     Returns:
         :class:`LossOutput`.
@@ -115,12 +129,12 @@ def m2po_loss(
     if config.veto_enabled:
         raise ValueError("veto_enabled=True: m2po masks tokens by its second moment; the veto does not combine with it")
     if behavior_weight_cap is None:
-        behavior_weight_cap = config.m2po_behavior_weight_cap
+        behavior_weight_cap = config.m2po.behavior_weight_cap
     if behavior_weight_cap is not None and not behavior_weight_cap > 0:
         raise ValueError(f"m2po behavior_weight_cap must be > 0 (or None: no cap), got {behavior_weight_cap}")
     batch = prepare_batch(logprobs, behavior_logprobs, advantages, response_mask, config, context)
     log_ratio = batch.log_ratio.detach()
-    keep = m2po_keep_mask(log_ratio, batch.response_mask, config.m2po_tau)
+    keep = m2po_keep_mask(log_ratio, batch.response_mask, config.m2po.tau)
     if behavior_weight_cap is not None:
         keep = keep & (log_ratio <= math.log(behavior_weight_cap))
     surrogate = masked_is_surrogate(batch.log_ratio, batch.advantages, keep)

@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 
 import torch
+from pydantic import Field
 
-from mugrpo.losses.config import PolicyLossConfig
+from mugrpo.losses.config import LossSection, PolicyLossConfig, loss_section
 from mugrpo.losses.interface import LossContext, LossOutput
 from mugrpo.losses.kl import LOG_RATIO_CLAMP
 from mugrpo.losses.pipeline import PreparedBatch, TokenSurrogate, finalize_loss, prepare_batch
@@ -58,6 +59,16 @@ def _weighted_surrogate(batch: PreparedBatch, weight: torch.Tensor) -> TokenSurr
                           dual_clipped=none)  # fmt: skip
 
 
+@loss_section("seq_is")
+class SeqISConfig(LossSection):
+    """seq_is's own knob (``loss.seq_is.*``, sequence-level truncated importance sampling)."""
+
+    cap: float | None = Field(default=2.0, gt=0.0)
+    """Truncation C of seq_is's sequence weight w_i = min(exp(sum_t log rho_it), C) (sequence-level truncated IS,
+    Yao et al. 2025; default 2.0: the upper IS threshold of verl's and ms-swift's rollout correction). None:
+    untruncated."""
+
+
 @POLICY_LOSSES.register("seq_is")
 @token_surrogate  # at ratio 1 every token term is -A_i: the audit recomputes update 1
 def seq_is_loss(
@@ -76,7 +87,7 @@ def seq_is_loss(
 
     Importance sampling of the sequence-level objective E_{o ~ pi_theta}[A(o)] from pi_behav samples (Precup et al.
     2000, per-episode IS; the "sequence" level of truncated IS for the sampler/learner mismatch, Yao et al. 2025,
-    "Your efficient RL framework secretly brings you off-policy RL training"). C = ``config.seq_is_cap`` (default 2.0,
+    "Your efficient RL framework secretly brings you off-policy RL training"). C = ``config.seq_is.cap`` (default 2.0,
     the default upper threshold of ms-swift's and verl's rollout-correction IS); None: no truncation. log W is
     clamped to [-20, 20] before exp. No PPO clip: the truncation is the only trust region.
 
@@ -94,7 +105,7 @@ def seq_is_loss(
         behavior_logprobs: [B, T] log pi_behav from the sampler (no grad).
         advantages: [B] or [B, T] advantages (sequence-level: one value per response).
         response_mask: [B, T] bool, True on response tokens.
-        config: :class:`PolicyLossConfig` (``seq_is_cap``, ``agg_mode``, ``kl_coef``).
+        config: :class:`PolicyLossConfig` (``seq_is.cap``, ``agg_mode``, ``kl_coef``).
         context: optional :class:`LossContext`.
 
     Returns:
@@ -108,9 +119,9 @@ def seq_is_loss(
     batch = prepare_batch(logprobs, behavior_logprobs, advantages, response_mask, config, context)
     log_w = sequence_log_weight(batch.log_ratio.detach(), batch.response_mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     clipped = torch.zeros_like(log_w, dtype=torch.bool)
-    if config.seq_is_cap is not None:
-        clipped = log_w >= math.log(config.seq_is_cap)
-        log_w = log_w.clamp(max=math.log(config.seq_is_cap))
+    if config.seq_is.cap is not None:
+        clipped = log_w >= math.log(config.seq_is.cap)
+        log_w = log_w.clamp(max=math.log(config.seq_is.cap))
     weight = torch.exp(log_w)
     surrogate = _weighted_surrogate(batch, weight)
     nonempty = batch.response_mask.any(dim=-1)
