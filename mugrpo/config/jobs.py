@@ -89,8 +89,9 @@ class TrainSection(_Section):
         True,
         description="Run a micro-batch's shared prompt prefix (system prompt, worked examples, a group's prompt) once, "
         "every row attending to its one copy of keys and values (Prefix Grouper, arXiv 2506.05433): the same "
-        "log-probs (bitwise in fp32 on CPU), gradients equal up to fp32 summation order; forward and backward 2.1-2.3x "
-        "faster on the main job. Off while gradient_checkpointing recomputes layers.",
+        "log-probs (bitwise in fp32 on CPU), gradients equal up to fp32 summation order; forward and backward "
+        "1.91x faster on the main job's micro-batches (bench/shared_prefix_train.py). Off while "
+        "gradient_checkpointing recomputes layers.",
     )
     recompute_behavior_logprobs: bool | Literal["auto"] = Field(
         False,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from mugrpo.losses.inputs import input_tensor
+from mugrpo.policy.prefix import shared_prefix_length
 from mugrpo.policy.truncation import Truncation
 from mugrpo.trainer.data import Rollout
 
@@ -22,7 +23,8 @@ class TokenBatch:
     Attributes:
         input_ids: [B, L] int64, padded with ``pad_token_id`` after each sequence.
         position_ids: [B, L] int64, 0..L-1 (right padding: real tokens keep positions 0..len-1).
-        prompt_lengths: [B] int64 prompt tokens of each row (>= 1).
+        shared_prefix: tokens every row's prompt starts with, leaving each row the last token of its prompt
+            (:func:`mugrpo.policy.prefix.shared_prefix_length`); what the forward may run once for all rows.
         response_index: [B, R] int64, position of the hidden state that predicts response token j of row i
             (``len(prompt_i) - 1 + j``); 0 on padding.
         response_ids: [B, R] int64 response tokens, 0 on padding.
@@ -45,7 +47,7 @@ class TokenBatch:
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
-    prompt_lengths: torch.Tensor
+    shared_prefix: int
     response_index: torch.Tensor
     response_ids: torch.Tensor
     response_mask: torch.Tensor
@@ -112,7 +114,7 @@ def collate(
     return TokenBatch(
         input_ids=input_ids,
         position_ids=torch.arange(seq_len).expand(batch, seq_len).contiguous(),
-        prompt_lengths=torch.tensor([len(r.prompt_token_ids) for r in rollouts], dtype=torch.long),
+        shared_prefix=shared_prefix_length([r.prompt_token_ids for r in rollouts]),
         response_index=response_index,
         response_ids=response_ids,
         response_mask=response_mask,

@@ -16,7 +16,7 @@ every row starts with (a main-job micro-batch: ~90 of ~135 positions) go through
 and the rows' own tokens attend to that one copy of its keys and values. The log-probs are the full forward's
 (bitwise in fp32 on CPU, tested); the gradient that reaches the prefix is the sum of the rows' (the expand's
 backward), equal to the full backward's up to fp32 summation order (~1e-6 relative, tested). Forward and backward
-of a main-job micro-batch take 2.1-2.3x less time (docs/benchmarks.md).
+of a main-job micro-batch take 1.91x less time (bench/shared_prefix_train.py, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ class PolicyTokenLogprobs(nn.Module):
         self.min_shared_prefix = MIN_SHARED_PREFIX
 
     def shared_length(self, batch: TokenBatch) -> int:
-        """Positions of ``batch`` run once for all rows: the tokens every row's prompt starts with, leaving each row
-        the last token of its prompt (whose output predicts the first response token). 0 (every row runs whole)
+        """Positions of ``batch`` run once for all rows: ``batch.shared_prefix``, the tokens every row's prompt starts
+        with but the last (whose output predicts the first response token). 0 (every row runs whole)
         when off, for a single row, below ``min_shared_prefix`` tokens, or while activation checkpointing
         recomputes layers (it drops the KV cache the rows attend to)."""
         rows = batch.input_ids.shape[0]
@@ -66,10 +66,7 @@ class PolicyTokenLogprobs(nn.Module):
             return 0
         if self.training and torch.is_grad_enabled() and _checkpoints_layers(self.policy):
             return 0
-        limit = int(batch.prompt_lengths.min()) - 1
-        same = (batch.input_ids[:, :limit] == batch.input_ids[:1, :limit]).all(dim=0)
-        shared = int(same.int().cumprod(0).sum()) if limit > 0 else 0
-        return shared if shared >= self.min_shared_prefix else 0
+        return batch.shared_prefix if batch.shared_prefix >= self.min_shared_prefix else 0
 
     def hidden_states(self, batch: TokenBatch, shared: int) -> torch.Tensor:
         """Final hidden states [B, L - shared, H] of positions ``shared``..L-1 of every row (all positions when

@@ -22,9 +22,9 @@ from mugrpo.trainer.setup import enable_activation_checkpointing
 PREAMBLE = "System: answer in a box. Example: what is 7 plus 5? 7 + 5 = 12, so the answer is 12. Now the question."
 
 
-def _batch(tiny_model_dir, *, one_group: bool) -> TokenBatch:
-    """Six rollouts: three prompts x two responses behind a shared preamble, or (``one_group``) one prompt x six.
-    One response is empty (a row with nothing to score must not break the gather)."""
+def _batch(tiny_model_dir, *, one_group: bool) -> tuple[TokenBatch, list[int]]:
+    """Six rollouts, collated, and their prompt lengths: three prompts x two responses behind a shared preamble, or
+    (``one_group``) one prompt x six. One response is empty (a row with nothing to score must not break the gather)."""
     _, tokenizer = load_policy(tiny_model_dir)
     preamble = tokenizer(PREAMBLE, add_special_tokens=False)["input_ids"]
     prompts, group_size = (1, 6) if one_group else (3, 2)
@@ -36,7 +36,8 @@ def _batch(tiny_model_dir, *, one_group: bool) -> TokenBatch:
         for r in (_to_rollout(row, "test") for row in rows)
     ]
     rollouts[1] = dataclasses.replace(rollouts[1], response_token_ids=[], behavior_logprobs=[])
-    return collate(rollouts, [i // group_size for i in range(len(rollouts))], tokenizer.pad_token_id)
+    batch = collate(rollouts, [i // group_size for i in range(len(rollouts))], tokenizer.pad_token_id)
+    return batch, [len(r.prompt_token_ids) for r in rollouts]
 
 
 def _run(model: PolicyTokenLogprobs, batch: TokenBatch, autocast: bool):
@@ -56,13 +57,12 @@ def _run(model: PolicyTokenLogprobs, batch: TokenBatch, autocast: bool):
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
 def test_shared_prefix_forward_equals_the_full_forward(tiny_model_dir, one_group, autocast):
     policy, _ = load_policy(tiny_model_dir)
-    batch = _batch(tiny_model_dir, one_group=one_group)
+    batch, prompt = _batch(tiny_model_dir, one_group=one_group)
     shared, full = (
         PolicyTokenLogprobs(policy, chunk_size=16),
         PolicyTokenLogprobs(policy, chunk_size=16, shared_prefix=False),
     )
     length = shared.shared_length(batch)
-    prompt = batch.prompt_lengths.tolist()
     if one_group:  # the whole prompt but the last token, whose output predicts the first response token
         assert len(set(prompt)) == 1 and length == prompt[0] - 1
     else:  # the preamble and the synthetic prompts' common first words, never a row's last prompt token
@@ -88,13 +88,13 @@ def test_shared_prefix_forward_equals_the_full_forward(tiny_model_dir, one_group
 
 def test_short_or_single_row_prefixes_run_whole(tiny_model_dir):
     policy, _ = load_policy(tiny_model_dir)
-    batch = _batch(tiny_model_dir, one_group=False)
+    batch, _ = _batch(tiny_model_dir, one_group=False)
     model = PolicyTokenLogprobs(policy)
     length = model.shared_length(batch)
     model.min_shared_prefix = length + 1
     assert model.shared_length(batch) == 0  # fewer shared tokens than the minimum
     model.min_shared_prefix = 1
-    one_row = dataclasses.replace(batch, input_ids=batch.input_ids[:1], prompt_lengths=batch.prompt_lengths[:1])
+    one_row = dataclasses.replace(batch, input_ids=batch.input_ids[:1])
     assert model.shared_length(one_row) == 0
 
 
@@ -104,7 +104,7 @@ def test_activation_checkpointing_runs_rows_whole(tiny_model_dir):
     policy, _ = load_policy(tiny_model_dir)
     enable_activation_checkpointing(policy)
     policy.train()
-    batch = _batch(tiny_model_dir, one_group=False)
+    batch, _ = _batch(tiny_model_dir, one_group=False)
     shared, full = (
         PolicyTokenLogprobs(policy, chunk_size=16),
         PolicyTokenLogprobs(policy, chunk_size=16, shared_prefix=False),
