@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _bench import run_bench
 from _prefect import prefect_api, prefect_server  # noqa: F401  (fixtures)
 
 from bench._arms import ARMS, GRPO_MU, Budget, amdahl_bound, arm_config
@@ -77,10 +78,7 @@ def test_amdahl_bound():
 
 
 def _bench(args: list[str], tmp_path: Path, timeout: int = 2400) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path)}
-    proc = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
+    return run_bench(args, timeout=timeout, env={"PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path)})
 
 
 @pytest.mark.slow

@@ -5,23 +5,13 @@ same seeds (equal token counts per cell). No timing is asserted."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from _bench import run_bench
 
 
 def test_engine_throughput_bench_quick(tmp_path):
     out = tmp_path / "engine.json"
-    proc = subprocess.run(
-        [sys.executable, "bench/engine_throughput.py", "--quick", "--json", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_bench(["bench/engine_throughput.py", "--quick", "--json", str(out)], timeout=600)
     cells = json.loads(out.read_text())["cells"]
     assert [(c["threads"], c["batch"]) for c in cells] == [(1, 8), (1, "auto")]
     fixed, auto = cells

@@ -5,23 +5,13 @@ No timing is asserted."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from _bench import run_bench
 
 
 def test_fanout_bench_quick(tmp_path):
     out = tmp_path / "fanout.json"
-    proc = subprocess.run(
-        [sys.executable, "bench/fanout.py", "--quick", "--json", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_bench(["bench/fanout.py", "--quick", "--json", str(out)], timeout=900)
     result = json.loads(out.read_text())
     (round0,) = result["rounds"]
     assert round0["order"] == [1, 2]

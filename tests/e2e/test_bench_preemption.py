@@ -6,27 +6,18 @@ arm every update since the last checkpoint is. No timing is asserted."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
+from _bench import run_bench
 
 
 @pytest.mark.slow
 def test_preemption_bench_quick(tmp_path):
     out = tmp_path / "preemption.json"
-    proc = subprocess.run(
-        [sys.executable, "bench/preemption.py", "--quick", "--moments", "2", "--work", str(tmp_path / "w")]
-        + ["--json", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    proc = run_bench(
+        ["bench/preemption.py", "--quick", "--moments", "2", "--work", str(tmp_path / "w"), "--json", str(out)],
         timeout=900,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     moments = {arm: [m for m in result["moments"] if m["arm"] == arm] for arm in ("sigterm", "before")}
     assert len(moments["sigterm"]) == len(moments["before"]) == 2

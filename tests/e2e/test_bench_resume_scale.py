@@ -6,26 +6,15 @@ committed file twice; the printed ratio, growth, target and 7B projection lines.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
+from _bench import run_bench
 
 
 @pytest.mark.slow
 def test_resume_scale_quick(tmp_path):
     out = tmp_path / "resume-scale.json"
-    proc = subprocess.run(
-        [sys.executable, "bench/resume_scale.py", "--quick", "--work", str(tmp_path), "--json", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_bench(["bench/resume_scale.py", "--quick", "--work", str(tmp_path), "--json", str(out)], timeout=900)
     result = json.loads(out.read_text())
     cells = result["cells"]
     assert sorted((c["store"], c["stages"]) for c in cells) == [("local", 1), ("local", 4), ("s3", 1), ("s3", 4)]

@@ -5,18 +5,14 @@ equal and the gradients agree to fp32 summation order. No timing is asserted."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from _bench import run_bench
 
 
 def test_shared_prefix_train_bench_quick(tmp_path):
     out = tmp_path / "shared.json"
-    proc = subprocess.run(
+    proc = run_bench(
         [
-            sys.executable,
             "bench/shared_prefix_train.py",
             "--model",
             "tiny",
@@ -30,13 +26,9 @@ def test_shared_prefix_train_bench_quick(tmp_path):
             str(tmp_path),
             "--json",
             str(out),
-        ],  # fmt: skip
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+        ],
         timeout=600,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert len(result["shared_prefix_tokens"]) == 2 and min(result["shared_prefix_tokens"]) >= 16
     assert result["positions"]["shared"] < result["positions"]["plain"]

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _bench import run_bench
 
 from bench.quality import ARMS, BASELINE, PAIRED_WITH, check_pairing, refuse_failed_audit, t_interval, time_to_reach
 from mugrpo.audit import FAIL, PASS, AuditOptions, AuditReport, CheckResult
@@ -53,11 +54,10 @@ def test_a_failed_audit_row_refuses_the_comparison_naming_run_and_check(tmp_path
 @pytest.mark.slow
 def test_quality_quick_runs_audits_and_pairs_every_arm(tmp_path):
     pytest.importorskip("reasoning_gym")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path), "MUGRPO_RUN_SLOT": "off"}
+    env = {"PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path), "MUGRPO_RUN_SLOT": "off"}
     out = tmp_path / "out"
-    cmd = [sys.executable, "bench/quality.py", "--quick", "--root", str(tmp_path / "runs"), "--out", str(out)]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    cmd = ["bench/quality.py", "--quick", "--root", str(tmp_path / "runs"), "--out", str(out)]
+    proc = run_bench(cmd, timeout=1800, env=env)
     res = json.loads((out / "quality.json").read_text())
     assert set(res["summary"]) == set(ARMS) == set(res["audit"])
     for arm, audit in res["audit"].items():
