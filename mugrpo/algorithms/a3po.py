@@ -138,6 +138,36 @@ class A3POLossConfig(LossSection):
     behav_imp_weight_cap: 5.0). None: no cap."""
 
 
+def decoupled_log_ratios(
+    log_ratio: torch.Tensor, logprobs: torch.Tensor, alpha: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split log rho_t = log(pi_theta / pi_behav) at the proximal policy (arXiv 2512.06547):
+    log w_t = alpha_i sg[log rho_t] (behavior weight) and log r_t = log rho_t - alpha_i sg[log rho_t] (PPO ratio).
+
+    A token whose behavior log-prob is -inf (log rho = +inf: the behavior policy could not have sampled it) would
+    give 0 * inf and inf - inf = NaN. There pi_prox = pi_behav^(1 - alpha) pi_theta^alpha, so for alpha in (0, 1)
+    both w and r are +inf (then bounded at e^20 by :func:`bounded_weight` and
+    :func:`mugrpo.losses.pipeline.importance_ratio`, r with no gradient); alpha = 0 gives w = 1 (the proximal policy
+    is the behavior policy: plain PPO, as ``grpo`` on that token) and alpha = 1 gives r = pi_theta / sg[pi_theta]
+    (value 1, the gradient of log pi_theta). Finite tokens are computed exactly as the formulas above.
+
+    Args:
+        log_ratio: [B, T] log rho_t (differentiable through ``logprobs``), 0 at padding.
+        logprobs: [B, T] log pi_theta of the same tokens (finite; requires grad).
+        alpha: [B] interpolation weights in [0, 1].
+
+    Returns:
+        (log w [B, T] without gradient, log r [B, T] differentiable).
+    """
+    alpha = alpha.unsqueeze(-1)
+    log_rho = log_ratio.detach()
+    finite = torch.isfinite(log_rho)
+    log_w = torch.where(finite, alpha * log_rho, torch.where(alpha > 0, torch.inf, 0.0))
+    own = logprobs - logprobs.detach()  # value 0, the gradient of log pi_theta
+    log_r = torch.where(finite, log_ratio - alpha * log_rho, own + torch.where(alpha < 1, torch.inf, 0.0))
+    return log_w, log_r
+
+
 @POLICY_LOSSES.register("a3po")
 @token_surrogate  # at ratio 1 every token term is -A_i: the audit recomputes update 1
 @requires(inputs=(ALPHA,))
@@ -159,6 +189,7 @@ def a3po_loss(
     with rho_t = pi_theta / pi_behav. ``eps_low`` / ``eps_high`` are PPO's (0.2), ``dual_clip_c`` applies to the
     surrogate, ``loss.a3po.weight_cap`` (default 5.0) drops tokens of a larger behavior weight (decoupled PPO's
     cap). The gradient is that of the decoupled objective with pi_prox fixed: w_t grad r_t where the clip leaves it.
+    A behavior log-prob of -inf stays finite with or without the cap (:func:`decoupled_log_ratios`).
 
     Metrics over response tokens: the standard clip fractions (of r_t), ``correction_masked_frac`` (tokens over the
     cap), ``correction_w_mean`` / ``correction_w_sq_mean`` of M_t w_t (ESS), ``a3po_alpha_mean`` (over responses).
@@ -183,15 +214,11 @@ def a3po_loss(
     batch = prepare_batch(logprobs, behavior_logprobs, advantages, response_mask, config, context)
     alpha = torch.as_tensor(batch.context.input(ALPHA, "loss.name=a3po"), device=logprobs.device).float()
     mask = batch.response_mask
-    log_rho = batch.log_ratio.detach()
-    log_w = alpha.unsqueeze(-1) * log_rho
+    log_w, log_r = decoupled_log_ratios(batch.log_ratio, batch.logprobs, alpha)
     cap = config.a3po.weight_cap
     keep = mask if cap is None else mask & (log_w <= math.log(cap))
     weight = torch.where(keep, bounded_weight(log_w), 0.0)  # exp, bounded: finite at any alpha * log rho
-    inner = clipped_surrogate(
-        batch.log_ratio - alpha.unsqueeze(-1) * log_rho, batch.advantages, 1.0 - config.eps_low,
-        1.0 + config.eps_high, config.dual_clip_c,
-    )  # fmt: skip
+    inner = clipped_surrogate(log_r, batch.advantages, 1.0 - config.eps_low, 1.0 + config.eps_high, config.dual_clip_c)
     surrogate = TokenSurrogate(
         loss=torch.where(keep, weight * inner.loss, 0.0),
         clipped_low=inner.clipped_low & keep,

@@ -44,6 +44,8 @@ def gspo_loss(
     s_i * grad log pi_theta(o_it); with sequence-level advantages and ``agg_mode="seq-mean-token-mean"`` this is
     exactly GSPO's sequence objective (1/G) sum_i min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i). The
     paper's clip range is tiny (eps_low 3e-4, eps_high 4e-4): set it in the config. The token veto does not apply.
+    A token whose behavior log-prob is -inf makes its sequence's ratio +inf: bounded at e^20 like every ratio
+    (:func:`mugrpo.losses.pipeline.importance_ratio`), so that sequence's loss is finite and has no gradient.
 
     Arguments, return value and errors as :func:`mugrpo.losses.clipped.grpo_loss`; also raises ValueError when
     ``config.veto_enabled`` is True.
@@ -52,7 +54,11 @@ def gspo_loss(
         raise ValueError("veto_enabled=True: the negative-advantage veto is token-level; gspo's ratio is per sequence")
     batch = prepare_batch(logprobs, behavior_logprobs, advantages, response_mask, config, context)
     seq_log_ratio = sequence_log_ratio(batch.log_ratio, batch.response_mask)
-    token_log_ratio = seq_log_ratio.detach().unsqueeze(-1) + batch.log_ratio - batch.log_ratio.detach()
+    # The token term carries the gradient only. A token of behavior log-prob -inf (log rho = +inf) would make it
+    # inf - inf = NaN: it enters as 0 with no gradient, and its sequence's ratio (+inf) is bounded at e^20 by the
+    # surrogate (importance_ratio), which then gives the whole sequence no gradient. Finite tokens keep their bits.
+    finite = torch.where(torch.isfinite(batch.log_ratio), batch.log_ratio, 0.0)
+    token_log_ratio = seq_log_ratio.detach().unsqueeze(-1) + finite - finite.detach()
     surrogate = clipped_surrogate(
         token_log_ratio, batch.advantages, 1.0 - config.eps_low, 1.0 + config.eps_high, config.dual_clip_c
     )

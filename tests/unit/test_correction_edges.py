@@ -1,8 +1,8 @@
 """Edge cases of the stale-data corrections that an independent float64 check found (M2PO's drop-all rule, tie
-order and behavior-weight cap; A-3PO's weight overflow; a behavior log-prob of -inf in sequence IS and SNIS), and
-normal inputs against the same references. The mends left every result on normal inputs bitwise as before (checked
-against the pre-change implementations, loss, gradient and every metric, when they were made). References: float64,
-written from the docstrings' equations (plain loops, not the library's helpers)."""
+order and behavior-weight cap; A-3PO's weight overflow; a behavior log-prob of -inf in sequence IS, SNIS, A-3PO and
+GSPO), and normal inputs against the same references. The mends left every result on normal inputs bitwise as before
+(checked against the pre-change implementations, loss, gradient and every metric, when they were made). References:
+float64, written from the docstrings' equations (plain loops, not the library's helpers)."""
 
 from __future__ import annotations
 
@@ -261,10 +261,60 @@ def test_a_minus_inf_behavior_log_prob_at_padding_changes_nothing(name):
     _assert_bitwise_equal(_run(name, lp, padded, a, mask), _run(name, lp, b, a, mask))
 
 
-@pytest.mark.parametrize("name", ["grpo", "mu_grpo", "icepop", "m2po", "geo_mask", "seq_is", "seq_snis", "a3po"])
-def test_every_correction_stays_finite_on_an_impossible_token(name):
-    """a3po with its default cap (the token's weight is over it); without a cap it is not finite yet (a3po.py)."""
+@pytest.mark.parametrize(
+    "name, cfg",
+    [(n, {}) for n in ("grpo", "mu_grpo", "icepop", "m2po", "geo_mask", "seq_is", "seq_snis", "a3po", "gspo")]
+    + [("a3po", {"a3po": {"weight_cap": None}})],
+)
+def test_every_correction_stays_finite_on_an_impossible_token(name, cfg):
     lp, b, a, mask = _with_impossible_tokens([0, 3])
     context = LossContext(inputs={ALPHA: torch.full((len(LENGTHS),), 0.5)})
-    loss, grad, _ = _run(name, lp, b, a, mask, context=context)
+    loss, grad, metrics = _run(name, lp, b, a, mask, context=context, **cfg)
     assert torch.isfinite(loss) and torch.isfinite(grad).all()
+    # no metric is NaN (m2po_m2, the mean (log rho)^2 before masking, is honestly +inf here)
+    assert not any(torch.isnan(v).any() for v in metrics.values() if isinstance(v, torch.Tensor)), metrics
+
+
+def test_a3po_without_a_cap_on_an_impossible_token_matches_its_float64_reference():
+    """alpha = 0.5: w and r of the impossible tokens are +inf, bounded at e^20 (r with no gradient), as the
+    reference computes them from log rho = +inf; the other tokens are the decoupled objective's."""
+    lp, b, a, mask = _with_impossible_tokens([0, 3])
+    alpha = torch.full((len(LENGTHS),), 0.5)
+    loss, grad, _ = _run("a3po", lp, b, a, mask, context=LossContext(inputs={ALPHA: alpha}), a3po={"weight_cap": None})
+    want_loss, want_grad = _a3po_reference(lp, b, a, mask, alpha)
+    assert math.isfinite(want_loss)
+    assert float(loss) == pytest.approx(want_loss, rel=1e-5)
+    assert torch.allclose(grad.double(), want_grad, atol=TOL, rtol=1e-5)
+    assert grad[0, 1] == 0 and grad[3, 1] == 0
+
+
+def test_a3po_at_alpha_0_is_ppo_on_an_impossible_token_and_at_alpha_1_keeps_its_gradient():
+    """alpha = 0: the proximal policy is the behavior policy, so A-3PO is grpo's PPO loss (weight 1), impossible
+    tokens included. alpha = 1: the proximal policy is sg[pi_theta], r = 1 with the gradient of log pi_theta, and
+    the behavior weight +inf is over the default cap (the token is dropped) or bounded at e^20 without one."""
+    lp, b, a, mask = _with_impossible_tokens([0, 3])
+    zeros = LossContext(inputs={ALPHA: torch.zeros(len(LENGTHS))})
+    for cap in (5.0, None):
+        got = _run("a3po", lp, b, a, mask, context=zeros, a3po={"weight_cap": cap})
+        want = _run("grpo", lp, b, a, mask)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    ones = LossContext(inputs={ALPHA: torch.ones(len(LENGTHS))})
+    n_tok = int(mask.sum())
+    _, grad, _ = _run("a3po", lp, b, a, mask, context=ones, a3po={"weight_cap": None})
+    assert torch.isfinite(grad).all()
+    assert float(grad[0, 1]) == pytest.approx(-math.exp(LOG_RATIO_CLAMP) * float(a[0]) / n_tok, rel=1e-6)
+    _, capped, _ = _run("a3po", lp, b, a, mask, context=ones)
+    assert capped[0, 1] == 0 and capped[3, 1] == 0
+
+
+def test_gspo_bounds_the_ratio_of_a_sequence_with_an_impossible_token():
+    """A response with an impossible token has sequence ratio +inf: the same result as a finite log rho so large
+    that the ratio is bounded at e^20 (no gradient for that response); the other responses are unchanged."""
+    lp, b, a, mask = _with_impossible_tokens([0, 3])
+    huge = b.clone()
+    huge[0, 1] = lp[0, 1] - 1e4
+    huge[3, 1] = lp[3, 1] - 1e4
+    got, want = _run("gspo", lp, b, a, mask), _run("gspo", lp, huge, a, mask)
+    _assert_bitwise_equal(got, want)
+    assert not got[1][0].any() and not got[1][3].any()
+    assert got[1][1].abs().sum() > 0  # a possible response keeps its gradient
