@@ -9,8 +9,10 @@ import torch
 from conftest import import_or_fail, skip_or_fail
 from safetensors import safe_open
 
+import mugrpo.policy.models as models
 from mugrpo.policy.models import (
     convert_to_hf_dir,
+    gguf_cache_name,
     load_policy,
     make_tiny_random_model,
     response_logprobs,
@@ -55,6 +57,45 @@ def test_gguf_conversion_keeps_dequantized_weights_tokenizer_and_chat_template(s
     chat = [{"role": "user", "content": "hi"}]
     text = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
     assert text.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_a_gguf_is_converted_once_per_machine_and_copied_after(tmp_path, monkeypatch):
+    """The first conversion fills the machine's policy cache; the next one copies it, byte for byte, without loading
+    the GGUF (load_policy would raise), and leaves the cache's marker and lock files behind."""
+    import_or_fail("gguf")
+    try:
+        gguf = smollm2_gguf_path()
+    except FileNotFoundError as err:
+        skip_or_fail(str(err))
+    monkeypatch.setenv("MUGRPO_CACHE", str(tmp_path / "cache"))
+    first = convert_to_hf_dir(gguf, tmp_path / "first")
+    (entry,) = (tmp_path / "cache" / "policies").iterdir()
+    assert entry.name == gguf_cache_name(gguf, torch.float32)
+
+    def no_second_conversion(*args, **kwargs):
+        raise AssertionError("the GGUF was converted again")
+
+    monkeypatch.setattr(models, "load_policy", no_second_conversion)
+    second = convert_to_hf_dir(gguf, tmp_path / "second")
+    names = sorted(p.name for p in first.iterdir())
+    assert names == sorted(p.name for p in second.iterdir()) and ".complete" not in names
+    assert any(n.endswith(".safetensors") for n in names)
+    for path in first.iterdir():
+        assert (second / path.name).read_bytes() == path.read_bytes(), path.name
+
+
+def test_the_gguf_cache_name_follows_content_dtype_and_versions(tmp_path):
+    a, b, c = tmp_path / "a.gguf", tmp_path / "elsewhere.gguf", tmp_path / "c.gguf"
+    a.write_bytes(b"GGUF" + bytes(range(256)) * 100)
+    b.write_bytes(a.read_bytes())
+    c.write_bytes(a.read_bytes() + b"x")
+    name = gguf_cache_name(a, torch.float32)
+    assert gguf_cache_name(b, torch.float32) == name  # the content, not the path
+    assert gguf_cache_name(c, torch.float32) != name
+    assert gguf_cache_name(a, torch.bfloat16) != name and "bfloat16" in gguf_cache_name(a, torch.bfloat16)
+    import transformers
+
+    assert f"transformers{transformers.__version__}" in name
 
 
 def test_load_policy_errors_name_the_path(tmp_path):
