@@ -203,6 +203,17 @@ ROLLOUT_ENGINES: Registry[EngineFactory] = Registry("rollout engine")
 ``@ROLLOUT_ENGINES.register("name")`` on a class or factory function."""
 
 
+def attach_token_meter(engine: Any, meter: Callable[[int], None] | None) -> bool:
+    """Point ``engine``'s per-step token callback (``on_tokens``, called with the number of tokens each decoding step
+    sampled; on a warm engine, its inner ``engine``'s) at ``meter``, or detach it with None. Returns False when the
+    engine cannot report tokens as it samples them (vLLM in its own process): count them per finished batch then."""
+    for candidate in (engine, getattr(engine, "engine", None)):
+        if candidate is not None and hasattr(candidate, "on_tokens"):
+            candidate.on_tokens = meter
+            return True
+    return False
+
+
 def check_prompts(prompt_token_ids: Sequence[Sequence[int]]) -> None:
     """Reject malformed prompt batches with an error naming the prompt.
 

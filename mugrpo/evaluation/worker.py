@@ -19,7 +19,7 @@ from mugrpo.commits.manifest import read_job_manifest, write_job_manifest
 from mugrpo.commits.policies import local_policy_dir
 from mugrpo.commits.tables import read_table, table_from_rows, write_table
 from mugrpo.common.dtypes import refuse_auto
-from mugrpo.common.progress import console
+from mugrpo.common.progress import TokenProgress, console, stall_cause
 from mugrpo.common.seeds import derive_seed
 from mugrpo.config import BenchmarkConfig
 from mugrpo.config.precision import concrete
@@ -29,7 +29,7 @@ from mugrpo.coordination.jobspec import JobSpec
 from mugrpo.coordination.start_gate import StartGate
 from mugrpo.data.datasets import load_problems
 from mugrpo.data.prompts import PromptConfig, encode_prompt, render_prompt
-from mugrpo.engines.base import GenerationRequest, SamplingParams, generate_requests
+from mugrpo.engines.base import GenerationRequest, SamplingParams, attach_token_meter, generate_requests
 from mugrpo.evaluation.metrics import avg_at_k, clustered_mean_ci, maj_at_k, mean_pass_at_k
 from mugrpo.policy.adapters import merged_policy_dir
 from mugrpo.rewards import RewardConfig, RewardInput
@@ -244,13 +244,11 @@ class EvalWorker(VerifierPoolOwner):
                 t0 = time.monotonic()
                 prompts = [_bench_prompts(spec, b, self._problems(b), tokenizer) for b in todo]
                 console.print(f"eval policy {spec.stage}: {', '.join(b.dataset.name for b in todo)} ...")
-                sampled = generate_requests(  # every benchmark in one batch schedule
-                    engine,
-                    [
-                        GenerationRequest([encode_prompt(tokenizer, t) for t in texts], _bench_params(spec, b))
-                        for b, (_, texts) in zip(todo, prompts, strict=True)
-                    ],
-                )
+                requests = [
+                    GenerationRequest([encode_prompt(tokenizer, t) for t in texts], _bench_params(spec, b))
+                    for b, (_, texts) in zip(todo, prompts, strict=True)
+                ]
+                sampled = _sample_with_progress(spec, engine, requests)  # every benchmark in one batch schedule
                 for bench, (problems, texts), groups in zip(todo, prompts, sampled, strict=True):
                     rows = _bench_rows(spec, bench, problems, texts, groups, scorer)
                     write_table(
@@ -278,6 +276,26 @@ class EvalWorker(VerifierPoolOwner):
         )
         write_job_manifest(store, mine)
         return commit_eval(spec) or mine
+
+
+def _sample_with_progress(spec: EvalSpec, engine, requests: list[GenerationRequest]) -> list[list[list]]:
+    """:func:`generate_requests` with a live progress line (tokens, tok/s, prompts, ETA every 10 s; the generate
+    job's :class:`~mugrpo.common.progress.TokenProgress`): a policy's evaluation samples for most of a minute on a
+    2-core CPU. Tokens are counted as the engine samples them where it can, else when the batch schedule ends."""
+    prompts = sum(len(r.prompt_token_ids) for r in requests)
+    budget = sum(len(r.prompt_token_ids) * r.params.n * r.params.max_new_tokens for r in requests)
+    progress = TokenProgress(f"eval policy {spec.stage}", console, cause=lambda: stall_cause(spec.dtype))
+    progress.streaming = streaming = attach_token_meter(engine, progress.add_tokens)
+    progress.begin_sampling(prompts, budget)
+    progress.start("sampling")
+    try:
+        sampled = generate_requests(engine, requests)
+        tokens = None if streaming else sum(len(s.response_token_ids) for r in sampled for g in r for s in g)
+        progress.shard_done(prompts, tokens)
+        return sampled
+    finally:
+        attach_token_meter(engine, None)
+        progress.close()
 
 
 def commit_eval(spec: EvalSpec) -> JobManifest | None:

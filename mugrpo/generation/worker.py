@@ -276,13 +276,15 @@ def _sample_and_commit(
         write_table(store, rel, table_from_rows(rows, "rollouts", declared), "rollouts", extra=declared)
         return n_tok
 
+    from mugrpo.engines.base import attach_token_meter
+
     tokens = 0
     t0 = time.monotonic()
     own = progress is None
     if own:
         progress = TokenProgress(f"generate stage {spec.stage}", console, cause=lambda: stall_cause(spec.dtype))
         progress.start()
-    streaming = progress.streaming = _attach_token_meter(engine, progress.add_tokens)
+    streaming = progress.streaming = attach_token_meter(engine, progress.add_tokens)
     todo_prompts = sum(len(shards[s]) for s in todo)
     budget = todo_prompts * spec.sampling.n * spec.sampling.max_new_tokens
     progress.begin_sampling(num_prompts, budget, prompts_done=num_prompts - todo_prompts)
@@ -308,20 +310,10 @@ def _sample_and_commit(
             if pending is not None:
                 tokens += pending.result()
     finally:
-        _attach_token_meter(engine, None)
+        attach_token_meter(engine, None)
         if own:
             progress.close()
     return tokens, time.monotonic() - t0
-
-
-def _attach_token_meter(engine, meter) -> bool:
-    """Point ``engine``'s per-step token callback (``on_tokens``; a warm engine's inner ``engine``) at ``meter``;
-    returns False when the engine cannot report tokens as it samples them."""
-    for candidate in (engine, getattr(engine, "engine", None)):
-        if candidate is not None and hasattr(candidate, "on_tokens"):
-            candidate.on_tokens = meter
-            return True
-    return False
 
 
 def run_generate(spec: GenerateSpec, *, origin: float | None = None, gate: StartGate | None = None) -> JobManifest:

@@ -45,12 +45,16 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
-def test_eval_job_k_samples_metrics_per_benchmark_resume_and_noop_rerun(tmp_path, tiny_model_dir):
+def test_eval_job_k_samples_metrics_per_benchmark_resume_and_noop_rerun(tmp_path, tiny_model_dir, capfd):
     store, layout = Store(str(tmp_path)), RunLayout(RUN)
     store.upload_dir(tiny_model_dir, layout.policy_dir(0))
 
     # 1. Benchmark A alone: k samples of each problem, metrics keyed per benchmark in the manifest.
     first = run_eval(spec(tmp_path, [A]))
+    # the sampling's progress line, at its start and at its end (the engine counts tokens as it samples them)
+    err = capfd.readouterr().err
+    assert f"eval policy 0: 0 tokens (0.0 tok/s), 0/{PROMPTS} prompts" in err
+    assert f"/{PROMPTS} prompts, ETA" in err and f" {PROMPTS}/{PROMPTS} prompts" in err
     rows_a = read_table(store, layout.eval_file(0, A.dataset.name), "evals").to_pylist()
     assert len(rows_a) == PROMPTS * K and {r["k"] for r in rows_a} == {K}
     per_prompt = Counter(r["prompt_id"] for r in rows_a)
