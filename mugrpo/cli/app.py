@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from mugrpo.common.exit_codes import ExitCode, exit_code_of
 from mugrpo.storage.cli_support import storage_guard
 
 app = typer.Typer(
@@ -48,8 +49,7 @@ def load_or_exit(config: Path | None, overrides: list[str] | None):
     try:
         return load_config(config, overrides or [])
     except ConfigError as e:
-        err.print(f"Error: {e}", style="red", markup=False, highlight=False)  # "[gym]" in a pip command: no markup
-        raise typer.Exit(2) from None
+        refuse(e)  # "[gym]" in a pip command: printed without markup
 
 
 def split_run(run: str, root: str | None) -> tuple[str, str]:
@@ -93,17 +93,20 @@ def stored_config(run: str, root: str | None, storage_options: dict | None = Non
             )
         else:
             err.print(f"[red]{e}[/red]")
-        raise typer.Exit(2) from None
+        raise typer.Exit(exit_code_of(e)) from None
 
 
 def refuse(e: Exception) -> None:
-    """Print a refusal (:class:`mugrpo.orchestration.resume.RunRefused`, a config error) once, as one block, and exit
-    2 (or the refusal's own ``exit_code``: 3 where the run's state refuses it, docs/reliability.md)."""
+    """Print a refusal (:class:`mugrpo.orchestration.resume.RunRefused`, a config error, another writer) once, as one
+    block, and exit with its code in :mod:`mugrpo.common.exit_codes`' table
+    (:func:`~mugrpo.common.exit_codes.exit_code_of`): 2 where what was asked is wrong, 3 where the run's state
+    refuses it."""
     err.print(f"Error: {e}", style="red", markup=False, highlight=False)
-    raise typer.Exit(getattr(e, "exit_code", 2)) from None
+    raise typer.Exit(exit_code_of(e)) from None
 
 
 def refuse_state(message: str) -> None:
-    """Print a refusal the run's state causes (another writer, corrupted committed data) once, exit 3."""
+    """Print a refusal the run's state causes (corrupted committed data) once, and exit 3
+    (:attr:`~mugrpo.common.exit_codes.ExitCode.STATE_REFUSES`)."""
     err.print(f"Error: {message}", style="red", markup=False, highlight=False)
-    raise typer.Exit(3)
+    raise typer.Exit(ExitCode.STATE_REFUSES)

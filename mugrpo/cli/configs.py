@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from mugrpo.cli.app import OverridesArg, config_app, console, data_app, err, load_or_exit
+from mugrpo.common.exit_codes import ExitCode
 
 
 @config_app.command("show")
@@ -44,7 +45,7 @@ def data_check(
             problems, report = load_problems(ds)
         except DatasetError as e:
             err.print(f"[red]{e}[/red]")
-            raise typer.Exit(1) from None
+            raise typer.Exit(ExitCode.FAILED) from None  # the check found a dataset it cannot read
         console.print(f"[bold]{ds.name}[/bold] {report.summary()}")
         if problems:
             console.print(f"  first: {problems[0].question[:80]!r} -> gold {problems[0].ground_truth!r}", markup=False)

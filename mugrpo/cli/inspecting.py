@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from mugrpo.cli.app import StorageOptionsOpt, app, console, err, refuse, split_run, storage_options, stored_config
+from mugrpo.common.exit_codes import ExitCode, exit_code_of
 from mugrpo.storage.cli_support import storage_guard
 
 
@@ -168,8 +169,8 @@ def verify_cmd(
     Console(width=max(console.width, 120)).print(table)
     for line in report.problems():
         err.print(line, markup=False, highlight=False)
-    if not report.ok:
-        raise typer.Exit(1)
+    if not report.ok:  # the check found a problem
+        raise typer.Exit(ExitCode.FAILED)
     console.print(f"intact: {report.summary()}")
 
 
@@ -201,7 +202,7 @@ def report_cmd(
             where = write_report(url, opts, str(out) if out else None)
     except (TargetError, ValueError) as e:
         err.print(f"[red]{e}[/red]")
-        raise typer.Exit(2) from None
+        raise typer.Exit(exit_code_of(e)) from None
     console.print(f"report: {where}")
 
 
@@ -262,5 +263,5 @@ def audit_cmd(
         console.print(f"{res.check} {res.run} {res.status}: {res.detail}", markup=False, highlight=False)
     report.write_json(str(json_path))
     console.print(f"audit: {'ok' if report.ok else 'FAILED'}; rows written to {json_path}")
-    if not report.ok:
-        raise typer.Exit(1)
+    if not report.ok:  # the check found a problem
+        raise typer.Exit(ExitCode.FAILED)

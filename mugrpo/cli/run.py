@@ -15,7 +15,6 @@ from mugrpo.cli.app import (
     err,
     load_or_exit,
     refuse,
-    refuse_state,
     storage_options,
     stored_config,
 )
@@ -37,18 +36,20 @@ def execute(cfg) -> None:
     ``orchestration.stop_grace_s`` to save their work, then releases the lease, marks the flow runs ``Cancelled``
     in the Prefect API, stops the temporary server, prints the resume command and exits 130 / 143."""
     prefect_env()
+    from mugrpo.common.exit_codes import exit_code_of
     from mugrpo.config.precision import describe
     from mugrpo.coordination.lease import RunLease, RunLeaseHeld
     from mugrpo.orchestration.preflight import Refusal, preflight
     from mugrpo.storage.store import LocalLockTimeout, StorageError
 
     # Every refusal happens here, before Prefect starts and before anything is written (docs/reliability.md,
-    # "Refusals"): one block, printed once, exit 2 (what was asked is wrong) or 3 (the run's state refuses it).
+    # "Refusals"): one block, printed once, exit 2 (what was asked is wrong) or 3 (the run's state refuses it), the
+    # code the refusal carries (mugrpo.common.exit_codes).
     try:
         cleared = preflight(cfg)
     except Refusal as e:
         err.print(f"Error: {e.message}", style="red", markup=False, highlight=False)
-        raise typer.Exit(e.exit_code) from None
+        raise typer.Exit(exit_code_of(e)) from None
     store, uri, precision = cleared.store, cleared.uri, cleared.check.precision
     if precision is not None:  # what the run computes in, and why, said by the preflight that resolved it (once;
         # the flow builds on this check through the lease and does not repeat it)
@@ -63,11 +64,11 @@ def execute(cfg) -> None:
         try:
             with storage_guard(uri, cfg.run.storage_options):
                 lease.acquire()
-        except (RunLeaseHeld, LocalLockTimeout) as e:  # another writer: live, or frozen inside a commit
-            refuse_state(str(e))
-        except StorageError as e:  # e.g. the disk filled between the probe and the lease: no temporary file is left
-            err.print(f"Error: cannot take the run lease of {uri}: {e}", style="red", markup=False, highlight=False)
-            raise typer.Exit(2) from None
+        except (RunLeaseHeld, LocalLockTimeout) as e:  # another writer: live, or frozen inside a commit (3)
+            refuse(e)
+        except StorageError as e:  # e.g. the disk filled between the probe and the lease: no temporary file is left;
+            # before the run starts, a storage fault is a refusal, as preflight's (2)
+            refuse(Refusal(f"cannot take the run lease of {uri}: {e}"))
         stops.add_cleanup("run lease", lambda: _release(lease))  # fenced: a lease taken over is left alone
         # a stop is no crash: the flow runs end Cancelled with the resume command (before the server stops)
         stops.add_cleanup("Prefect flow runs", lambda: cancel_flow_runs_at_stop(stops))
@@ -100,7 +101,8 @@ _FENCED = "refusing to commit"
 def _taken_over(cfg, uri: str, detail: str) -> None:
     """Print, as one block with exit code 3, that this writer's run was taken over: by whom (the lease's holder
     now) and whether the run is already complete; never advise a resume of a run another writer holds or finished."""
-    from mugrpo.coordination.lease import LeaseRecord
+    from mugrpo.common.exit_codes import exit_code_for
+    from mugrpo.coordination.lease import LeaseFenced, LeaseRecord
     from mugrpo.orchestration.runs import open_store, run_status
 
     store = open_store(cfg)
@@ -122,12 +124,13 @@ def _taken_over(cfg, uri: str, detail: str) -> None:
         markup=False,
         highlight=False,
     )
-    raise typer.Exit(3)
+    raise typer.Exit(exit_code_for(LeaseFenced))
 
 
 def _run_flow(cfg, uri: str, stops) -> None:
     from flows.run import run_flow
     from mugrpo.commits.verify import CorruptedRunError
+    from mugrpo.common.exit_codes import exit_code_for, exit_code_of
     from mugrpo.coordination.lease import LeaseFenced, RunLeaseHeld
     from mugrpo.orchestration.resume import RunRefused
     from mugrpo.storage.store import StorageError
@@ -150,20 +153,14 @@ def _run_flow(cfg, uri: str, stops) -> None:
     except LeaseFenced as e:
         _taken_over(cfg, uri, str(e))
     except (RunLeaseHeld, CorruptedRunError) as e:
-        err.print(f"Error: {e}", style="red", markup=False, highlight=False)
-        raise typer.Exit(3) from None
+        refuse(e)
     except JobError as e:
         refusal = getattr(e, "refusal", None)
         if refusal is not None and _FENCED in refusal:  # a job of this writer was fenced: the run was taken over
             _taken_over(cfg, uri, refusal)
-        if refusal is not None:  # the job refused (a changed input, a plan): its block, once, with the table's code
-            err.print(
-                f"Error: run {cfg.run.id} stopped: {e.kind} job refused: {refusal}",
-                style="red",
-                markup=False,
-                highlight=False,
-            )
-            raise typer.Exit(2) from None
+        if refusal is not None:  # the job refused (a changed input, a plan): its block, once, as a refusal of the
+            # run (a job says only that it refused, with exit 2: the code of a RunRefused in the table)
+            refuse(RunRefused(f"run {cfg.run.id} stopped: {e.kind} job refused: {refusal}"))
         # The job's lines reached the console as they came (its traceback, once): the block adds its last line
         # (the error, naming the file), or its own error block, which the console filter kept for this block.
         said = _job_said(e)
@@ -174,7 +171,7 @@ def _run_flow(cfg, uri: str, stops) -> None:
             markup=False,
             highlight=False,
         )
-        raise typer.Exit(1) from None
+        raise typer.Exit(exit_code_of(e)) from None
     except StorageError as e:  # a write of the flow itself failed (a full disk): it names the file
         err.print(
             f"Error: run {cfg.run.id} stopped: {e}\ncommitted work is kept and no temporary file is left; after "
@@ -183,7 +180,7 @@ def _run_flow(cfg, uri: str, stops) -> None:
             markup=False,
             highlight=False,
         )
-        raise typer.Exit(1) from None
+        raise typer.Exit(exit_code_for(StorageError)) from None  # any storage error of the flow's own writes: 1
     console.print(f"[green]run {cfg.run.id} complete[/green] in {result['seconds']:.0f} s: {uri}")
     if result["final_eval"]:
         console.print(f"  final policy: {_final_line(result['final_eval'])}", markup=False, highlight=False)

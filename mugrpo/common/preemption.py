@@ -23,8 +23,11 @@ import threading
 import time
 from dataclasses import dataclass
 
-#: Exit code of a job that stopped on a preemption notice after saving what fitted (sysexits.h ``EX_TEMPFAIL``).
-PREEMPTED_EXIT_CODE = 75
+from mugrpo.common.exit_codes import ExitCode
+
+#: Exit code of a job that stopped on a preemption notice after saving what fitted (sysexits.h ``EX_TEMPFAIL``):
+#: :attr:`mugrpo.common.exit_codes.ExitCode.PREEMPTED`, under the name the launchers and their tests use.
+PREEMPTED_EXIT_CODE = ExitCode.PREEMPTED
 #: Environment variable: seconds from the SIGTERM a job receives to its SIGKILL (the launchers set it).
 GRACE_ENV = "MUGRPO_STOP_GRACE_S"
 #: Seconds of ``orchestration.stop_grace_s`` that ``mugrpo run`` keeps for its own cleanups after the jobs' wait

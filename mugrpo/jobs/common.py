@@ -1,5 +1,9 @@
 """What every job entry point shares: its command line, reading its spec, exit codes, and the process start time.
 
+A job exits with :func:`~mugrpo.common.exit_codes.exit_code_of` ``(error, job=True)`` for an error it stops on
+(:mod:`mugrpo.common.exit_codes` has the table): 0 done, 1 failed (retried), 2 refused (a bad spec or input, a
+tampered input, a lost lease: not retried), 3 a NaN/inf update (train), 75 preempted.
+
 The libraries the jobs call (:mod:`mugrpo.trainer`, :mod:`mugrpo.generation`, :mod:`mugrpo.evaluation.worker`,
 :mod:`mugrpo.execution.warm`) never import this module: a job module parses its spec, calls the library and turns the
 library's errors into exit codes.
@@ -19,6 +23,7 @@ from typing import TypeVar
 import fsspec
 from pydantic import ValidationError
 
+from mugrpo.common.exit_codes import ExitCode, exit_code_of
 from mugrpo.common.progress import console
 from mugrpo.coordination.jobspec import JobSpec
 
@@ -51,7 +56,8 @@ def load_spec(url: str, cls: type[S]) -> S:
     """Read and validate a JSON job spec from a path or fsspec URL.
 
     Raises:
-        SystemExit(2): the file is missing or invalid; the message names the file and the bad fields.
+        SystemExit(2): the file is missing or invalid (:attr:`~mugrpo.common.exit_codes.ExitCode.ASKED_WRONG`);
+            the message names the file and the bad fields.
     """
     raw_opts = os.environ.get("MUGRPO_STORAGE_OPTIONS", "")
     opts = json.loads(raw_opts) if raw_opts and "://" in url and not url.startswith("file://") else {}
@@ -60,12 +66,12 @@ def load_spec(url: str, cls: type[S]) -> S:
             raw = f.read()
     except FileNotFoundError:
         console.print(f"[red]job spec {url} does not exist[/red]")
-        raise SystemExit(2) from None
+        raise SystemExit(ExitCode.ASKED_WRONG) from None
     try:
         return cls.model_validate_json(raw)
     except ValidationError as e:
         console.print(f"[red]invalid job spec {url}:\n{e}[/red]")
-        raise SystemExit(2) from None
+        raise SystemExit(ExitCode.ASKED_WRONG) from None
 
 
 @contextmanager
@@ -75,7 +81,8 @@ def refuse_untrusted(job: str, stage: int) -> Iterator[None]:
     ``train.keep_optimizer_state`` pruned (:class:`~mugrpo.commits.retention.OptimizerStatePruned`) into one error
     line and exit code 2: running the job again cannot fix any of them, so the launcher does not retry it. A
     pre-started job whose inputs were not committed in time (:class:`~mugrpo.coordination.start_gate.StartTimeout`)
-    exits 1: a relaunch once they are may succeed."""
+    exits 1: a relaunch once they are may succeed. The codes are the table's (:mod:`mugrpo.common.exit_codes`,
+    ``job=True``)."""
     from mugrpo.commits.retention import OptimizerStatePruned
     from mugrpo.coordination.lease import LeaseFenced
     from mugrpo.coordination.start_gate import StartTimeout
@@ -84,11 +91,9 @@ def refuse_untrusted(job: str, stage: int) -> Iterator[None]:
     try:
         yield
     except ChecksumError as e:
-        fail(f"{job} stage {stage}: refusing a tampered input: {e}", 2)
-    except (LeaseFenced, OptimizerStatePruned) as e:
-        fail(f"{job} stage {stage}: {e}", 2)
-    except StartTimeout as e:
-        fail(f"{job} stage {stage}: {e}", 1)
+        fail(f"{job} stage {stage}: refusing a tampered input: {e}", exit_code_of(e, job=True))
+    except (LeaseFenced, OptimizerStatePruned, StartTimeout) as e:
+        fail(f"{job} stage {stage}: {e}", exit_code_of(e, job=True))
 
 
 def since_start() -> float:
@@ -96,8 +101,9 @@ def since_start() -> float:
     return time.monotonic() - PROCESS_START
 
 
-def fail(message: str, code: int = 1) -> None:
-    """Print a clear error and exit the job with ``code``."""
+def fail(message: str, code: ExitCode = ExitCode.FAILED) -> None:
+    """Print a clear error and exit the job with ``code`` (:func:`~mugrpo.common.exit_codes.exit_code_of` of the
+    error, ``job=True``; 1, FAILED, by default)."""
     console.print(f"error: {message}", style="red", markup=False, highlight=False)
     sys.exit(code)
 
@@ -105,22 +111,20 @@ def fail(message: str, code: int = 1) -> None:
 def install_notice(what: str, *, interrupt: bool = True):
     """The job's :class:`~mugrpo.common.preemption.PreemptionNotice` (grace from ``MUGRPO_STOP_GRACE_S``), installed
     (``interrupt``: SIGTERM raises :class:`~mugrpo.common.preemption.PreemptionInterrupt` until the job says
-    otherwise). A malformed grace fails the job: ``{what}: ...``, exit 2."""
+    otherwise). A malformed grace fails the job: ``{what}: ...``, exit 2 (ASKED_WRONG: the environment is wrong)."""
     from mugrpo.common.preemption import PreemptionNotice
 
     try:
         return PreemptionNotice.from_env().install(interrupt=interrupt)
     except ValueError as e:
-        fail(f"{what}: {e}", 2)
+        fail(f"{what}: {e}", ExitCode.ASKED_WRONG)
 
 
 def preempted(message: str, notice=None) -> None:
     """Print ``preempted: {message}`` (the line the launchers quote) and exit with
-    :data:`mugrpo.common.preemption.PREEMPTED_EXIT_CODE`: the job stopped on a preemption notice after saving what
-    fitted in the grace; a re-run resumes from it. ``notice``: acknowledged first (no further interrupt)."""
-    from mugrpo.common.preemption import PREEMPTED_EXIT_CODE
-
+    :attr:`~mugrpo.common.exit_codes.ExitCode.PREEMPTED` (75): the job stopped on a preemption notice after saving
+    what fitted in the grace; a re-run resumes from it. ``notice``: acknowledged first (no further interrupt)."""
     if notice is not None:
         notice.acknowledge()
     console.print(f"preempted: {message}", style="yellow", markup=False, highlight=False)
-    sys.exit(PREEMPTED_EXIT_CODE)
+    sys.exit(ExitCode.PREEMPTED)

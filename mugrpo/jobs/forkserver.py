@@ -245,8 +245,10 @@ def main(argv: list[str] | None = None) -> None:
     """CLI entry point: ``python -m mugrpo.jobs.forkserver SOCKET``."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
+        from mugrpo.common.exit_codes import ExitCode
+
         print("usage: python -m mugrpo.jobs.forkserver SOCKET", file=sys.stderr)
-        raise SystemExit(2)
+        raise SystemExit(ExitCode.ASKED_WRONG)
     _die_with_parent(ctypes.CDLL(None, use_errno=True))
     serve(args[0])
 

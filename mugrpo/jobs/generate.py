@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 
+from mugrpo.common.exit_codes import exit_code_of
 from mugrpo.common.preemption import PreemptionInterrupt
 from mugrpo.common.progress import console, quiet_library_bars
 from mugrpo.coordination.start_gate import StartGate
@@ -70,7 +71,7 @@ def _generate(argv: list[str] | None) -> None:
         with refuse_untrusted("generate", spec.stage):
             run_generate(spec, origin=PROCESS_START, gate=StartGate(spec))
     except GenerationError as e:
-        fail(str(e))
+        fail(str(e), exit_code_of(e, job=True))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from __future__ import annotations
 from transformers.utils import logging as hf_logging
 
 from mugrpo.commits.tables import SchemaError
+from mugrpo.common.exit_codes import exit_code_of
 from mugrpo.common.preemption import PreemptionInterrupt
 from mugrpo.common.progress import quiet_library_bars
 from mugrpo.execution.warm import SegmentSpec, run_segment
@@ -50,11 +51,14 @@ def main(argv: list[str] | None = None) -> None:
             f"segment from stage {spec.stage}: stopped by {notice.signal_name}; what it committed is kept", notice
         )
     except GenerationError as e:
-        fail(str(e))
+        fail(str(e), exit_code_of(e, job=True))
     except (RolloutDataError, SchemaError) as e:
-        fail(f"segment from stage {spec.stage}: bad rollouts: {e}", 2)
+        fail(f"segment from stage {spec.stage}: bad rollouts: {e}", exit_code_of(e, job=True))
     except NonFiniteError as e:
-        fail(f"segment from stage {spec.stage}: stopped, no checkpoint written for this update: {e}", 3)
+        fail(
+            f"segment from stage {spec.stage}: stopped, no checkpoint written for this update: {e}",
+            exit_code_of(e, job=True),
+        )
 
 
 if __name__ == "__main__":

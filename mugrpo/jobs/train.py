@@ -52,6 +52,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from mugrpo.commits.tables import SchemaError
+from mugrpo.common.exit_codes import exit_code_of
 from mugrpo.common.preemption import PreemptionInterrupt
 from mugrpo.common.progress import quiet_library_bars
 from mugrpo.coordination.start_gate import StartGate
@@ -91,9 +92,11 @@ def main(argv: list[str] | None = None) -> None:
         said = f"train stage {spec.stage}: stopped by {notice.signal_name} before its update loop; nothing to save"
         preempted(said, notice)
     except (RolloutDataError, SchemaError) as e:
-        fail(f"train stage {spec.stage}: bad rollouts: {e}", 2)
+        fail(f"train stage {spec.stage}: bad rollouts: {e}", exit_code_of(e, job=True))
     except NonFiniteError as e:
-        fail(f"train stage {spec.stage}: stopped, no checkpoint written for this update: {e}", 3)
+        fail(
+            f"train stage {spec.stage}: stopped, no checkpoint written for this update: {e}", exit_code_of(e, job=True)
+        )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from mugrpo.common.exit_codes import ExitCode
+
 lab_app = typer.Typer(help="The lab: a small policy that learns a reasoning-gym task on a CPU.", no_args_is_help=True)
 console = Console(soft_wrap=True)
 
@@ -41,7 +43,7 @@ def init_cmd(
         path = ensure_lab_policy(recipe, cache_root=cache_dir, force=force)
     except (GymNotInstalled, ValueError) as e:
         Console(stderr=True).print(f"Error: {e}", style="red", markup=False, highlight=False)
-        raise typer.Exit(2) from None
+        raise typer.Exit(ExitCode.ASKED_WRONG) from None
     info = json.loads((path / LAB_INFO).read_text())
     held = info["heldout"]
     console.print(

@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mugrpo.commits.manifest import behavior_policy_dir, latest_checkpoint, read_job_manifest, read_manifest
+from mugrpo.common.exit_codes import ExitCode
 from mugrpo.config_keys import ConfigChange, config_changes
 from mugrpo.provenance.refusals import RunRefused
 from mugrpo.schedules.stages import stage_plan
@@ -54,12 +55,12 @@ INHERITED_KEYS = ("model.", "data.train.", "run.seed")
 
 
 class ForkRefused(RunRefused):
-    """A fork that cannot be made or continued; ``exit_code`` as in docs/reliability.md's refusal table (2: what was
-    asked is wrong; 3: the parent's state refuses it)."""
+    """A fork that cannot be made or continued; ``exit_code`` its :class:`~mugrpo.common.exit_codes.ExitCode`
+    (ASKED_WRONG, 2: what was asked is wrong; STATE_REFUSES, 3: the parent's state refuses it)."""
 
-    def __init__(self, message: str, exit_code: int = 2) -> None:
+    def __init__(self, message: str, exit_code: ExitCode = ExitCode.ASKED_WRONG) -> None:
         super().__init__(message)
-        self.exit_code = exit_code
+        self.exit_code = ExitCode(exit_code)
 
 
 @dataclass
@@ -126,7 +127,7 @@ def plan_fork(
         raise ForkRefused(
             f"cannot fork {uri} into {child_id!r}: {store.uri(RunLayout(child_id).run_json)} exists. Pick another "
             f"--id, or continue that run with `mugrpo resume {store.uri(child_id)}`. Nothing was written.",
-            3,
+            ExitCode.STATE_REFUSES,
         )
     missing = [k for k in range(stage) if read_manifest(store, parent.run.id, k) is None]
     if missing:
@@ -134,7 +135,7 @@ def plan_fork(
             f"cannot fork {uri} at stage {stage}: its stage {missing[0]} is not committed "
             f"({store.uri(playout.stage_manifest(missing[0]))} is missing); a fork builds on committed stages only. "
             "Nothing was written.",
-            3,
+            ExitCode.STATE_REFUSES,
         )
     data = apply_overrides(parent.model_dump(mode="json"), list(overrides))
     data["run"]["id"] = child_id
@@ -159,14 +160,16 @@ def plan_fork(
     try:
         behavior_policy_dir(store, playout, stage)
     except FileNotFoundError as e:
-        raise ForkRefused(f"cannot fork {uri} at stage {stage}: {e}. Nothing was written.", 3) from None
+        raise ForkRefused(
+            f"cannot fork {uri} at stage {stage}: {e}. Nothing was written.", ExitCode.STATE_REFUSES
+        ) from None
     if not fresh_optimizer and moments_gone(store, parent.run.id, playout, stage - 1):
         raise ForkRefused(
             f"cannot fork {uri} at stage {stage}: the final checkpoint of its stage {stage - 1} (the AdamW moments the "
             f"fork's stage {stage} starts from): {_gone_why(store, playout, stage - 1)}. Fork with --fresh-optimizer "
             "to start the stage from fresh moments (recorded in run.json), or fork at a stage whose checkpoint is kept "
             "(train.keep_optimizer_state=all keeps every stage's). Nothing was written.",
-            3,
+            ExitCode.STATE_REFUSES,
         )
     if reuse_rollouts:
         _refuse_generation_algorithms(parent, uri)  # its shards hold their extra groups
@@ -176,7 +179,7 @@ def plan_fork(
                 f"cannot fork {uri} at stage {stage} with --reuse-rollouts: its stage {stage} has no committed "
                 f"rollouts ({store.uri(playout.job_manifest(stage, 'generate'))} is missing). Fork without "
                 "--reuse-rollouts to sample the stage. Nothing was written.",
-                3,
+                ExitCode.STATE_REFUSES,
             )
     plan = ForkPlan(config=child, parent=parent, changes=changes)
     for k in range(stage):

@@ -1,7 +1,7 @@
 """Preflight: every check that can refuse a run, made before Prefect starts and before anything is written.
 
 :func:`preflight` runs them in this order and raises the first :class:`Refusal`, one block of text with the exit
-code of docs/reliability.md's refusal table (2: what was asked is wrong; 3: the run's state refuses it):
+code of :mod:`mugrpo.common.exit_codes`' table (2: what was asked is wrong; 3: the run's state refuses it):
 
 1. held-out benchmarks of the training task share no question text with training (2);
 2. no worked example of ``data.prompt.examples`` is a problem of the data or of a benchmark (2);
@@ -28,21 +28,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from mugrpo.common.exit_codes import ExitCode, exit_code_of
 from mugrpo.config import ConfigError
 from mugrpo.orchestration.resume import ResumeCheck, RunRefused, check_resume
 from mugrpo.orchestration.runs import open_store
 from mugrpo.storage.store import Store, sha256_bytes
 
-#: Exit codes of the refusal table (docs/reliability.md).
-ASKED_WRONG, STATE_REFUSES = 2, 3
-
 
 class Refusal(Exception):
-    """A run refused before it started: ``message`` is one block for the user, ``exit_code`` its exit code."""
+    """A run refused before it started: ``message`` is one block for the user, ``exit_code`` its
+    :class:`~mugrpo.common.exit_codes.ExitCode` (what :func:`~mugrpo.common.exit_codes.exit_code_of` returns for it)."""
 
-    def __init__(self, message: str, exit_code: int = ASKED_WRONG) -> None:
+    def __init__(self, message: str, exit_code: ExitCode = ExitCode.ASKED_WRONG) -> None:
         super().__init__(message)
-        self.message, self.exit_code = message, exit_code
+        self.message, self.exit_code = message, ExitCode(exit_code)
 
 
 @dataclass(frozen=True)
@@ -122,13 +121,13 @@ def preflight(cfg: Any) -> Cleared:
         raise Refusal(
             f"run {cfg.run.id} at {uri} is being written by {holder}; two writers would commit over each other. "
             "Wait for it to finish or stop it (a dead writer's lease expires after orchestration.lease_ttl_s).",
-            STATE_REFUSES,
+            ExitCode.STATE_REFUSES,
         )
     with _storage(uri, options):
         try:
             check = check_resume(store, cfg)
         except (RunRefused, ConfigError) as e:  # a fork's broken lineage is the run's state (3)
-            raise Refusal(str(e), getattr(e, "exit_code", ASKED_WRONG)) from None
+            raise Refusal(str(e), exit_code_of(e)) from None
         check_stage_sizes(cfg)
         state = run_state(store, cfg)
         verified = None
@@ -137,7 +136,7 @@ def preflight(cfg: Any) -> Cleared:
             try:
                 verified = refuse_corrupted(store, cfg.run.id, cfg.run.num_stages, cfg.layout, quick=mode == "quick")
             except CorruptedRunError as e:
-                raise Refusal(str(e), STATE_REFUSES) from None
+                raise Refusal(str(e), exit_code_of(e)) from None
         check_writable(store, cfg.run.id, uri)
     return Cleared(store, uri, check, verified, state)
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from mugrpo.common.exit_codes import ExitCode, exit_code_for
 from mugrpo.common.version import code_version
 from mugrpo.config import Config, apply_overrides, config_from_dict
 from mugrpo.config.precision import CHOICES as PRECISION_KEYS
@@ -149,7 +150,10 @@ class MomentsPrunedError(RunRefused):
     """The training a resume begins with would start from AdamW moments that ``train.keep_optimizer_state`` pruned
     (after a rollback to before an older stage); the message names the checkpoint, the key and the way out."""
 
-    exit_code = 3  # the run's state refuses it (docs/reliability.md's refusal table)
+    @property
+    def exit_code(self) -> ExitCode:
+        """3, STATE_REFUSES: the run's state refuses it (this class's row in :mod:`mugrpo.common.exit_codes`)."""
+        return exit_code_for(type(self))
 
 
 def refuse_pruned_moments(store: Store, cfg: Any, stage: int) -> None:

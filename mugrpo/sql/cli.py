@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, TextIO
 
 import typer
 
+from mugrpo.common.exit_codes import ExitCode
+
 if TYPE_CHECKING:  # the command imports DuckDB and pyarrow when it runs, so `mugrpo --help` stays fast
     from mugrpo.sql.catalog import RunCatalog
     from mugrpo.sql.output import RenderOptions
@@ -181,7 +183,7 @@ def sql_command(
             catalog = connect(target, options)
     except TargetError as e:
         typer.echo(f"Error: {e}", err=True)
-        raise typer.Exit(2) from None
+        raise typer.Exit(ExitCode.ASKED_WRONG) from None
     with catalog, storage_guard(target, options):
         from mugrpo.sql.schema_check import skipped
 
@@ -189,14 +191,14 @@ def sql_command(
             typer.echo(skipped(misfit, catalog.target.store.uri(misfit.run_id)), err=True)
         if parquet and _inside(parquet, catalog):
             typer.echo(f"Error: --parquet {parquet} is inside {catalog.target.url}, which is read-only", err=True)
-            raise typer.Exit(2)
+            raise typer.Exit(ExitCode.ASKED_WRONG)
         session = _Session(catalog, fmt, RenderOptions(max_rows=max_rows, max_width=max_width), sys.stdout, sys.stderr)
         if query is None:
             ok = session.shell(sys.stdin)
         else:
             ok = session.run(query, parquet, options)
-    if not ok:
-        raise typer.Exit(1)
+    if not ok:  # a query failed
+        raise typer.Exit(ExitCode.FAILED)
 
 
 def register_cli(app: typer.Typer) -> None:

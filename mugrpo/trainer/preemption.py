@@ -17,7 +17,7 @@ Then the updates since the last checkpoint are saved: the checkpoint (:func:`mug
 write_stage_checkpoint`, the same one a scheduled checkpoint writes) is written when its predicted write time fits
 in what is left of the grace, else the job falls back to the last committed checkpoint and says so. Either way it
 records ``jobs/stage=k/train.preempted.json`` and raises :class:`Preempted`; the job exits with
-:data:`mugrpo.common.preemption.PREEMPTED_EXIT_CODE`. A re-run resumes from the checkpoint as from any other, so
+:attr:`mugrpo.common.exit_codes.ExitCode.PREEMPTED` (75). A re-run resumes from the checkpoint as from any other, so
 its final weights are bitwise those of an uninterrupted run on CPU.
 
 The checkpoint's write time is predicted from this run's own checkpoints: the slowest one this job wrote, else the

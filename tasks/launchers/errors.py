@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from mugrpo.common.preemption import PREEMPTED_EXIT_CODE
+from mugrpo.common.exit_codes import ExitCode
 
-#: Exit codes that mean "the command line or the spec is wrong": a retry cannot help (argparse/typer usage errors and
-#: ``mugrpo.jobs.common.load_spec`` exit with 2).
-NON_RETRYABLE_EXIT_CODES = frozenset({2})
+#: Exit codes that mean "the job refused" (the command line, the spec or an input is wrong, an input was tampered
+#: with, the run lease is lost): a retry cannot help (argparse/typer usage errors, ``mugrpo.jobs.common.load_spec`` and
+#: every refusal of a job exit with 2, :mod:`mugrpo.common.exit_codes`).
+NON_RETRYABLE_EXIT_CODES = frozenset({ExitCode.ASKED_WRONG})
 
 
 # ----------------------------------------------------------------------------------------------------------- errors
@@ -50,7 +51,7 @@ class JobFailedError(JobError):
 
 class JobPreemptedError(JobFailedError):
     """The job stopped on a preemption notice (a SIGTERM: an eviction, a node drain, a stop) after saving what fitted
-    in its grace, and exited with :data:`~mugrpo.common.preemption.PREEMPTED_EXIT_CODE` (75). Always transient: a
+    in its grace, and exited with :attr:`~mugrpo.common.exit_codes.ExitCode.PREEMPTED` (75). Always transient: a
     re-run of the same job resumes from the saved update. ``notice`` is the job's own ``preempted: ...`` line (what
     it saved), or ``""`` when it printed none."""
 
@@ -59,7 +60,7 @@ class JobPreemptedError(JobFailedError):
         message: str,
         *,
         kind: str,
-        exit_code: int | None = PREEMPTED_EXIT_CODE,
+        exit_code: int | None = ExitCode.PREEMPTED,
         last_lines: tuple[str, ...] = (),
         notice: str = "",
     ):

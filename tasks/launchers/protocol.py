@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import ClassVar
 
-from mugrpo.common.preemption import PREEMPTED_EXIT_CODE
+from mugrpo.common.exit_codes import ExitCode
 from mugrpo.common.registry import Registry
 from tasks.launchers.errors import JobFailedError, JobPreemptedError, JobTimeoutError
 from tasks.launchers.request import JobRequest, JobResult, LaunchOutcome
@@ -85,7 +85,7 @@ def launch_job(request: JobRequest, launcher: Launcher, on_line: LineSink | None
     Raises:
         JobTimeoutError: the job ran past ``request.timeout_s`` and was killed.
         JobPreemptedError: the job stopped on a SIGTERM after saving its work (exit code 75,
-            :data:`~mugrpo.common.preemption.PREEMPTED_EXIT_CODE`); transient: a re-run resumes from it.
+            :attr:`~mugrpo.common.exit_codes.ExitCode.PREEMPTED`); transient: a re-run resumes from it.
         JobFailedError: the job exited non-zero otherwise (or its Kubernetes Job failed).
         JobLaunchError: the launcher could not start or watch the job.
     """
@@ -109,7 +109,7 @@ def launch_job(request: JobRequest, launcher: Launcher, on_line: LineSink | None
             timeout_s=request.timeout_s,
             last_lines=last,
         )
-    if outcome.exit_code == PREEMPTED_EXIT_CODE:
+    if outcome.exit_code == ExitCode.PREEMPTED:
         notice = next((line for line in reversed(last) if line.startswith(PREEMPTED_PREFIX)), "")
         raise JobPreemptedError(
             f"{where} preempted after {seconds:.1f} s (SIGTERM): saved its work; a re-run resumes from it"
@@ -133,10 +133,10 @@ def launch_job(request: JobRequest, launcher: Launcher, on_line: LineSink | None
 
 def describe_exit(exit_code: int | None) -> str:
     """Human text for a process exit code: ``exit code 3``, ``killed by SIGKILL``, ``exit code unknown``,
-    ``preempted (exit code 75)`` (:data:`~mugrpo.common.preemption.PREEMPTED_EXIT_CODE`)."""
+    ``preempted (exit code 75)`` (:attr:`~mugrpo.common.exit_codes.ExitCode.PREEMPTED`)."""
     if exit_code is None:
         return "exit code unknown"
-    if exit_code == PREEMPTED_EXIT_CODE:
+    if exit_code == ExitCode.PREEMPTED:
         return f"preempted (exit code {exit_code})"
     if exit_code < 0:
         try:
