@@ -159,12 +159,13 @@ def execute(cfg, log: Path, tmp: Path) -> None:
     ``orchestration.execution`` says), then evaluate its final policy (an eval job)."""
     from flows.stage import job_python
     from mugrpo.orchestration.job_specs import write_final_eval_spec
+    from mugrpo.orchestration.runs import attach_run
 
     if cfg.orchestration.execution == "warm":
         run_warm(cfg, log, tmp)
     else:
         run_cold(cfg, log)
-    spec = write_final_eval_spec(cfg)
+    spec = write_final_eval_spec(attach_run(cfg))
     if spec is not None:
         job("eval", spec, log, job_python(cfg, "eval"))
 

@@ -152,27 +152,28 @@ def main() -> None:
         model = str(make_tiny_random_model(tmp / "tiny", seed=0))
     from mugrpo.commits.manifest import read_job_manifest
     from mugrpo.orchestration.job_specs import write_final_eval_spec, write_job_specs
-    from mugrpo.orchestration.runs import init_run, open_store
+    from mugrpo.orchestration.runs import attach_run, init_run, open_store
 
     sizes = {"prompts": args.prompts, "group": args.group_size}
     gen_cfg = config(tmp / "gen", args.quick, model, updates, args.lr, ARMS["veto-suffix"], **sizes)
     init_run(gen_cfg)
     t0 = time.monotonic()
-    job("generate", write_job_specs(gen_cfg, 0)["generate"], tmp / "gen.log")
+    job("generate", write_job_specs(attach_run(gen_cfg), 0)["generate"], tmp / "gen.log")
     print(f"stage 0 generated in {time.monotonic() - t0:.1f} s; scratch {tmp}", flush=True)
     curves, evals = {}, {}
     for arm, extra in ARMS.items():
         cfg = config(tmp / arm, args.quick, model, updates, args.lr, extra, **sizes)
         shutil.copytree(tmp / "gen" / RUN_ID / "policies", tmp / arm / RUN_ID / "policies", copy_function=os.link)
         init_run(cfg)
+        run = attach_run(cfg)
         link_stage(tmp / "gen" / RUN_ID, tmp / arm / RUN_ID)
         t0 = time.monotonic()
-        job("train", write_job_specs(cfg, 0)["train"], tmp / f"{arm}.log")
+        job("train", write_job_specs(run, 0)["train"], tmp / f"{arm}.log")
         from mugrpo.orchestration.runs import commit_stage
         from schemas import StageTimings
 
-        commit_stage(cfg, 0, StageTimings())
-        spec = write_final_eval_spec(cfg)
+        commit_stage(run, 0, StageTimings())
+        spec = write_final_eval_spec(run)
         if spec is not None:  # --quick evaluates nothing (one process start less per arm)
             job("eval", spec, tmp / f"{arm}.log")
             evals[arm] = read_job_manifest(open_store(cfg), RUN_ID, 1, "eval").metrics

@@ -102,17 +102,18 @@ def run_cold(cfg_dict: dict, log: Path) -> Path:
     """What the stage flow does in cold execution: generate, train (and eval) job processes, then the stage commit."""
     from mugrpo.config import config_from_dict
     from mugrpo.orchestration.job_specs import write_job_specs
-    from mugrpo.orchestration.runs import commit_stage, init_run
+    from mugrpo.orchestration.runs import attach_run, commit_stage, init_run
     from schemas import StageTimings
 
     cfg = config_from_dict(cfg_dict)
     init_run(cfg)
+    run = attach_run(cfg)
     for k in range(cfg.run.num_stages):
-        urls = write_job_specs(cfg, k)
+        urls = write_job_specs(run, k)
         for job in ("generate", "train", "eval"):
             if job in urls:
                 _job(job, urls[job], log)
-        commit_stage(cfg, k, StageTimings())
+        commit_stage(run, k, StageTimings())
     return Path(cfg.run.root) / RUN
 
 

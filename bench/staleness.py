@@ -266,14 +266,14 @@ def _child(config_json: Path) -> None:
     from mugrpo.jobs import eval as eval_job
     from mugrpo.jobs import segment as segment_job
     from mugrpo.orchestration.job_specs import write_final_eval_spec
-    from mugrpo.orchestration.runs import init_run
+    from mugrpo.orchestration.runs import attach_run, init_run
 
     cfg = config_from_dict(json.loads(config_json.read_text()), source=str(config_json))
     init_run(cfg)
     spec = config_json.with_suffix(".segment.json")
     spec.write_text(SegmentSpec.from_config(cfg, 0, cfg.run.num_stages).model_dump_json())
     segment_job.main([str(spec)])
-    final = write_final_eval_spec(cfg)
+    final = write_final_eval_spec(attach_run(cfg))
     if final is not None:
         eval_job.main([final])
 

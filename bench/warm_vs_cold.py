@@ -171,11 +171,11 @@ def run_cold(cfg, log: Path) -> list[dict]:
     """Every stage of ``cfg`` cold, as the stage flow runs them (:func:`mugrpo.execution.pipeline.run_stage`); returns
     each stage's timings."""
     from mugrpo.execution.pipeline import run_stage
-    from mugrpo.orchestration.runs import init_run
+    from mugrpo.orchestration.runs import attach_run, init_run
 
     init_run(cfg)
-    launcher = ProcessLauncher(cfg, log)
-    return [run_stage(cfg, k, launcher, say=lambda _: None).timings.model_dump() for k in range(cfg.run.num_stages)]
+    run, launcher = attach_run(cfg), ProcessLauncher(cfg, log)
+    return [run_stage(run, k, launcher, say=lambda _: None).timings.model_dump() for k in range(cfg.run.num_stages)]
 
 
 def run_warm(cfg, log: Path, tmp: Path) -> list[dict]:

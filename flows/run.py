@@ -21,6 +21,7 @@ from mugrpo.config.precision import describe
 from mugrpo.coordination.lease import RunLease, held_lease
 from mugrpo.orchestration.job_specs import write_final_eval_spec
 from mugrpo.orchestration.runs import open_store, start_run
+from mugrpo.storage.store import Store
 from mugrpo.tracking.session import TrackingSession
 from tasks.stops import note_flow_run
 
@@ -83,34 +84,35 @@ def _run(cfg: Config) -> dict[str, Any]:
     """Hold the run lease in object storage (mugrpo.coordination.lease: one writer per run, jobs fenced by its token)
     for the whole run."""
     orch = cfg.orchestration
-    held = held_lease(open_store(cfg), cfg.run.id)
+    store = open_store(cfg)  # the one store of this run in this flow (start_run and every stage helper use it)
+    held = held_lease(store, cfg.run.id)
     if held is not None:  # taken by `mugrpo run` before Prefect started (mugrpo.cli): a loser never got here
-        return _run_leased(cfg, held)
-    with RunLease(open_store(cfg), cfg.run.id, ttl_s=orch.lease_ttl_s, wait_s=orch.lease_wait_s) as lease:
-        return _run_leased(cfg, lease)
+        return _run_leased(cfg, store, held)
+    with RunLease(store, cfg.run.id, ttl_s=orch.lease_ttl_s, wait_s=orch.lease_wait_s) as lease:
+        return _run_leased(cfg, store, lease)
 
 
-def _run_leased(cfg: Config, lease: RunLease) -> dict[str, Any]:
+def _run_leased(cfg: Config, store: Store, lease: RunLease) -> dict[str, Any]:
     logger = get_run_logger()
     t0 = time.monotonic()
     cleared = lease.cleared  # what `mugrpo run` checked before it took this lease (mugrpo.orchestration.preflight)
-    check = None
+    check = verified = None
     if cleared is not None and cleared.current(cfg):  # nothing written since: one verification per start
-        check = cleared.check
-        if cleared.verified is not None:
-            logger.info("committed files (checked before the lease was taken): %s", cleared.verified.summary())
+        check, verified = cleared.check, cleared.verified
+        if verified is not None:
+            logger.info("committed files (checked before the lease was taken): %s", verified.summary())
     elif cfg.orchestration.verify_on_resume != "off":  # never build on a corrupted committed stage, and refuse
-        store = open_store(cfg)  # before start_run records the resume in run.json's history (mugrpo.commits.verify)
+        # before start_run records the resume in run.json's history (mugrpo.commits.verify)
         quick = cfg.orchestration.verify_on_resume == "quick"
-        checked = refuse_corrupted(store, cfg.run.id, cfg.run.num_stages, cfg.layout, quick=quick)
-        logger.info("committed files: %s", checked.summary())
-    started = start_run(cfg, check)
-    store, cfg = started.store, started.config  # the concrete config: auto precision resolved once, at run start
+        verified = refuse_corrupted(store, cfg.run.id, cfg.run.num_stages, cfg.layout, quick=quick)
+        logger.info("committed files: %s", verified.summary())
+    run = start_run(cfg, check, verified, store=store)  # the open run every stage helper below takes
+    cfg = run.config  # the concrete config: auto precision resolved once, at run start
     logger.info("run %s lives at %s", cfg.run.id, store.uri(cfg.run.id))
     if check is None:  # this flow resolved the precision (no preflight of `mugrpo run` did, nor printed it): it says so
-        logger.info(describe(started.precision))
-        if started.warning:
-            logger.warning(started.warning)
+        logger.info(describe(run.precision))
+        if run.warning:
+            logger.warning(run.warning)
     results = []
     final = {}
     with TrackingSession(
@@ -128,11 +130,11 @@ def _run_leased(cfg: Config, lease: RunLease) -> dict[str, Any]:
                 results.append(stage_flow(config=cfg.to_json_dict(), stage=k))
                 tracking.sync()
         lease.ensure_held()
-        spec = write_final_eval_spec(cfg)
+        spec = write_final_eval_spec(run)
         if spec is not None:
             with tags(f"run:{cfg.run.id}", "final-eval"):
                 if read_job_manifest(store, cfg.run.id, cfg.run.num_stages, "eval") is None:
-                    launch_workers(cfg, "eval", cfg.run.num_stages)
+                    launch_workers(run, "eval", cfg.run.num_stages)
             final = read_job_manifest(store, cfg.run.id, cfg.run.num_stages, "eval").metrics
     try:
         report = publish_report(cfg, store.uri(cfg.run.id))

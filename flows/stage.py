@@ -22,7 +22,7 @@ from mugrpo.config import Config, config_from_dict
 from mugrpo.coordination.fanout import FANOUT_JOBS
 from mugrpo.execution.pipeline import RunningJob, run_stage
 from mugrpo.orchestration.job_specs import job_env
-from mugrpo.orchestration.runs import open_store
+from mugrpo.orchestration.runs import OpenRun, attach_run
 from schemas import StageManifest
 from tasks.jobs import discard_prestarted, prestart_job, run_job
 
@@ -97,12 +97,12 @@ class PrefectLauncher:
     """The stage schedule's launcher (:class:`mugrpo.execution.pipeline.StageJobs`) in a flow: every job a launcher task
     run, fan-out jobs (generate, eval) as their N workers (:func:`launch_workers`)."""
 
-    def __init__(self, cfg: Config) -> None:
-        self.cfg = cfg
+    def __init__(self, run: OpenRun) -> None:
+        self.opened, self.cfg = run, run.config
 
     def run(self, job: str, stage: int, spec_url: str) -> float:
         if job in FANOUT_JOBS:
-            return launch_workers(self.cfg, job, stage)
+            return launch_workers(self.opened, job, stage)
         return launch(self.cfg, job, spec_url, stage)
 
     def submit(self, job: str, stage: int, spec_url: str) -> RunningJob:
@@ -117,7 +117,7 @@ class PrefectLauncher:
         if job not in FANOUT_JOBS:
             prestart_job(job, spec_url, **_job_kwargs(self.cfg, job, stage))
             return
-        for w, url in enumerate(_worker_spec_urls(self.cfg, job, stage)):
+        for w, url in enumerate(_worker_spec_urls(self.opened, job, stage)):
             prestart_job(job, url, **_job_kwargs(self.cfg, job, stage, worker=str(w)))
 
     def discard_prestarted(self) -> None:
@@ -125,25 +125,25 @@ class PrefectLauncher:
         discard_prestarted({"run": self.cfg.run.id}, launcher=self.cfg.orchestration.launcher, launcher_options=options)
 
 
-def _worker_spec_urls(cfg: Config, job: str, stage: int) -> list[str]:
+def _worker_spec_urls(run: OpenRun, job: str, stage: int) -> list[str]:
     """The spec URLs of fan-out job ``job``'s workers (:func:`mugrpo.coordination.fanout.worker_spec_paths`, written
     from the job spec when there is more than one worker)."""
     from mugrpo.coordination.fanout import worker_spec_paths
     from mugrpo.evaluation.worker import EvalSpec
     from mugrpo.generation import GenerateSpec
 
-    store = open_store(cfg)
+    store = run.store
     spec_cls = {"generate": GenerateSpec, "eval": EvalSpec}[job]
-    spec = spec_cls.model_validate_json(store.read_bytes(cfg.layout.job_spec(stage, job)))
-    return [store.uri(p) for p in worker_spec_paths(store, cfg.run.id, stage, job, spec, spec.workers)]
+    spec = spec_cls.model_validate_json(store.read_bytes(run.layout.job_spec(stage, job)))
+    return [store.uri(p) for p in worker_spec_paths(store, run.config.run.id, stage, job, spec, spec.workers)]
 
 
-def launch_workers(cfg: Config, job: str, stage: int) -> float:
-    """Run the fan-out job ``job`` (generate or eval) of stage ``stage``: its N workers (``generation.workers``,
-    ``eval.workers``; :mod:`mugrpo.coordination.fanout`) at once, each its own launcher task run (a process, or a
-    Kubernetes Job with its own GPU request) with the config's retries and timeout; workers whose worker manifest
-    exists are not relaunched. Once all returned, the job manifest is written from their manifests if the last
-    worker did not write it. N = 1 runs the same way. Returns the wall seconds of the fan-out.
+def launch_workers(run: OpenRun, job: str, stage: int) -> float:
+    """Run the fan-out job ``job`` (generate or eval) of stage ``stage`` of open run ``run``: its N workers
+    (``generation.workers``, ``eval.workers``; :mod:`mugrpo.coordination.fanout`) at once, each its own launcher task
+    run (a process, or a Kubernetes Job with its own GPU request) with the config's retries and timeout; workers
+    whose worker manifest exists are not relaunched. Once all returned, the job manifest is written from their
+    manifests if the last worker did not write it. N = 1 runs the same way. Returns the wall seconds of the fan-out.
 
     Raises:
         JobError: a worker failed past its retries (the first failed worker's error, with its last lines; the
@@ -155,11 +155,11 @@ def launch_workers(cfg: Config, job: str, stage: int) -> float:
     from mugrpo.generation import GenerateSpec, commit_generation
 
     logger = get_run_logger()
-    store = open_store(cfg)
+    cfg, store = run.config, run.store
     spec_cls, finalize = {"generate": (GenerateSpec, commit_generation), "eval": (EvalSpec, commit_eval)}[job]
-    spec = spec_cls.model_validate_json(store.read_bytes(cfg.layout.job_spec(stage, job)))
+    spec = spec_cls.model_validate_json(store.read_bytes(run.layout.job_spec(stage, job)))
     n = spec.workers
-    urls = _worker_spec_urls(cfg, job, stage)
+    urls = _worker_spec_urls(run, job, stage)
     todo = missing_workers(store, cfg.run.id, stage, job, n)
     if len(todo) < n:
         logger.info(
@@ -217,16 +217,18 @@ def stage_table(manifest: StageManifest) -> str:
 
 @flow(name="mugrpo-stage", log_prints=True)
 def stage_flow(config: dict[str, Any], stage: int) -> dict[str, Any]:
-    """Run (or resume) stage ``stage`` of the run described by ``config`` (a resolved config dict)."""
+    """Run (or resume) stage ``stage`` of the run described by ``config`` (a resolved config dict: the run flow
+    started the run). The flow opens the run once (:func:`mugrpo.orchestration.runs.attach_run`: nothing checked
+    again) and hands it to everything it runs."""
     cfg = config_from_dict(config, source="stage_flow(config)")
     logger = get_run_logger()
-    store = open_store(cfg)
-    done = read_manifest(store, cfg.run.id, stage)
+    run = attach_run(cfg)
+    done = read_manifest(run.store, cfg.run.id, stage)
     if done is not None:
         logger.info("stage %d already committed: skipping", stage)
         return done.model_dump(mode="json")
     with tags(f"run:{cfg.run.id}", f"stage:{stage}"):
-        manifest = run_stage(cfg, stage, PrefectLauncher(cfg), say=logger.info)
+        manifest = run_stage(run, stage, PrefectLauncher(run), say=logger.info)
     create_markdown_artifact(
         markdown=stage_table(manifest),
         key=re.sub(r"[^a-z0-9-]", "-", f"{cfg.run.id.lower()}-stage-{stage}"),
@@ -245,7 +247,7 @@ def segment_flow(config: dict[str, Any], first: int, count: int) -> list[dict[st
 
     cfg = config_from_dict(config, source="segment_flow(config)")
     logger = get_run_logger()
-    store = open_store(cfg)
+    store = attach_run(cfg).store  # opened once (the run flow started the run)
     stages = range(first, min(first + count, cfg.run.num_stages))
     if all(read_manifest(store, cfg.run.id, k) is not None for k in stages):
         logger.info("stages %d..%d already committed: skipping", stages[0], stages[-1])

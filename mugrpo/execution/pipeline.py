@@ -48,9 +48,8 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from mugrpo.commits.manifest import read_job_manifest, read_manifest
-from mugrpo.config import Config
 from mugrpo.orchestration.job_specs import write_job_specs
-from mugrpo.orchestration.runs import commit_stage, open_store, overlaps_next_generation, prestarts
+from mugrpo.orchestration.runs import OpenRun, commit_stage, overlaps_next_generation, prestarts
 from schemas import StageManifest, StageTimings
 
 #: The job-reported seconds of real work, by job kind; the rest of a job's wall time is switching overhead.
@@ -102,31 +101,31 @@ class StageJobs(Protocol):
         ...
 
 
-def switch_seconds(cfg: Config, stage: int, job: str, wall: float) -> float:
+def switch_seconds(run: OpenRun, stage: int, job: str, wall: float) -> float:
     """T_switch of a job: its wall time minus the work it reports (process start, imports, engine/weights load)."""
-    m = read_job_manifest(open_store(cfg), cfg.run.id, stage, job)
+    m = read_job_manifest(run.store, run.config.run.id, stage, job)
     work = m.timings.get(WORK_TIMING[job], 0.0) if m else 0.0
     return max(wall - work, 0.0)
 
 
-def run_stage(cfg: Config, stage: int, launcher: StageJobs, say: Callable[[str], None] = print) -> StageManifest:
-    """Run (or resume) cold stage ``stage``: its generate, train and eval jobs, each skipped when committed, the
-    next stage's generation overlapped with the train job's checkpoint (:func:`overlaps_next_generation`), each
-    job pre-started while the one before it runs (:func:`prestart_next`), then the stage manifest. A committed
-    stage is returned as it is.
+def run_stage(run: OpenRun, stage: int, launcher: StageJobs, say: Callable[[str], None] = print) -> StageManifest:
+    """Run (or resume) cold stage ``stage`` of open run ``run``: its generate, train and eval jobs, each skipped
+    when committed, the next stage's generation overlapped with the train job's checkpoint
+    (:func:`overlaps_next_generation`), each job pre-started while the one before it runs (:func:`prestart_next`),
+    then the stage manifest. A committed stage is returned as it is.
 
     Raises:
         Exception: a job failed past its retries (from ``launcher``); what it committed stays for the resume, and
             the jobs pre-started for later are stopped.
         RuntimeError: a job returned without committing.
     """
-    store = open_store(cfg)
+    cfg, store = run.config, run.store
     done = read_manifest(store, cfg.run.id, stage)
     if done is not None:
         say(f"stage {stage} already committed: skipping")
         return done
     t0 = time.monotonic()
-    urls = write_job_specs(cfg, stage)
+    urls = write_job_specs(run, stage)
     walls: dict[str, float] = {}
     switch, next_gen, overlap = 0.0, 0.0, 0.0
     try:
@@ -142,12 +141,12 @@ def run_stage(cfg: Config, stage: int, launcher: StageJobs, say: Callable[[str],
                 walls[job] = committed.timings.get("total", 0.0)
                 switch += committed.timings.get("switch", 0.0)
                 continue
-            prestart_next(cfg, stage, job, launcher, say)
+            prestart_next(run, stage, job, launcher, say)
             if job == "train" and overlaps_next_generation(cfg, stage):
-                walls[job], next_gen, overlap = _train_beside_next_generation(cfg, stage, urls[job], launcher, say)
+                walls[job], next_gen, overlap = _train_beside_next_generation(run, stage, urls[job], launcher, say)
             else:
                 walls[job] = launcher.run(job, stage, urls[job])
-            switch += switch_seconds(cfg, stage, job, walls[job])
+            switch += switch_seconds(run, stage, job, walls[job])
     except BaseException:
         launcher.discard_prestarted()
         raise
@@ -160,10 +159,10 @@ def run_stage(cfg: Config, stage: int, launcher: StageJobs, say: Callable[[str],
         t_next_gen=next_gen,
         t_overlap=overlap,
     )
-    return commit_stage(cfg, stage, timings)
+    return commit_stage(run, stage, timings)
 
 
-def prestart_next(cfg: Config, stage: int, job: str, launcher: StageJobs, say: Callable[[str], None]) -> None:
+def prestart_next(run: OpenRun, stage: int, job: str, launcher: StageJobs, say: Callable[[str], None]) -> None:
     """Before job ``job`` of ``stage`` is launched, pre-start the jobs that follow it (``orchestration.
     prestart_jobs``; each waits for its markers, :func:`mugrpo.orchestration.job_specs.start_markers`):
 
@@ -176,12 +175,12 @@ def prestart_next(cfg: Config, stage: int, job: str, launcher: StageJobs, say: C
     it. Jobs already committed are not pre-started; jobs of a stage that does not publish its policy are not
     either (:func:`mugrpo.orchestration.runs.prestarts`).
     """
-    store = open_store(cfg)
+    cfg, store = run.config, run.store
 
     def ahead(k: int, name: str) -> None:
         if not prestarts(cfg, k) or read_job_manifest(store, cfg.run.id, k, name) is not None:
             return
-        url = write_job_specs(cfg, k, ahead=True, jobs=(name,))[name]  # its spec with its start markers
+        url = write_job_specs(run, k, ahead=True, jobs=(name,))[name]  # its spec with its start markers
         launcher.prestart(name, k, url)
         say(f"stage {k}: {name} job pre-started (it waits for its inputs)")
 
@@ -192,7 +191,7 @@ def prestart_next(cfg: Config, stage: int, job: str, launcher: StageJobs, say: C
 
 
 def _train_beside_next_generation(
-    cfg: Config, stage: int, url: str, launcher: StageJobs, say: Callable[[str], None]
+    run: OpenRun, stage: int, url: str, launcher: StageJobs, say: Callable[[str], None]
 ) -> tuple[float, float, float]:
     """Run stage ``stage``'s train job; once it has committed the policy of stage ``stage + 1``, run that stage's
     generation beside the rest of it (its checkpoint and manifest). Returns (train wall seconds, seconds of the
@@ -203,7 +202,7 @@ def _train_beside_next_generation(
             the train job ended (so its checkpoint is committed for the resume).
         RuntimeError: the train job returned without committing.
     """
-    store, layout = open_store(cfg), cfg.layout
+    cfg, store, layout = run.config, run.store, run.layout
     submitted = datetime.now(UTC)
     train = launcher.submit("train", stage, url)
     while not train.done() and not store.is_complete_dir(layout.policy_dir(stage + 1)):
@@ -211,9 +210,9 @@ def _train_beside_next_generation(
     next_gen = overlap = 0.0
     failure: BaseException | None = None
     if not train.done() and read_job_manifest(store, cfg.run.id, stage + 1, "generate") is None:
-        next_urls = write_job_specs(cfg, stage + 1)  # its behavior policy: the policy just committed
+        next_urls = write_job_specs(run, stage + 1)  # its behavior policy: the policy just committed
         say(f"stage {stage}: policy of stage {stage + 1} committed: its generation starts beside the checkpoint")
-        prestart_next(cfg, stage + 1, "generate", launcher, say)
+        prestart_next(run, stage + 1, "generate", launcher, say)
         start = datetime.now(UTC)
         try:
             launcher.run("generate", stage + 1, next_urls["generate"])

@@ -98,11 +98,14 @@ class WarmEngine:
     trainer's weights into it in place. ``engine_kwargs.num_threads`` applies during generation only (training
     keeps the default), as in the cold jobs.
 
+    ``store``: the run's store, which the vllm engine loads the first policy from (the segment's open run's).
+
     Raises:
-        ValueError: an engine without an in-memory sync (only ``transformers`` and ``vllm`` have one).
+        ValueError: an engine without an in-memory sync (only ``transformers`` and ``vllm`` have one), or the vllm
+            engine without ``store``.
     """
 
-    def __init__(self, cfg, trainer, policy_dir: str) -> None:
+    def __init__(self, cfg, trainer, policy_dir: str, store=None) -> None:
         from mugrpo.engines.transformers_engine import TransformersEngine
 
         kwargs = dict(cfg.generation.engine_kwargs)
@@ -126,9 +129,9 @@ class WarmEngine:
             self.synced_stage = None if self._copy is not None else -1  # -1: shares the module, always in sync
         elif self.name == "vllm":
             from mugrpo.engines import make_engine
-            from mugrpo.orchestration.runs import open_store
 
-            store = open_store(cfg)
+            if store is None:
+                raise ValueError("the warm vllm engine loads its first policy from the run's store: pass store")
             self.engine = make_engine(
                 "vllm", local_policy_dir(store, policy_dir), dtype=cfg.model.dtype, seed=cfg.run.seed, **kwargs
             )
@@ -193,15 +196,16 @@ class WarmSegment:
     """What lives for the whole segment job: the trainer, the generation and evaluation workers (verifier pools),
     and the warm rollout engine (built on first use). :meth:`run_stage` runs one stage with them."""
 
-    def __init__(self, cfg) -> None:
-        """``cfg``: the segment spec's config, concrete (:class:`SegmentSpec` refuses auto precision)."""
+    def __init__(self, run) -> None:
+        """``run``: the segment's open run (:class:`mugrpo.orchestration.runs.OpenRun`), its config the segment
+        spec's, concrete (:class:`SegmentSpec` refuses auto precision)."""
         from mugrpo.evaluation.worker import EvalWorker
         from mugrpo.generation import GenerationWorker
-        from mugrpo.orchestration.runs import open_store
         from mugrpo.trainer.loop import Trainer
 
-        self.cfg, self.store, self.layout = cfg, open_store(cfg), cfg.layout
-        self.trainer = Trainer(cfg.train.mixed_precision)
+        self.run = run
+        self.cfg, self.store, self.layout = run.config, run.store, run.layout
+        self.trainer = Trainer(self.cfg.train.mixed_precision)
         if self.trainer.accelerator.num_processes > 1:
             raise ValueError(
                 "a warm segment runs in one process; use orchestration.execution=cold for data parallelism"
@@ -227,7 +231,7 @@ class WarmSegment:
         from mugrpo.orchestration.runs import commit_stage
 
         cfg, store, trainer = self.cfg, self.store, self.trainer
-        specs = build_job_specs(cfg, k)
+        specs = build_job_specs(self.run, k)
         for job, job_spec in specs.items():  # the same specs as the cold jobs, kept for audit and resume
             store.write_bytes(self.layout.job_spec(k, job), job_spec.model_dump_json(indent=2).encode())
         before = {job: read_job_manifest(store, cfg.run.id, k, job) for job in specs}
@@ -235,7 +239,7 @@ class WarmSegment:
         if before["generate"] is None or ("eval" in specs and before["eval"] is None):
             trainer.ensure_weights(specs["train"])  # loads only on first use or after a resume
             if self.engine is None:
-                self.engine = WarmEngine(cfg, trainer, specs["generate"].policy_dir)
+                self.engine = WarmEngine(cfg, trainer, specs["generate"].policy_dir, store)
                 self.gen_worker._engine = self.eval_worker._engine = self.engine
             t_sync = self.engine.sync()
             console.print(f"segment stage {k}: weights synced into the {self.engine.name} engine in {t_sync:.3f}s")
@@ -264,7 +268,7 @@ class WarmSegment:
             t_total=t_total,
             t_sync=t_sync,
         )
-        return commit_stage(cfg, k, timings), gen, trained
+        return commit_stage(self.run, k, timings), gen, trained
 
 
 def run_segment(spec: SegmentSpec, *, origin: float | None = None) -> list[StageManifest]:
@@ -278,10 +282,11 @@ def run_segment(spec: SegmentSpec, *, origin: float | None = None) -> list[Stage
     """
     from mugrpo.commits.manifest import read_manifest
     from mugrpo.config import config_from_dict
-    from mugrpo.orchestration.runs import open_store
+    from mugrpo.orchestration.runs import attach_run
 
     cfg = config_from_dict(spec.config, source=f"segment spec of stage {spec.stage}")
-    store = open_store(cfg)
+    run = attach_run(cfg)  # this job process's one store of the run (the run flow started the run)
+    store = run.store
     last = min(spec.stage + spec.num_stages, cfg.run.num_stages)
     todo = [k for k in range(spec.stage, last) if read_manifest(store, cfg.run.id, k) is None]
     console.print(
@@ -292,7 +297,7 @@ def run_segment(spec: SegmentSpec, *, origin: float | None = None) -> list[Stage
     committed: list[StageManifest] = []
     if not todo:
         return committed
-    segment = WarmSegment(cfg)
+    segment = WarmSegment(run)
     try:
         for i, k in enumerate(todo):
             start = origin if i == 0 else time.monotonic()  # the job's start counts in its first stage

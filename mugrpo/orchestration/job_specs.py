@@ -13,9 +13,9 @@ from mugrpo.common.preemption import GRACE_ENV, job_grace_s
 from mugrpo.config import Config
 from mugrpo.coordination.lease import TOKEN_ENV
 from mugrpo.orchestration.runs import (
+    OpenRun,
     behavior_policy_dir,
     evaluates_stage,
-    open_store,
     overlaps_next_generation,
     policy_version,
     prestarts,
@@ -54,8 +54,9 @@ def start_markers(cfg: Config, stage: int, job: str) -> list[str]:
     raise ValueError(f"no start markers for job {job!r}: one of generate, train, eval")
 
 
-def build_job_specs(cfg: Config, stage: int, *, with_eval: bool | None = None, ahead: bool = False) -> dict:
-    """The generate/train(/eval) specs of a stage, as the cold jobs and a warm segment both run them.
+def build_job_specs(run: OpenRun, stage: int, *, with_eval: bool | None = None, ahead: bool = False) -> dict:
+    """The generate/train(/eval) specs of a stage of open run ``run``, as the cold jobs and a warm segment both
+    run them.
 
     The behavior policy is resolved with :func:`behavior_policy_dir`, so stage ``stage - 1`` must have committed
     its training. With ``ahead``, the specs of jobs launched before their inputs exist (:func:`prestarts` must
@@ -71,9 +72,9 @@ def build_job_specs(cfg: Config, stage: int, *, with_eval: bool | None = None, a
     from mugrpo.generation import GenerateSpec
     from mugrpo.trainer.spec import TrainSpec
 
+    cfg, store = run.config, run.store
     if ahead and not prestarts(cfg, stage):
         raise ValueError(f"stage {stage}: its jobs are not pre-started, so their specs cannot be written ahead")
-    store = open_store(cfg)
     version = policy_version(cfg, stage)
     behavior = cfg.layout.policy_dir(stage) if ahead else behavior_policy_dir(store, cfg, stage)
     specs = {
@@ -94,14 +95,13 @@ def build_job_specs(cfg: Config, stage: int, *, with_eval: bool | None = None, a
 
 
 def write_job_specs(
-    cfg: Config, stage: int, *, with_eval: bool | None = None, ahead: bool = False, jobs: tuple[str, ...] = ()
+    run: OpenRun, stage: int, *, with_eval: bool | None = None, ahead: bool = False, jobs: tuple[str, ...] = ()
 ) -> dict[str, str]:
     """Write the generate/train/eval specs of a stage (:func:`build_job_specs`; only ``jobs`` when given) to
     storage; returns {job: URL}. A spec file that already holds the same bytes is left as it is."""
-    store = open_store(cfg)
-    layout = cfg.layout
+    store, layout = run.store, run.layout
     urls = {}
-    for job, spec in build_job_specs(cfg, stage, with_eval=with_eval, ahead=ahead).items():
+    for job, spec in build_job_specs(run, stage, with_eval=with_eval, ahead=ahead).items():
         if jobs and job not in jobs:
             continue
         rel = layout.job_spec(stage, job)
@@ -112,14 +112,15 @@ def write_job_specs(
     return urls
 
 
-def write_final_eval_spec(cfg: Config) -> str | None:
-    """Spec of the evaluation of the final policy (stage K); None when no benchmark is configured."""
+def write_final_eval_spec(run: OpenRun) -> str | None:
+    """Spec of the evaluation of the final policy (stage K) of open run ``run``; None when no benchmark is
+    configured."""
     from mugrpo.evaluation.worker import EvalSpec
 
+    cfg, store = run.config, run.store
     if not cfg.eval.benchmarks:
         return None
-    store = open_store(cfg)
-    rel = cfg.layout.job_spec(cfg.run.num_stages, "eval")
+    rel = run.layout.job_spec(cfg.run.num_stages, "eval")
     store.write_bytes(rel, EvalSpec.from_config(cfg, cfg.run.num_stages).model_dump_json(indent=2).encode())
     return store.uri(rel)
 

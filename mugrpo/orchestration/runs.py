@@ -7,6 +7,7 @@ and status. Object storage is the only source of truth. The job specs a stage's 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from mugrpo.commits.manifest import new_manifest, read_job_manifest, read_manifest, write_manifest
 from mugrpo.commits.tables import part_numbers, read_table
@@ -24,6 +25,9 @@ from mugrpo.schedules.stages import stage_plan
 from mugrpo.storage.layout import RunLayout
 from mugrpo.storage.store import Store, sha256_bytes
 from schemas import FileRecord, StageManifest, StageTimings
+
+if TYPE_CHECKING:
+    from mugrpo.commits.verify import VerifyReport
 
 JOBS = ("generate", "train", "eval")
 
@@ -46,30 +50,60 @@ def init_run(cfg: Config) -> Store:
 
 
 @dataclass(frozen=True)
-class StartedRun:
-    """What :func:`start_run` leaves: the run's store, the concrete config it runs with (``auto`` precision
-    resolved, or kept from run.json on resume), and the precision record with its one-time warning."""
+class OpenRun:
+    """A started run, opened once per process and handed to every orchestration helper instead of its config
+    (:func:`start_run` makes it under the run lease; :func:`attach_run` attaches to a run already started).
 
-    store: Store
+    Attributes:
+        config: the concrete config every stage uses (``auto`` precision resolved, or kept from run.json on resume).
+        store: the run's store, its writes fenced by the run lease (:func:`open_store`).
+        layout: the run's storage layout (``config.layout``).
+        precision: the precision record (:mod:`mugrpo.config.precision`; {} when attached: recorded in run.json).
+        warning: the precision's one-time warning, or None.
+        check: the resume check the run started on (None when attached).
+        verification: the committed files' check it started on (:class:`mugrpo.commits.verify.VerifyReport`, made
+            by the preflight or by the run flow; None when ``orchestration.verify_on_resume`` is off or attached).
+    """
+
     config: Config
-    precision: dict
-    warning: str | None
+    store: Store
+    layout: RunLayout
+    precision: dict = field(default_factory=dict)
+    warning: str | None = None
+    check: ResumeCheck | None = None
+    verification: VerifyReport | None = None
 
 
-def start_run(cfg: Config, check: ResumeCheck | None = None) -> StartedRun:
-    """:func:`init_run`, returning also the concrete config every stage must use (:mod:`mugrpo.config.precision`).
-    ``check``: the resume check the preflight made of the run as it still is (its inputs then are not hashed again).
+def start_run(
+    cfg: Config,
+    check: ResumeCheck | None = None,
+    verification: VerifyReport | None = None,
+    *,
+    store: Store | None = None,
+) -> OpenRun:
+    """:func:`init_run`, returning the open run every stage helper takes (with the concrete config every stage must
+    use, :mod:`mugrpo.config.precision`). ``check``: the resume check the preflight made of the run as it still is
+    (its inputs then are not hashed again); ``verification``: the committed files' check already made (kept, not
+    made again); ``store``: the run's store when the caller has it open already (:func:`open_store`).
 
     Raises:
         See :func:`init_run`.
     """
-    store = open_store(cfg)
+    store = store if store is not None else open_store(cfg)
     check = check if check is not None else check_resume(store, cfg)
     record_resume(store, cfg, check)
     concrete = check.config if check.config is not None else cfg
     ensure_initial_policy(concrete, store)
     precision = check.precision
-    return StartedRun(store, concrete, precision.record if precision else {}, precision.warning if precision else None)
+    record, warning = (precision.record, precision.warning) if precision else ({}, None)
+    return OpenRun(concrete, store, concrete.layout, record, warning, check, verification)
+
+
+def attach_run(cfg: Config) -> OpenRun:
+    """The open run of run ``cfg`` (a concrete config, as the run flow hands its stage flows) that was already
+    started (:func:`start_run`): its store opened, nothing checked or written (an entry point of its own, such as a
+    stage flow, a bench or a test, that builds on a run start)."""
+    return OpenRun(cfg, open_store(cfg), cfg.layout)
 
 
 def create_fork(store: Store, plan) -> dict:
@@ -175,13 +209,13 @@ def prestarts(cfg: Config, stage: int) -> bool:
     )
 
 
-def commit_stage(cfg: Config, stage: int, timings: StageTimings) -> StageManifest:
-    """Write the stage manifest (the commit point) from the stage's job manifests.
+def commit_stage(run: OpenRun, stage: int, timings: StageTimings) -> StageManifest:
+    """Write the stage manifest (the commit point) of open run ``run`` from the stage's job manifests.
 
     Raises:
         RuntimeError: a job of the stage has not committed.
     """
-    store = open_store(cfg)
+    cfg, store = run.config, run.store
     files, counts, metrics, versions = [], {}, {}, {}
     jobs = ["generate", "train"] + (["eval"] if evaluates_stage(cfg, stage) else [])
     for job in jobs:

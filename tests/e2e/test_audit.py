@@ -51,7 +51,7 @@ def make_run(root: Path, model_dir: Path, run_id: str, **sections) -> Path:
     """A real run of STAGES synthetic stages trained by the real trainer in-process, each stage committed."""
     from bench.support.synthetic import commit_synthetic_stage
     from mugrpo.config import config_from_dict
-    from mugrpo.orchestration.runs import commit_stage, init_run, policy_version
+    from mugrpo.orchestration.runs import attach_run, commit_stage, init_run, policy_version
     from mugrpo.storage.layout import RunLayout
     from mugrpo.trainer.loop import Trainer
     from mugrpo.trainer.spec import TrainSpec
@@ -75,7 +75,7 @@ def make_run(root: Path, model_dir: Path, run_id: str, **sections) -> Path:
             seed=100 + k,
         )
         trainer.run_stage(TrainSpec.from_config(cfg, k, pv))
-        commit_stage(cfg, k, StageTimings())
+        commit_stage(attach_run(cfg), k, StageTimings())
     return root / run_id
 
 

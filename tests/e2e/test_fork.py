@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 from mugrpo.config import config_from_dict
 from mugrpo.orchestration.fork import ForkRefused, plan_fork
 from mugrpo.orchestration.job_specs import write_job_specs
-from mugrpo.orchestration.runs import commit_stage, create_fork, init_run, load_run_config
+from mugrpo.orchestration.runs import attach_run, commit_stage, create_fork, init_run, load_run_config
 from mugrpo.storage.layout import RunLayout
 from mugrpo.storage.store import Store
 from schemas import StageTimings
@@ -42,14 +42,15 @@ def _ok(proc: subprocess.Popen, log: Path) -> None:
 def run_stages(cfg, log: Path, first: int = 0) -> None:
     """What the stage flow does in cold execution: the stage's jobs as processes, then the stage commit."""
     init_run(cfg)
+    run = attach_run(cfg)
     store = Store(cfg.run.root)
     for k in range(first, cfg.run.num_stages):
-        urls = write_job_specs(cfg, k)
+        urls = write_job_specs(run, k)
         for job in ("generate", "train", "eval"):
             if job == "eval" and store.exists(cfg.layout.job_manifest(k, "eval")):
                 continue  # inherited from the parent (the same policy, the same eval config)
             _ok(start_job(job, urls[job], log), log)
-        commit_stage(cfg, k, StageTimings())
+        commit_stage(run, k, StageTimings())
 
 
 @pytest.fixture(scope="module")
@@ -231,7 +232,7 @@ def test_sigkill_of_a_fork_mid_stage_then_resume_is_bitwise(parent_root, tmp_pat
     cfg, _ = fork(parent_root, "killed", "train.lr=0.002")
     log = tmp_path / "killed.log"
     init_run(cfg)
-    urls = write_job_specs(cfg, K)
+    urls = write_job_specs(attach_run(cfg), K)
     _ok(start_job("generate", urls["generate"], log), log)
     proc = start_job("train", urls["train"], log)
     layout, deadline = cfg.layout, time.monotonic() + 600

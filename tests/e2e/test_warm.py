@@ -32,7 +32,7 @@ from mugrpo.commits.manifest import checkpoint_steps, read_manifest
 from mugrpo.config import config_from_dict
 from mugrpo.execution.warm import PROGRESS_TAG, SegmentSpec
 from mugrpo.orchestration.job_specs import write_job_specs
-from mugrpo.orchestration.runs import commit_stage, init_run, open_store
+from mugrpo.orchestration.runs import attach_run, commit_stage, init_run, open_store
 from mugrpo.storage.layout import RunLayout
 from mugrpo.storage.store import Store
 from schemas import StageTimings
@@ -64,11 +64,12 @@ def run_cold(root: Path, model_dir: Path, log: Path):
     """What the stage flow does in cold execution: three job processes per stage, then the stage commit."""
     cfg = config_from_dict(warm_config(root, model_dir))
     init_run(cfg)
+    run = attach_run(cfg)
     for k in range(STAGES):
-        urls = write_job_specs(cfg, k)
+        urls = write_job_specs(run, k)
         for job in ("generate", "train", "eval"):
             _ok(start_job(job, urls[job], log), log)
-        commit_stage(cfg, k, StageTimings())
+        commit_stage(run, k, StageTimings())
     return cfg
 
 

@@ -39,7 +39,7 @@ from mugrpo.config import config_from_dict
 from mugrpo.config.precision import concrete
 from mugrpo.execution.warm import SegmentSpec
 from mugrpo.orchestration.job_specs import write_job_specs
-from mugrpo.orchestration.runs import commit_stage, init_run, open_store
+from mugrpo.orchestration.runs import attach_run, commit_stage, init_run, open_store
 from mugrpo.policy.models import load_policy, response_logprobs
 from mugrpo.storage.layout import RunLayout
 from schemas import StageTimings
@@ -91,12 +91,13 @@ def runs(tiny_model_dir, tmp_path_factory) -> dict:
     segment = start_job("segment", spec, tmp / "warm.log", env=_env(), python=VLLM_PYTHON)  # runs beside the cold
     cold = config_from_dict(vllm_config(tmp / "cold", tiny_model_dir))
     init_run(cold)
+    cold_run = attach_run(cold)
     log = tmp / "cold.log"
     for k in range(STAGES):
-        urls = write_job_specs(cold, k)
+        urls = write_job_specs(cold_run, k)
         for job in ("generate", "train"):
             _ok(start_job(job, urls[job], log, env=_env(), python=VLLM_PYTHON), log)
-        commit_stage(cold, k, StageTimings())
+        commit_stage(cold_run, k, StageTimings())
     _ok(segment, tmp / "warm.log")
     return {"cold": cold, "warm": warm, "tmp": tmp, "warm_log": (tmp / "warm.log").read_text()}
 

@@ -188,12 +188,13 @@ def test_a_real_job_of_a_superseded_writer_exits_2_without_committing(tmp_path, 
     """A generate job launched with the token of a writer that lost the lease: exit 2, no shard, no manifest."""
     from mugrpo.config import config_from_dict
     from mugrpo.orchestration.job_specs import write_job_specs
-    from mugrpo.orchestration.runs import init_run
+    from mugrpo.orchestration.runs import attach_run, start_run
 
     # A tiny run config; only its stage 0 generate job runs here.
     cfg = config_from_dict(tiny_config(tmp_path, tiny_model_dir, run_id=RUN, run={"num_stages": 1}), source="test")
-    store = init_run(cfg)
-    spec = write_job_specs(cfg, 0)["generate"]
+    run = start_run(cfg)
+    store = run.store
+    spec = write_job_specs(attach_run(cfg), 0)["generate"]
     holder = RunLease(store, RUN, ttl_s=60).acquire()
     try:
         out = subprocess.run(

@@ -41,7 +41,7 @@ from mugrpo.inspection.storage_use import storage_use
 from mugrpo.orchestration.fork import ForkRefused, plan_fork
 from mugrpo.orchestration.preflight import Refusal, preflight
 from mugrpo.orchestration.resume import MomentsPrunedError, check_resume
-from mugrpo.orchestration.runs import commit_stage, init_run, load_run_config
+from mugrpo.orchestration.runs import attach_run, commit_stage, init_run, load_run_config
 from mugrpo.storage.store import COMPLETE_MARKER, Store
 from mugrpo.trainer.checkpoint import capture_rng_state, read_checkpoint, read_optimizer_state, write_checkpoint
 from mugrpo.trainer.commit import file_records
@@ -110,7 +110,7 @@ def make_run(root: Path, model_dir: Path, run_id: str, keep, stages: int = STAGE
 def commit_stages(cfg, tmp: Path, stages: range) -> None:
     for k in stages:
         write_stage(cfg, k, tmp)
-        commit_stage(cfg, k, StageTimings())
+        commit_stage(attach_run(cfg), k, StageTimings())
 
 
 def has_moments(cfg, stage: int) -> bool:
@@ -233,7 +233,7 @@ def test_an_integer_keeps_that_many_stages_and_auto_keeps_all_of_a_small_model(t
     # A resume may lower it (operational): the next commit prunes every stage beyond it, once.
     data = auto.model_dump(mode="json")
     data["train"]["keep_optimizer_state"] = "last"
-    commit_stage(config_from_dict(data), STAGES - 1, StageTimings())
+    commit_stage(attach_run(config_from_dict(data)), STAGES - 1, StageTimings())
     assert [has_moments(auto, k) for k in range(STAGES)] == [False, False, False, True]
     assert verify_run(store_of(auto), auto.run.id, STAGES, auto.layout).ok
 
@@ -252,7 +252,7 @@ def test_an_interrupted_prune_leaves_a_verifiable_checkpoint_and_the_next_commit
     with monkeypatch.context() as m:  # killed after the marker's rewrite, before the file's deletion
         m.setattr(Store, "delete", killed)
         with pytest.raises(Killed, match=OPTIMIZER_FILE):
-            commit_stage(cfg, 1, StageTimings())
+            commit_stage(attach_run(cfg), 1, StageTimings())
     assert has_moments(cfg, 0) and OPTIMIZER_FILE in marker(cfg, 0)["pruned"]  # an extra file no marker lists
     assert verify_run(store, cfg.run.id, cfg.run.num_stages, cfg.layout).ok
     with pytest.raises(OptimizerStatePruned):

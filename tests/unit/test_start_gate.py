@@ -19,7 +19,7 @@ from mugrpo.coordination.jobspec import JobSpec
 from mugrpo.coordination.lease import TOKEN_ENV, LeaseFenced, LeaseRecord
 from mugrpo.coordination.start_gate import StartGate, StartTimeout
 from mugrpo.orchestration.job_specs import build_job_specs, start_markers
-from mugrpo.orchestration.runs import prestarts
+from mugrpo.orchestration.runs import attach_run, prestarts
 from mugrpo.storage.layout import RunLayout
 from mugrpo.storage.store import COMPLETE_MARKER, Store
 from tests._tiny import tiny_config
@@ -121,7 +121,7 @@ def test_markers_are_the_schedules_commits(tmp_path: Path, tiny_model_dir: Path)
     every2 = cfg(tmp_path, tiny_model_dir, publish_policy_every=2)
     assert not prestarts(every2, 1) and prestarts(every2, 2)
     with pytest.raises(ValueError, match="not pre-started"):
-        build_job_specs(every2, 1, ahead=True)
+        build_job_specs(attach_run(every2), 1, ahead=True)
 
 
 def test_specs_written_ahead_are_the_specs_written_after_the_commit(tmp_path: Path, tiny_model_dir: Path) -> None:
@@ -129,10 +129,11 @@ def test_specs_written_ahead_are_the_specs_written_after_the_commit(tmp_path: Pa
     policy is committed, plus the start markers. A spec written when its job is launched has no marker, so the job
     also runs by hand (README, 'Each job can also be run alone')."""
     c = cfg(tmp_path, tiny_model_dir)
-    ahead = {job: s.model_dump() for job, s in build_job_specs(c, 1, ahead=True).items()}
+    run = attach_run(c)
+    ahead = {job: s.model_dump() for job, s in build_job_specs(run, 1, ahead=True).items()}
     store = Store(str(tmp_path))
     store.write_bytes(f"{RunLayout(RUN).policy_dir(1)}/{COMPLETE_MARKER}", b"{}")
-    after = {job: s.model_dump() for job, s in build_job_specs(c, 1).items()}
+    after = {job: s.model_dump() for job, s in build_job_specs(run, 1).items()}
     for job in after:
         assert ahead[job]["start_after"] == start_markers(c, 1, job) and after[job]["start_after"] == []
         assert ahead[job]["start_timeout_s"] == c.orchestration.job_timeout_s
