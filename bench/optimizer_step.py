@@ -7,8 +7,8 @@ job's policy, the arms alternated in one process, and how far their weights diff
 Each arm owns a copy of the policy's weights and its own AdamW (the trainer's ``build_optimizer``, the main job's
 lr 5e-6, betas and decay). Per round each arm takes ``--steps`` steps with the same seeded gradients (the first
 round's order: for-loop, foreach, fused; then reversed, and so on); the first round's first step is a warm-up and
-not timed. Reported: median seconds per step, each arm's ratio against the for-loop step (the ``for-loop``
-implementation is torch's CPU default: torch.optim picks foreach only for CUDA tensors), whether foreach's weights
+not timed. Reported: median seconds per step, each arm's ratio against the for-loop step (torch's own choice on the
+CPU, which ``auto``, the default, keeps: torch.optim picks foreach only for CUDA tensors), whether foreach's weights
 are bitwise the for-loop's, and the largest absolute difference of fused's.
 """
 

@@ -75,13 +75,14 @@ class TrainSection(_Section):
     lr: float = Field(1e-5, gt=0, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = Field((0.9, 0.999))
-    optimizer_impl: Literal["for-loop", "foreach", "fused"] = Field(
-        "foreach",
-        description="How torch's AdamW runs its step (torch.optim.AdamW's foreach / fused arguments). 'foreach' "
-        "(default) updates all tensors with multi-tensor ops, bitwise equal to 'for-loop' (tensor by tensor) and "
-        "faster; 'fused' runs one kernel per tensor group, ~6x faster than 'for-loop' on a 2-core CPU for "
-        "SmolLM2-135M's 272 tensors (bench/optimizer_step.py), its weights within ~1 ulp per step of the others "
-        "(a different order of float operations, so a run's curve differs by round-off).",
+    optimizer_impl: Literal["auto", "for-loop", "foreach", "fused"] = Field(
+        "auto",
+        description="How torch's AdamW runs its step (torch.optim.AdamW's foreach / fused arguments). 'auto' "
+        "(default): torch's own choice by device, 'foreach' for CUDA tensors and 'for-loop' on the CPU. 'foreach' "
+        "(multi-tensor ops) is bitwise equal to 'for-loop' (tensor by tensor); on a 2-core CPU it took 0.77x the "
+        "for-loop step's speed for SmolLM2-135M's 272 tensors, and 'fused' (one kernel per tensor group) 4.9x, "
+        "its weights ~1 ulp apart per step (another order of float operations: a run's curve differs by round-off; "
+        "bench/optimizer_step.py). The step is ~4% of a main-job update on that CPU.",
     )
     warmup_updates: int = Field(0, ge=0, description="Linear warmup from 0 over this many updates.")
     lr_schedule: str = Field(

@@ -11,6 +11,7 @@ from mugrpo.schedules.lr import LRSchedule
 
 #: ``train.optimizer_impl`` -> torch.optim.AdamW's implementation arguments.
 _IMPLEMENTATIONS: dict[str, dict[str, bool]] = {
+    "auto": {},  # torch's choice by device: foreach on CUDA, for-loop on the CPU
     "for-loop": {"foreach": False},
     "foreach": {"foreach": True},
     "fused": {"fused": True},
@@ -19,7 +20,7 @@ _IMPLEMENTATIONS: dict[str, dict[str, bool]] = {
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], train: TrainSection) -> torch.optim.AdamW:
     """AdamW (Loshchilov & Hutter, arXiv 1711.05101) over ``params`` with the section's lr, betas and decay, run by
-    the implementation ``train.optimizer_impl`` names ('foreach' and 'for-loop' give bitwise-equal weights)."""
+    the implementation ``train.optimizer_impl`` names ('auto', 'foreach' and 'for-loop' give bitwise-equal weights)."""
     return torch.optim.AdamW(
         params,
         lr=train.lr,

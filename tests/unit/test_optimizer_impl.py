@@ -1,5 +1,6 @@
-"""train.optimizer_impl: which torch AdamW implementation the trainer builds, and that foreach (the default) takes
-bitwise the steps of the for-loop implementation while fused stays within round-off of them."""
+"""train.optimizer_impl: which torch AdamW implementation the trainer builds, and that auto (the default: torch's
+choice, the for-loop step on the CPU) and foreach take bitwise the steps of the for-loop implementation while fused
+stays within round-off of them."""
 
 from __future__ import annotations
 
@@ -22,16 +23,18 @@ def _steps(impl: str) -> list[torch.Tensor]:
     return [p.detach() for p in params]
 
 
-def test_the_default_is_foreach_and_each_name_picks_its_implementation():
-    assert TrainSection().optimizer_impl == "foreach"
+def test_the_default_is_torchs_choice_and_each_name_picks_its_implementation():
+    assert TrainSection().optimizer_impl == "auto"
     params = [torch.nn.Parameter(torch.zeros(3))]
-    for impl, foreach, fused in (("for-loop", False, None), ("foreach", True, None), ("fused", None, True)):
+    cases = (("auto", None, None), ("for-loop", False, None), ("foreach", True, None), ("fused", None, True))
+    for impl, foreach, fused in cases:
         defaults = build_optimizer(params, TrainSection(optimizer_impl=impl)).defaults
         assert (defaults["foreach"], defaults["fused"]) == (foreach, fused), impl
 
 
-def test_foreach_is_bitwise_the_for_loop_and_fused_is_within_round_off():
-    loop, foreach, fused = _steps("for-loop"), _steps("foreach"), _steps("fused")
+def test_auto_and_foreach_are_bitwise_the_for_loop_and_fused_is_within_round_off():
+    loop, auto, foreach, fused = _steps("for-loop"), _steps("auto"), _steps("foreach"), _steps("fused")
+    assert all(torch.equal(a, b) for a, b in zip(loop, auto, strict=True))
     assert all(torch.equal(a, b) for a, b in zip(loop, foreach, strict=True))
     assert all(torch.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(loop, fused, strict=True))
 
