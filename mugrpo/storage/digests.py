@@ -161,6 +161,28 @@ def digest_cache() -> DigestCache:
     return _CACHES[path]
 
 
+def local_file_sha256(path: str | os.PathLike) -> str:
+    """Hex sha256 of the local file at ``path``: from the hash cache (:class:`DigestCache`) when it was recorded for
+    the file's current version (size, mtime, inode, device: :func:`local_version`), else read (streamed, 1 MiB at a
+    time) and recorded, when the file did not change while it was read.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+    """
+    path = os.path.abspath(path)
+    version = local_version(os.stat(path))
+    cached = digest_cache().lookup(path, version)
+    if cached is not None:
+        return cached
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    if local_version(os.stat(path)) == version:
+        digest_cache().record(path, version, digest.hexdigest())
+    return digest.hexdigest()
+
+
 def log_read(uri: str, nbytes: int) -> None:
     """Append one read of ``nbytes`` bytes of ``uri`` to the read log, when :data:`READ_LOG_ENV` names one."""
     where = os.environ.get(READ_LOG_ENV)

@@ -11,7 +11,7 @@ import pytest
 from _s3 import moto_server, s3_root  # noqa: F401  (fixtures)
 
 from mugrpo.commits.verify import StageCheck, _check_folder, _Mode
-from mugrpo.storage.digests import DigestCache
+from mugrpo.storage.digests import DigestCache, digest_cache, local_file_sha256, local_version
 from mugrpo.storage.layout import RunLayout
 from mugrpo.storage.store import COMPLETE_MARKER, MARKER_ETAGS, PART_BYTES, Store, sha256_bytes
 
@@ -52,6 +52,21 @@ def test_local_writes_fill_the_hash_cache_and_a_rewrite_misses_it(tmp_path, cach
     assert store.stat_object("run/policies/stage=0/model.safetensors").sha256 is None
     out = quick_check(store, "run/policies/stage=0")
     assert list(out.corrupted) == ["policies/stage=0/model.safetensors"] and out.hashed_bytes == 1000
+
+
+def test_a_local_file_is_hashed_once_until_it_changes(tmp_path, cache):
+    """local_file_sha256 (what keys a GGUF's conversion in the policy cache): the bytes' sha256, recorded for the
+    file's version; a recorded digest is returned without reading the file; a rewrite is hashed again."""
+    path = tmp_path / "model.gguf"
+    path.write_bytes(os.urandom(3 << 20))
+    want = sha256_bytes(path.read_bytes())
+    assert local_file_sha256(path) == want
+    version = local_version(os.stat(path))
+    assert digest_cache().lookup(str(path), version) == want
+    digest_cache().record(str(path), version, "0" * 64)  # what the cache says is what a hit returns: no read
+    assert local_file_sha256(path) == "0" * 64
+    path.write_bytes(os.urandom(1 << 20))  # a new version: read again
+    assert local_file_sha256(path) == sha256_bytes(path.read_bytes())
 
 
 def test_the_cache_is_keyed_by_inode_and_survives_nothing_but_the_same_file(tmp_path):
