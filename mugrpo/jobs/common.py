@@ -96,6 +96,17 @@ def refuse_untrusted(job: str, stage: int) -> Iterator[None]:
         fail(f"{job} stage {stage}: {e}", exit_code_of(e, job=True))
 
 
+def prepare_process() -> None:
+    """What a job process sets before its work: no library progress bars in its log
+    (:func:`~mugrpo.common.progress.quiet_library_bars`), and an allocator that keeps freed memory for the next step's
+    tensors instead of faulting it in again (:func:`~mugrpo.common.allocator.keep_freed_memory`)."""
+    from mugrpo.common.allocator import keep_freed_memory
+    from mugrpo.common.progress import quiet_library_bars
+
+    quiet_library_bars()
+    keep_freed_memory()
+
+
 def since_start() -> float:
     """Seconds since this job process started (used for the switch-overhead timing T_switch)."""
     return time.monotonic() - PROCESS_START

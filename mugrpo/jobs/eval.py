@@ -21,7 +21,6 @@ lease, 75 preempted (SIGTERM).
 from __future__ import annotations
 
 from mugrpo.common.preemption import PreemptionInterrupt
-from mugrpo.common.progress import quiet_library_bars
 from mugrpo.coordination.start_gate import StartGate
 from mugrpo.evaluation.worker import EvalSpec, run_eval
 from mugrpo.jobs.common import (
@@ -29,6 +28,7 @@ from mugrpo.jobs.common import (
     install_notice,
     load_spec,
     preempted,
+    prepare_process,
     refuse_untrusted,
     spec_argument,
 )
@@ -37,7 +37,7 @@ from mugrpo.jobs.common import (
 def main(argv: list[str] | None = None) -> None:
     """CLI entry point: ``python -m mugrpo.jobs.eval SPEC``."""
     spec = load_spec(spec_argument(argv, "mugrpo.jobs.eval", EvalSpec, __doc__), EvalSpec)
-    quiet_library_bars()
+    prepare_process()
     notice = install_notice(f"eval stage {spec.stage}")
     try:
         with refuse_untrusted("eval", spec.stage):

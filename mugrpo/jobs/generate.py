@@ -32,7 +32,7 @@ import os
 
 from mugrpo.common.exit_codes import exit_code_of
 from mugrpo.common.preemption import PreemptionInterrupt
-from mugrpo.common.progress import console, quiet_library_bars
+from mugrpo.common.progress import console
 from mugrpo.coordination.start_gate import StartGate
 from mugrpo.jobs.common import (
     PROCESS_START,
@@ -40,6 +40,7 @@ from mugrpo.jobs.common import (
     install_notice,
     load_spec,
     preempted,
+    prepare_process,
     refuse_untrusted,
     spec_argument,
 )
@@ -66,7 +67,7 @@ def _generate(argv: list[str] | None) -> None:
     from mugrpo.generation import GenerateSpec, GenerationError, run_generate
 
     spec = load_spec(spec_argument(argv, "mugrpo.jobs.generate", GenerateSpec, __doc__), GenerateSpec)
-    quiet_library_bars()
+    prepare_process()
     try:
         with refuse_untrusted("generate", spec.stage):
             run_generate(spec, origin=PROCESS_START, gate=StartGate(spec))

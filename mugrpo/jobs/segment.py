@@ -21,7 +21,6 @@ from transformers.utils import logging as hf_logging
 from mugrpo.commits.tables import SchemaError
 from mugrpo.common.exit_codes import exit_code_of
 from mugrpo.common.preemption import PreemptionInterrupt
-from mugrpo.common.progress import quiet_library_bars
 from mugrpo.execution.warm import SegmentSpec, run_segment
 from mugrpo.generation import GenerationError
 from mugrpo.jobs.common import (
@@ -30,6 +29,7 @@ from mugrpo.jobs.common import (
     install_notice,
     load_spec,
     preempted,
+    prepare_process,
     refuse_untrusted,
     spec_argument,
 )
@@ -40,7 +40,7 @@ from mugrpo.trainer.step import NonFiniteError
 def main(argv: list[str] | None = None) -> None:
     """CLI entry point: ``python -m mugrpo.jobs.segment SPEC``."""
     spec = load_spec(spec_argument(argv, "mugrpo.jobs.segment", SegmentSpec, __doc__), SegmentSpec)
-    quiet_library_bars()
+    prepare_process()
     hf_logging.disable_progress_bar()  # in a terminal too: the jobs draw their own progress bars
     notice = install_notice(f"segment from stage {spec.stage}")
     try:

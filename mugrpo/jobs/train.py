@@ -54,7 +54,6 @@ from transformers.utils import logging as hf_logging
 from mugrpo.commits.tables import SchemaError
 from mugrpo.common.exit_codes import exit_code_of
 from mugrpo.common.preemption import PreemptionInterrupt
-from mugrpo.common.progress import quiet_library_bars
 from mugrpo.coordination.start_gate import StartGate
 from mugrpo.jobs.common import (
     PROCESS_START,
@@ -62,6 +61,7 @@ from mugrpo.jobs.common import (
     install_notice,
     load_spec,
     preempted,
+    prepare_process,
     refuse_untrusted,
     spec_argument,
 )
@@ -75,7 +75,7 @@ from mugrpo.trainer.step import NonFiniteError
 def main(argv: list[str] | None = None) -> None:
     """CLI entry point: ``python -m mugrpo.jobs.train SPEC``."""
     spec = load_spec(spec_argument(argv, "mugrpo.jobs.train", TrainSpec, __doc__), TrainSpec)
-    quiet_library_bars()
+    prepare_process()
     hf_logging.disable_progress_bar()  # in a terminal too: the job draws its own progress bar
     # CPU: flush subnormal floats to zero. Softmax probabilities below 1.2e-38 (common over a 49k-152k vocabulary)
     # are subnormal, and x86 arithmetic on them is 10-100x slower; as zeros they change no log-prob (those are
