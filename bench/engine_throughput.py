@@ -3,6 +3,7 @@
     python bench/engine_throughput.py                          # SmolLM2-135M, threads 1 2, batches 8..256 + auto
     python bench/engine_throughput.py --before HEAD~1 --dtype bfloat16 --batches 8 --threads 2
     python bench/engine_throughput.py --quick                  # tiny policy, plumbing (the test runs this)
+    python bench/engine_throughput.py --vllm-python .venv-vllm/bin/python --threads 2 --batches auto   # + vLLM
 
 Prompts: ``configs/smollm2-arithmetic.yaml``'s (reasoning-gym two-digit arithmetic with its two worked examples,
 ~103 tokens), G = 8, 32 new tokens at T = 1, as the main job's generation. Each cell is ONE forward schedule of
@@ -19,7 +20,12 @@ machine's load drifts), best of ``--repeats``. A cell's FLOPs are 2 x the policy
 processed (each prompt prefilled once, then every generated token; attention's own FLOPs left out), so the fraction of
 the machine is FLOP/s over the matmul ceiling measured at the same thread count (bench/matmul_ceiling.py, 1024^3,
 before and after the cells, the better one). Prints the table and the after/before ratio per cell; writes ``--json``.
-Nothing is asserted.
+
+With ``--vllm-python``, vLLM's CPU engine samples the same prompts in the same run: the product's ``VLLMEngine``
+(its CPU defaults: eager, a 2 GiB KV cache, its own thread binding) in its virtualenv's interpreter, through
+bench/support/engine_probe.py, ``--repeats`` + 1 timed calls of the ``auto`` cell's rows after an untimed warm-up
+(best one), engine start excluded; then the transformers engine's ``auto`` cell at the last thread count again (best of
+the two passes), so the two are side by side in time. Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -105,6 +111,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="tiny policy, threads 1, batches 8 and auto, 4 new tokens")
+    ap.add_argument("--vllm-python", help="the vLLM virtualenv's interpreter: vLLM's CPU engine on the same prompts")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     if args.quick:
@@ -120,7 +127,7 @@ def main() -> None:
         "before": before_cls(model, tokenizer, batch_size=64),
         "after": TransformersEngine(model, tokenizer),
     }
-    prompts = main_job_prompts(tokenizer, max(AUTO_ROWS, *(b for b in batches if b != "auto")) // args.n + 1)
+    prompts = main_job_prompts(tokenizer, max([AUTO_ROWS, *(b for b in batches if b != "auto")]) // args.n + 1)
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, n=args.n, seed=0)
     flop_per_token = 2 * matmul_parameters(model)
     results = {"model": args.model, "dtype": args.dtype, "before": args.before, "n": args.n, "cells": []}
@@ -166,9 +173,35 @@ def main() -> None:
             before = f"{b['tokens_per_s']:.0f}" if b else "-"
             frac = f"{b['peak_fraction']:.0%} -> {a['peak_fraction']:.0%}" if b else f"{a['peak_fraction']:.0%}"
             print(f"{row['batch']!s:>6} | {before:>12} | {a['tokens_per_s']:>11.0f} | {ratio:>12} | {frac:>13}")
+    if args.vllm_python:
+        results["vllm"] = vllm_side_by_side(args, model_dir, prompts, params, arms["after"], work)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     shutil.rmtree(work, ignore_errors=True)
+
+
+def vllm_side_by_side(args, model_dir: Path, prompts, params, engine, work: Path) -> dict:
+    """vLLM's CPU engine and this tree's transformers engine on the ``auto`` cell's rows, one after the other
+    (module docstring); prints both and their ratio."""
+    from engines import run_probe
+
+    rows = AUTO_ROWS
+    chosen = prompts[: rows // params.n]
+    probe = {
+        "engine": "vllm", "model_dir": str(model_dir), "dtype": args.dtype, "threads": args.threads[-1],
+        "sizes": [rows], "group_size": params.n, "max_new_tokens": params.max_new_tokens, "calls": args.repeats + 1,
+        "syncs": 0, "prompt_token_ids": chosen, "temperature": params.temperature, "seed": 0,
+    }  # fmt: skip
+    rec = run_probe(args.vllm_python, probe, work, args.threads[-1])
+    vllm_tps = max(c["tokens"] / c["seconds"] for c in rec["calls"])
+    ours = min((cell(engine, prompts, params, "auto") for _ in range(2)), key=lambda c: c[0])  # the faster pass
+    ours_tps = ours[1] / ours[0]
+    print(f"\nvLLM's CPU engine on the same {rows} rows ({args.dtype}, eager, its own threads; start "
+          f"{rec['start_s']:.0f} s, excluded): {vllm_tps:.0f} tok/s; the transformers engine, auto at "
+          f"{args.threads[-1]} threads, right after: {ours_tps:.0f} tok/s; transformers / vLLM "
+          f"{ours_tps / vllm_tps:.2f}x")  # fmt: skip
+    return {"rows": rows, "vllm_tokens_per_s": vllm_tps, "vllm_start_s": rec["start_s"], "vllm_calls": rec["calls"],
+            "transformers_tokens_per_s": ours_tps, "threads": args.threads[-1]}  # fmt: skip
 
 
 if __name__ == "__main__":

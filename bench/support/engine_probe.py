@@ -5,7 +5,9 @@
 Run by the interpreter the engine lives in (the main one for ``transformers``, the vLLM virtualenv's for ``vllm``),
 with this checkout first on PYTHONPATH. ARGS.json holds ``engine``, ``model_dir``, ``dtype``, ``threads``,
 ``sizes`` (rollouts per generate call, each a multiple of ``group_size``), ``group_size``, ``max_new_tokens``,
-``calls`` (timed calls per size, sizes alternated), ``syncs`` and ``prompts`` (question texts). OUT.json gets:
+``calls`` (timed calls per size, sizes alternated), ``syncs`` and ``prompts`` (question texts) or
+``prompt_token_ids`` (prompts already rendered and encoded: bench/engine_throughput.py's main-job prompts); optional
+``temperature`` (default 1.0) and ``seed``. OUT.json gets:
 
 - ``import_s``: seconds to import the engine's module (vLLM itself for ``vllm``);
 - ``start_s``: seconds of the engine's construction, the product's defaults (:func:`mugrpo.engines.make_engine`;
@@ -48,10 +50,15 @@ def main() -> None:
     engine = make_engine(a["engine"], a["model_dir"], dtype=a["dtype"], seed=0, **kwargs)
     rec["start_s"] = time.monotonic() - t0
 
-    tokenizer = load_tokenizer(a["model_dir"])
-    prompts = [tokenizer(q)["input_ids"] for q in a["prompts"]]
+    if "prompt_token_ids" in a:
+        prompts = a["prompt_token_ids"]
+    else:
+        tokenizer = load_tokenizer(a["model_dir"])
+        prompts = [tokenizer(q)["input_ids"] for q in a["prompts"]]
     g = a["group_size"]
-    params = SamplingParams(temperature=1.0, max_new_tokens=a["max_new_tokens"], n=g)
+    params = SamplingParams(
+        temperature=a.get("temperature", 1.0), max_new_tokens=a["max_new_tokens"], n=g, seed=a.get("seed")
+    )
     engine.generate(prompts[:1], SamplingParams(temperature=1.0, max_new_tokens=4, n=g))  # warm-up, untimed
     for c in range(a["calls"]):
         sizes = a["sizes"] if c % 2 == 0 else list(reversed(a["sizes"]))

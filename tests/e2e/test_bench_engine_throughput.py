@@ -5,7 +5,9 @@ same seeds (equal token counts per cell). No timing is asserted."""
 from __future__ import annotations
 
 import json
+import os
 
+import pytest
 from _bench import run_bench
 
 
@@ -20,3 +22,19 @@ def test_engine_throughput_bench_quick(tmp_path):
     for arm in (fixed["before"], fixed["after"], auto["after"]):
         assert arm["tokens_per_s"] > 0 and 0 < arm["peak_fraction"]
     assert "after/before" in proc.stdout
+
+
+@pytest.mark.vllm
+def test_engine_throughput_bench_quick_beside_vllm(tmp_path):
+    """--vllm-python: vLLM's CPU engine samples the auto cell's rows of the same prompts in the same run, beside the
+    transformers engine's auto cell (the vLLM tier: MUGRPO_VLLM_PYTHON)."""
+    out = tmp_path / "engine.json"
+    vllm_python = os.environ["MUGRPO_VLLM_PYTHON"]
+    proc = run_bench(
+        ["bench/engine_throughput.py", "--quick", "--vllm-python", vllm_python, "--json", str(out)], timeout=900
+    )
+    side = json.loads(out.read_text())["vllm"]
+    assert side["rows"] == 256 and side["threads"] == 1
+    assert side["vllm_tokens_per_s"] > 0 and side["transformers_tokens_per_s"] > 0
+    assert all(c["rollouts"] == 256 and c["tokens"] > 0 for c in side["vllm_calls"])
+    assert "transformers / vLLM" in proc.stdout
