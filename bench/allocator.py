@@ -74,7 +74,8 @@ def child(args) -> dict:
     dtype = getattr(torch, args.dtype)
     out = {"applied": applied}
 
-    policy, tokenizer = load_policy(bench_model_dir(args.model, workdir), dtype=dtype)
+    model_dir = bench_model_dir(args.model, workdir)
+    policy, tokenizer = load_policy(model_dir, dtype=dtype)
     engine = TransformersEngine(policy, tokenizer)
     prompts = main_job_prompts(tokenizer, args.prompts)
     requests = [
@@ -95,7 +96,7 @@ def child(args) -> dict:
     out["sampling"], out["sampling_digest"] = _measure(sample)
     engine.close()
 
-    policy, tokenizer = load_policy(bench_model_dir(args.model, workdir))  # fp32 master weights, as the trainer
+    policy, tokenizer = load_policy(model_dir)  # fp32 master weights, as the trainer
     policy.train()
     batches = main_job_micro_batches(tokenizer, args.micro_batches, 8, (16, 32), seed=0)
     model = PolicyTokenLogprobs(policy)
@@ -138,8 +139,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.dtype is None:
         from mugrpo.common.hardware import auto_choice
+        from mugrpo.config.precision import CHOICES
 
-        args.dtype = {"bf16": "bfloat16", "fp32": "float32"}[auto_choice()[0]]
+        args.dtype = CHOICES["model.dtype"][auto_choice()[0]]
     args.workdir = args.workdir or tempfile.mkdtemp(prefix="allocator-bench-")
     if args.child:
         print(json.dumps(child(args)))
