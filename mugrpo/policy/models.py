@@ -14,17 +14,12 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    GenerationConfig,
-    LlamaConfig,
-    LlamaForCausalLM,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
+
+if TYPE_CHECKING:  # transformers is imported where a model or a tokenizer is built: copying an HF folder needs none
+    from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 SMOLLM2_GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -55,6 +50,8 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
         FileNotFoundError: ``path`` does not exist or is a directory without ``config.json``.
         ImportError: ``path`` is a GGUF file and the ``gguf`` package is missing.
     """
+    from transformers import AutoTokenizer
+
     path = Path(path)
     _require_exists(path)
     if _is_gguf(path):
@@ -91,6 +88,8 @@ def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32) -> PreTr
         FileNotFoundError: ``path`` does not exist or is a directory without ``config.json``.
         ImportError: ``path`` is a GGUF file and the ``gguf`` package is missing.
     """
+    from transformers import AutoModelForCausalLM
+
     path = Path(path)
     _require_exists(path)
     if _is_gguf(path):
@@ -297,6 +296,8 @@ def make_tiny_random_model(
         )
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
     tokenizer = load_tokenizer(tokenizer_source if tokenizer_source is not None else smollm2_gguf_path())
     if tokenizer.chat_template is None:
         raise ValueError(f"tokenizer from {tokenizer_source} has no chat template")

@@ -26,6 +26,7 @@ The process that starts or resumes the run (the flow) must be able to read every
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import hashlib
 import json
@@ -508,8 +509,40 @@ def model_fingerprints(source: str, previous: dict[str, InputFingerprint] | None
             )
         )
     if path.is_dir() and any(fp.role not in previous or previous[fp.role].sha256 != fp.sha256 for fp in out):
-        check_model_config(source, path)  # once per content: a resume of unchanged weights skips the model build
+        # once per content: a resume of unchanged weights skips the model build, and so does a new run of weights
+        # this machine has checked before (the verdict of a pass is kept, keyed by the weights' digest)
+        passed = model_config_verdict(out[0].sha256)
+        if not passed.is_file():
+            check_model_config(source, path)
+            with contextlib.suppress(OSError):  # a read-only cache only costs the next run the check
+                passed.parent.mkdir(parents=True, exist_ok=True)
+                passed.touch()
     return out
+
+
+#: Bumped when :func:`check_model_config` compares more than before: verdicts kept under another version are not read.
+MODEL_CHECK_VERSION = 1
+
+
+def model_config_verdict(weights_sha256: str) -> Path:
+    """The file whose presence records that :func:`check_model_config` passed a model folder whose weight files
+    (config.json included: :data:`WEIGHT_PATTERNS`) have the set digest ``weights_sha256``, under this transformers
+    version: ``model-checks/<sha256>`` in the machine's cache (:func:`mugrpo.storage.cache.machine_cache_dir`).
+
+    The check builds the model on the meta device, which needs transformers' import (~2 s of CPU in the command's
+    process); its outcome depends only on config.json, the tensor names and shapes the weights hold, and the
+    transformers version, all in the key. Only passes are kept: a refused folder is checked, and refused, each time.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    from mugrpo.storage.cache import machine_cache_dir
+
+    try:
+        transformers_version = version("transformers")
+    except PackageNotFoundError:
+        transformers_version = "none"
+    key = f"{MODEL_CHECK_VERSION}\0{weights_sha256}\0{transformers_version}"
+    return machine_cache_dir() / "model-checks" / hashlib.sha256(key.encode()).hexdigest()
 
 
 def run_inputs(cfg: Any, previous: dict[str, InputFingerprint] | None = None) -> dict[str, InputFingerprint]:

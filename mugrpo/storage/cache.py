@@ -34,11 +34,17 @@ COMPLETE = ".complete"
 _held: dict[Path, int] = {}
 
 
+def machine_cache_dir() -> Path:
+    """The machine's cache folder: ``MUGRPO_CACHE``, else ``<temp dir>/mugrpo-cache`` (not created here). It holds
+    one folder per cache: the policy cache (:func:`cache_root`), the model-config verdicts
+    (:mod:`mugrpo.provenance.fingerprint`), infra/vllm_venv.py's environments."""
+    return Path(os.environ.get("MUGRPO_CACHE") or Path(tempfile.gettempdir()) / "mugrpo-cache")
+
+
 def cache_root() -> Path:
-    """The policy cache's folder: ``policies/`` under ``MUGRPO_CACHE``, else under ``<temp dir>/mugrpo-cache`` (not
-    created here). Its own folder, as ``MUGRPO_CACHE`` also holds other caches (infra/vllm_venv.py's environments)
-    that eviction must never touch."""
-    return Path(os.environ.get("MUGRPO_CACHE") or Path(tempfile.gettempdir()) / "mugrpo-cache") / "policies"
+    """The policy cache's folder: ``policies/`` under :func:`machine_cache_dir` (not created here). Its own folder,
+    as the machine's cache folder also holds other caches that eviction must never touch."""
+    return machine_cache_dir() / "policies"
 
 
 def budget_bytes() -> int:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
+import sys
 
+import pytest
 from rich.console import Console
 from rich.progress import Progress
 
@@ -60,6 +63,28 @@ def test_library_bars_are_quiet_when_not_a_terminal(monkeypatch):
         assert not hf_logging.is_progress_bar_enabled()
     finally:
         hf_logging.enable_progress_bar()
+
+
+@pytest.mark.parametrize("first", ["", "huggingface_hub"])
+def test_library_bars_are_quiet_when_imported_after_without_importing_them(first):
+    """A process that never loads a model (the CLI's) does not import transformers to quiet it; a library imported
+    afterwards (huggingface_hub first or not) starts with its bars off."""
+    code = f"""
+import io, os, sys
+for k in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS"):
+    os.environ.pop(k, None)
+if {first!r}:
+    import {first or "os"}
+from mugrpo.common.progress import quiet_library_bars
+assert quiet_library_bars(io.StringIO()) is True
+assert "transformers" not in sys.modules
+from huggingface_hub.utils import are_progress_bars_disabled
+from transformers.utils import logging as hf_logging
+assert are_progress_bars_disabled() and not hf_logging.is_progress_bar_enabled()
+print("quiet")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "quiet", out.stderr[-2000:]
 
 
 def test_library_bars_stay_in_a_terminal(monkeypatch):
