@@ -20,6 +20,8 @@ Like a real job it imports neither mugrpo nor Prefect and reads one JSON spec; t
     ignore_term: bool   ignore SIGTERM in the job itself (only SIGKILL ends it)
     pid_file: str       write {"job": pid, "grandchild": pid} here once started
     print_threads: bool print "torch threads N" (imports torch: the fork server's preload may hold it)
+    print_gc: bool      print "gc frozen N collected M": the objects kept out of collections (gc.freeze) and what a
+                        collection finds of a reference cycle the job made
 """
 
 from __future__ import annotations
@@ -62,6 +64,13 @@ def main(spec_path: str) -> int:
         import torch
 
         print(f"torch threads {torch.get_num_threads()}")
+    if spec.get("print_gc"):
+        import gc
+
+        cycle: list = []
+        cycle.append(cycle)
+        del cycle
+        print(f"gc frozen {gc.get_freeze_count()} collected {gc.collect()}")
     print(f"attempt {attempt}")
     if spec.get("gate_file"):
         gate, deadline = Path(spec["gate_file"]), time.monotonic() + 120

@@ -124,6 +124,18 @@ def test_lines_stream_as_they_arrive_with_parent_env_and_extra_env(start, tmp_pa
     assert result.last_lines == tuple(seen)
 
 
+def test_a_forked_job_leaves_the_servers_imports_out_of_its_collections(start, tmp_path):
+    """The fork server freezes what it imported (gc.freeze): a forked job's collections skip those objects, a new
+    interpreter's have nothing frozen, and either collects the job's own garbage."""
+    seen: list[str] = []
+    spec = write_spec(tmp_path / "spec.json", print_gc=True)
+    launch_job(standin(spec), launcher(start), on_line=seen.append)
+    (line,) = [s for s in seen if s.startswith("gc frozen")]
+    frozen, collected = int(line.split()[2]), int(line.split()[4])
+    assert collected >= 1, line
+    assert frozen > 1000 if start == "fork" else frozen == 0, line
+
+
 def test_nonzero_exit_raises_with_the_last_lines(start, tmp_path):
     out = [f"line {i}" for i in range(30)]
     spec = write_spec(tmp_path / "spec.json", before=out, exit_code=3)
