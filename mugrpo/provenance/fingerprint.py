@@ -511,7 +511,7 @@ def model_fingerprints(source: str, previous: dict[str, InputFingerprint] | None
     if path.is_dir() and any(fp.role not in previous or previous[fp.role].sha256 != fp.sha256 for fp in out):
         # once per content: a resume of unchanged weights skips the model build, and so does a new run of weights
         # this machine has checked before (the verdict of a pass is kept, keyed by the weights' digest)
-        passed = model_config_verdict(out[0].sha256)
+        passed = model_config_verdict(next(fp.sha256 for fp in out if fp.role == WEIGHTS_ROLE))
         if not passed.is_file():
             check_model_config(source, path)
             with contextlib.suppress(OSError):  # a read-only cache only costs the next run the check

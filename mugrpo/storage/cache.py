@@ -36,8 +36,8 @@ _held: dict[Path, int] = {}
 
 def machine_cache_dir() -> Path:
     """The machine's cache folder: ``MUGRPO_CACHE``, else ``<temp dir>/mugrpo-cache`` (not created here). It holds
-    one folder per cache: the policy cache (:func:`cache_root`), the model-config verdicts
-    (:mod:`mugrpo.provenance.fingerprint`), infra/vllm_venv.py's environments."""
+    one folder per cache: the policy cache (:func:`cache_root`) and the model-config verdicts
+    (:mod:`mugrpo.provenance.fingerprint`); with ``MUGRPO_CACHE`` set, infra/vllm_venv.py's environments too."""
     return Path(os.environ.get("MUGRPO_CACHE") or Path(tempfile.gettempdir()) / "mugrpo-cache")
 
 
