@@ -4,12 +4,17 @@
 timeouts DISABLED (``parsing_timeout=None``, ``timeout_seconds=None``): they use ``signal.alarm``, which only
 works on a main thread. The per-item time limit is enforced from outside instead, by the scorer's worker pool
 (:mod:`mugrpo.rewards.pool`), which kills a worker that overruns it.
+
+math-verify and sympy (0.25 s of CPU to import) load where a response is scored, never where a config is read:
+``math_correctness`` imports :mod:`mugrpo.rewards.equivalence` when it first runs, and names it in ``preload`` and
+``prepare``, so the scorer's workers import it once, at start, off every item's clock.
 """
 
 from __future__ import annotations
 
+import importlib
+
 from mugrpo.data.answers import extract_boxed
-from mugrpo.rewards.equivalence import answers_equivalent
 from mugrpo.rewards.registry import REWARD_FUNCTIONS, RewardInput
 
 __all__ = ["format_reward", "math_correctness"]
@@ -26,7 +31,14 @@ def math_correctness(item: RewardInput, answer: str | None) -> float:
     """
     if not answer:
         return 0.0
+    from mugrpo.rewards.equivalence import answers_equivalent
+
     return 1.0 if answers_equivalent(item.ground_truth, answer) else 0.0
+
+
+_EQUIVALENCE = "mugrpo.rewards.equivalence"
+math_correctness.preload = (_EQUIVALENCE,)  # what a forkserver imports once for all workers (rewards.pool)
+math_correctness.prepare = lambda: importlib.import_module(_EQUIVALENCE)  # a spawned worker: at start, not on an item
 
 
 @REWARD_FUNCTIONS.register("format")

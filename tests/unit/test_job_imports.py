@@ -8,6 +8,8 @@ imported on use (the job-start profile in docs/benchmarks.md, "Job start").
   a resume or carried AdamW moments, not to start; it must not come with the job's imports. (The package
   ``torch.distributed.checkpoint`` itself, DTensor and transformers' masking utilities are imported by
   transformers' ``modeling_utils``, which loading any policy needs: they are not ours to defer.)
+- a config load, the first step of every ``mugrpo`` command: math-verify and sympy (0.25 s of CPU) are imported by
+  the reward components where they score (``math_correctness``'s ``preload``), not where their names are checked.
 
 Each check runs in a fresh interpreter (this process has imported everything already).
 """
@@ -28,9 +30,10 @@ NOT_IMPORTED = {
 }
 
 
-def loaded_after_import(module: str, candidates: tuple[str, ...]) -> list[str]:
-    """Which of ``candidates`` a fresh interpreter holds in sys.modules after ``import module``."""
-    code = f"import json, sys, {module}; print(json.dumps([m for m in {list(candidates)!r} if m in sys.modules]))"
+def loaded_after_import(module: str, candidates: tuple[str, ...], then: str = "pass") -> list[str]:
+    """Which of ``candidates`` a fresh interpreter holds in sys.modules after ``import module`` and ``then``."""
+    code = f"import json, sys, {module}; {then}; "
+    code += f"print(json.dumps([m for m in {list(candidates)!r} if m in sys.modules]))"
     proc = subprocess.run(
         [sys.executable, "-c", code], env=_tiny.job_env(), cwd=_tiny.REPO_ROOT, capture_output=True, text=True
     )
@@ -53,3 +56,13 @@ def test_the_check_sees_an_eager_import():
     assert loaded_after_import("torch.distributed.checkpoint.state_dict", NOT_IMPORTED["mugrpo.jobs.train"]) == list(
         NOT_IMPORTED["mugrpo.jobs.train"]
     )
+
+
+def test_a_config_load_leaves_the_verifier_to_the_scorer():
+    # The quick config's reward has math_correctness, whose name the load checks.
+    config = str(_tiny.REPO_ROOT / "configs" / "gsm8k-smollm2-quick.yaml")
+    verifier = ("sympy", "math_verify")
+    assert loaded_after_import("mugrpo.config", verifier, then=f"mugrpo.config.load_config({config!r}, [])") == []
+    # Scoring imports them (the check sees them when they are there).
+    score = "assert m.math_correctness(m.RewardInput('x', '1/2'), '0.5') == 1.0"
+    assert loaded_after_import("mugrpo.rewards.components as m", verifier, then=score) == list(verifier)
