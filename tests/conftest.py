@@ -93,12 +93,17 @@ def _tier(item: pytest.Item) -> str | None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test with its tier (its folder), and ``slow`` unless it is a unit or a ``smoke`` test; run the
-    heaviest tier first.
+    modules that mostly wait first, then the heaviest tier first.
 
-    Order: e2e, integration, unit, the rest; within a tier, collection order (a stable sort). Serially this changes
-    nothing but the order. On pytest-xdist workers (``make test-main``: ``--dist loadfile --no-loadscope-reorder``,
-    a module per worker at a time, handed out in this order) the long whole-run modules start first and the many
-    short unit modules fill the end, so neither worker idles while the other finishes a 5-minute module.
+    Order: the ``waits`` modules (any tier), then e2e, integration, unit, the rest; within each, collection order (a
+    stable sort). Serially this changes nothing but the order. On pytest-xdist workers (``make test-main``:
+    ``--dist loadfile --no-loadscope-reorder``, a module per worker at a time, handed out in this order):
+
+    - a ``waits`` module spends most of its wall time waiting on a clock (a lease that must expire, a stop's grace, a
+      retry's backoff, a polled flow state), its core idle. First, that idle core goes to the niced vLLM half that
+      .ci/run runs beside this one in its first minutes; at the end of the run it would be lost.
+    - then the long whole-run modules start, and the many short unit modules fill the end, so neither worker idles
+      while the other finishes a 5-minute module.
     """
     rank = {tier: i for i, tier in enumerate(reversed(TIERS))}  # e2e 0, integration 1, unit 2
     tiers = [_tier(item) for item in items]
@@ -108,8 +113,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(tier)
         if tier != "unit" and item.get_closest_marker("smoke") is None:
             item.add_marker("slow")
-    order = sorted(range(len(items)), key=lambda i: rank.get(tiers[i], len(TIERS)))
-    items[:] = [items[i] for i in order]
+
+    def key(i: int) -> tuple[int, int]:
+        return (items[i].get_closest_marker("waits") is None, rank.get(tiers[i], len(TIERS)))
+
+    items[:] = [items[i] for i in sorted(range(len(items)), key=key)]
 
 
 #: The shared datasets (GSM8K, MATH-500, AIME24, AMC23), beside the checkout: /work/shared/data, or ../shared/data.

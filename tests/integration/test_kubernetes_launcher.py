@@ -22,6 +22,8 @@ from tasks.launchers.errors import JobFailedError, JobLaunchError, JobTimeoutErr
 from tasks.launchers.protocol import launch_job
 from tasks.launchers.request import JobRequest
 
+pytestmark = pytest.mark.waits  # run first, it mostly waits: outages, pending pods and deadlines are polled out
+
 JOBS = r"/apis/batch/v1/namespaces/mugrpo/jobs"
 FAST = {
     "poll_interval_s": 0.05,

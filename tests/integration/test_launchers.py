@@ -22,6 +22,8 @@ from tasks.launchers.protocol import LAUNCHERS, TAIL_LINES, Launcher, launch_job
 from tasks.launchers.request import JobRequest
 from tasks.launchers.subprocess_launcher import SubprocessLauncher
 
+pytestmark = pytest.mark.waits  # run first, it mostly waits: a job runs out its time limit before the kill
+
 TESTS_DIR = Path(__file__).resolve().parents[1]
 REPO_ROOT = TESTS_DIR.parent
 #: The stand-in job module is found through PYTHONPATH, as a job's package would be in its environment.

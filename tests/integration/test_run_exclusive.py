@@ -15,6 +15,8 @@ from _prefect import prefect_api, prefect_server  # noqa: F401  (fixtures)
 
 from flows.exclusive import one_flow_run_per_run_id, run_limit_name
 
+pytestmark = pytest.mark.waits  # run first, it mostly waits: a SIGKILLed flow's run slot frees after its 60 s lease
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -21,6 +21,8 @@ from mugrpo.cli import app
 from mugrpo.storage.errors import StorageUnavailable, check_store, explain_storage_error
 from mugrpo.storage.store import Store
 
+pytestmark = pytest.mark.waits  # run first, it mostly waits: a dead S3 endpoint is named once the retries are spent
+
 runner = CliRunner()
 
 

@@ -14,6 +14,8 @@ from _s3 import moto_server  # noqa: F401  (fixture)
 
 from mugrpo.storage.store import PART_BYTES, RetryBudget, StorageError, Store
 
+pytestmark = pytest.mark.waits  # run first, it mostly waits: injected latency and 5xx are waited out (backoff)
+
 
 @pytest.fixture
 def proxy(moto_server):  # noqa: F811

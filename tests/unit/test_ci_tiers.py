@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -84,3 +85,24 @@ def test_the_vllm_marker_is_registered_and_every_vllm_module_uses_it():
         text = path.read_text()
         if "MUGRPO_VLLM_PYTHON" in text and path.name != "test_ci_tiers.py":
             assert "pytest.mark.vllm" in text, f"{path} runs vLLM but is not marked vllm: CI would run it unset"
+
+
+def test_the_waiting_modules_are_handed_out_first_then_the_heaviest_tier():
+    """tests/conftest.py's order, read from a real collection: the ``waits`` modules (whatever their tier) first, so
+    their idle core goes to the niced vLLM half beside them; then e2e, integration, unit."""
+    files = [
+        "tests/unit/test_registry.py",
+        "tests/e2e/test_smoke.py",
+        "tests/integration/test_launchers.py",  # waits
+        "tests/unit/test_rewards.py",  # waits
+        "tests/integration/test_cli.py",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    order = list(dict.fromkeys(line.split("::")[0] for line in proc.stdout.splitlines() if "::" in line))
+    assert order == [files[2], files[3], files[1], files[4], files[0]], order

@@ -24,6 +24,8 @@ from mugrpo.rewards import (
     RewardScorer,
 )
 
+pytestmark = pytest.mark.waits  # run first, it mostly waits: the verifier's per-item time limit is waited out
+
 DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 needs_data = pytest.mark.usefixtures("shared_data_dir")  # skipped without the data; a failure under CI
 
