@@ -29,8 +29,9 @@ $(STAMP): pyproject.toml
 # TEST_MAIN_WORKERS workers, listing the 30 slowest) and `make test-vllm` (builds or reuses the vLLM virtualenv, then
 # the `vllm` tests with MUGRPO_VLLM_PYTHON set). .ci/run calls the two halves itself, side by side (the vLLM half
 # niced, in the background). test-main hands out whole test modules (--dist loadfile: a module's fixtures, such as
-# the uninterrupted reference run its resume tests compare against, are built once) in collection order, heaviest
-# tier first (tests/conftest.py; --no-loadscope-reorder: xdist would otherwise hand out the modules with the most
+# the uninterrupted reference run its resume tests compare against, are built once) in collection order: those
+# marked `waits` first (their idle core goes to the niced vLLM half), then the heaviest tier first
+# (tests/conftest.py; --no-loadscope-reorder: xdist would otherwise hand out the modules with the most
 # tests first, the many-case unit modules, and leave the long whole-run ones for the end). Test processes get one
 # OpenMP thread (TEST_THREADS): two workers on two cores, and torch's spinning threads slow everything down when
 # oversubscribed. The vLLM tests leave it unset for the engine (its CPU worker binds its own threads; VLLMEngine's

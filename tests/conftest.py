@@ -99,9 +99,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     stable sort). Serially this changes nothing but the order. On pytest-xdist workers (``make test-main``:
     ``--dist loadfile --no-loadscope-reorder``, a module per worker at a time, handed out in this order):
 
-    - a ``waits`` module spends most of its wall time waiting on a clock (a lease that must expire, a stop's grace, a
-      retry's backoff, a polled flow state), its core idle. First, that idle core goes to the niced vLLM half that
-      .ci/run runs beside this one in its first minutes; at the end of the run it would be lost.
+    - a ``waits`` module spends most of its wall time waiting on a clock (a lease that must expire, a retry's
+      backoff, a time limit), its core idle. First, that idle core goes to the niced vLLM half that .ci/run runs
+      beside this one in its first minutes; at the end of the run it would be lost.
     - then the long whole-run modules start, and the many short unit modules fill the end, so neither worker idles
       while the other finishes a 5-minute module.
     """
