@@ -6,13 +6,11 @@ works on a main thread. The per-item time limit is enforced from outside instead
 (:mod:`mugrpo.rewards.pool`), which kills a worker that overruns it.
 
 math-verify and sympy (0.25 s of CPU to import) load where a response is scored, never where a config is read:
-``math_correctness`` imports :mod:`mugrpo.rewards.equivalence` when it first runs, and names it in ``preload`` and
-``prepare``, so the scorer's workers import it once, at start, off every item's clock.
+``math_correctness`` imports :mod:`mugrpo.rewards.equivalence` when it first runs, and names it in its ``preload``,
+so the scorer's workers import it once, at start, off every item's clock (:func:`mugrpo.rewards.scorer._init_worker`).
 """
 
 from __future__ import annotations
-
-import importlib
 
 from mugrpo.data.answers import extract_boxed
 from mugrpo.rewards.registry import REWARD_FUNCTIONS, RewardInput
@@ -36,9 +34,7 @@ def math_correctness(item: RewardInput, answer: str | None) -> float:
     return 1.0 if answers_equivalent(item.ground_truth, answer) else 0.0
 
 
-_EQUIVALENCE = "mugrpo.rewards.equivalence"
-math_correctness.preload = (_EQUIVALENCE,)  # what a forkserver imports once for all workers (rewards.pool)
-math_correctness.prepare = lambda: importlib.import_module(_EQUIVALENCE)  # a spawned worker: at start, not on an item
+math_correctness.preload = ("mugrpo.rewards.equivalence",)  # what each scorer worker imports at start
 
 
 @REWARD_FUNCTIONS.register("format")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 from dataclasses import dataclass, field
@@ -46,14 +47,17 @@ def _score_components(
 
 
 def _init_worker(component_fns: tuple[RewardFn, ...] = ()) -> None:
-    """Worker start-up: quiet math-verify's one-time "timeout disabled" warning (our pool enforces the limit), and
-    run each component's optional ``prepare()`` (e.g. importing reasoning-gym), so that no item's time limit pays
-    for a worker's imports."""
+    """Worker start-up: quiet math-verify's one-time "timeout disabled" warning (our pool enforces the limit), import
+    each component's ``preload`` modules (already imported where a forkserver forked the worker; a spawned worker
+    imports them here) and run its optional ``prepare()`` (e.g. checking reasoning-gym is installed), so that no
+    item's time limit pays for a worker's imports."""
     for name in ("math_verify.parser", "math_verify.grader"):
         logging.getLogger(name).setLevel(logging.ERROR)
     # The functions, not their names: one registered outside mugrpo (a plugin, a test) reaches a fresh worker
     # pickled by reference, which imports (and so registers) it there.
     for fn in component_fns:
+        for module in getattr(fn, "preload", ()):
+            importlib.import_module(module)
         getattr(fn, "prepare", lambda: None)()
 
 
