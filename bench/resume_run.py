@@ -1,4 +1,4 @@
-"""The committed-files check a start makes, timed on an existing run (issue 60): quick (what a start does now) against
+"""The committed-files check a start makes, timed on an existing run: quick (what a start does now) against
 full (the old check, once) and before (the old check twice: the command line's, then the run flow's again).
 
     python bench/resume_run.py runs/smollm2-arithmetic            # 3 rounds, arms alternated

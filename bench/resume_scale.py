@@ -1,5 +1,5 @@
 """Resume cost with history: what a start's check of the committed files costs as a run grows, before and after the
-quick check (issue 60, :mod:`mugrpo.commits.verify`).
+quick check (:mod:`mugrpo.commits.verify`).
 
     python bench/resume_scale.py                       # local folder and moto S3, the default grid (~13 min here)
     python bench/resume_scale.py --quick               # CI mode: a few MB, 1 and 4 stages, about a minute

@@ -1,4 +1,4 @@
-"""AGPO under SIGKILL and under warm execution (issue 16), through the real CLI, flows and job processes.
+"""AGPO under SIGKILL and under warm execution, through the real CLI, flows and job processes.
 
 - Cold: a 2-stage tiny AGPO run (`mugrpo run`, real Prefect flows on a local server, generate/train/eval job
   processes) is SIGKILLed four times: the whole tree while stage 0's generate job is in shard 1's probe (shard 0

@@ -1,4 +1,4 @@
-"""The eval job runs in the interpreter of the engine it samples with (issue 17), and the default per-stage eval
+"""The eval job runs in the interpreter of the engine it samples with, and the default per-stage eval
 (``eval.every_stage: true``, the main config's setting) runs inside a real flow.
 
 Found following README's vLLM section: generation ran in ``generation.python`` (.venv-vllm), then the eval job,

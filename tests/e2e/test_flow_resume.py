@@ -1,9 +1,9 @@
-"""Acceptance for resume (issue 5): a 2-stage tiny run whose whole flow process tree is SIGKILLed at six points
+"""Acceptance for resume: a 2-stage tiny run whose whole flow process tree is SIGKILLed at six points
 (during generation, during training, between stages, during the stage manifest write, during stage-1 generation,
 during the final evaluation) and re-run each time completes with exact rollout counts, no duplicated
 (stage, prompt_id, sample_idx), and final weights bitwise equal to an uninterrupted run's.
 
-Each kill asserts its phase (issue 17), so every point tests what it claims: which job processes were running
+Each kill asserts its phase, so every point tests what it claims: which job processes were running
 when it fired (read from /proc: ``python -m mugrpo.jobs.KIND .../jobs/stage=K/KIND.spec.json``) and what was
 committed after it (job and stage manifests). The two commit-time points pause the flow's own write
 (``MUGRPO_FAULT_PAUSE``) so that no job runs then. These six points run the jobs one after another
@@ -233,7 +233,7 @@ def stage_timings(root: Path, stage: int) -> dict:
 def test_sigkill_inside_the_checkpoint_overlap_then_resume_matches_the_sequential_run(
     tmp_path, tiny_model_dir, prefect_api, sequential_run
 ):
-    """Issue 29, part 2: stage 1's generation starts once stage 0's train job has committed the policy of stage 1,
+    """Stage 1's generation starts once stage 0's train job has committed the policy of stage 1,
     beside that job's final checkpoint write (mugrpo.execution.pipeline). The overlapped run commits the same rollouts
     and final weights as the jobs run one after another, its stage timings say what was overlapped, and a SIGKILL at
     each moment of the overlap resumes to the same files. The checkpoint write is held open

@@ -1,4 +1,4 @@
-"""Branching a run at a stage (issue 59, docs/branching.md): a fork references its parent's stages, reproduces them
+"""Branching a run at a stage (docs/branching.md): a fork references its parent's stages, reproduces them
 bitwise when nothing changes, re-scores the parent's responses with ``--reuse-rollouts``, and refuses what it cannot
 build on.
 

@@ -1,4 +1,4 @@
-"""`mugrpo fork` end to end on S3 (issue 59): the real CLI, real Prefect flows on a local Prefect server, real job
+"""`mugrpo fork` end to end on S3: the real CLI, real Prefect flows on a local Prefect server, real job
 subprocesses, a real S3 API (moto behind the logging proxy of tests/_faults.py).
 
 A 2-stage parent runs with `mugrpo run`; `mugrpo fork PARENT --at-stage 1 --reuse-rollouts train.lr=...` then makes

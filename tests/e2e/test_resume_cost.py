@@ -1,4 +1,4 @@
-"""A start's cost follows what it builds on (issue 60): the real CLI, real flows on a real local Prefect server, real
+"""A start's cost follows what it builds on: the real CLI, real flows on a real local Prefect server, real
 jobs, on a local folder and on a real S3 API (moto).
 
 - `mugrpo resume` of a finished run reads no policy or checkpoint bytes of earlier stages: every read of file bytes

@@ -1,4 +1,4 @@
-"""An operational override on resume (issue 30): a run started with ``generation.workers: 1`` is SIGKILLed (the whole
+"""An operational override on resume: a run started with ``generation.workers: 1`` is SIGKILLed (the whole
 process tree) in the middle of stage 1's generation, with one shard of the stage committed and the next one half
 written, then resumed with ``mugrpo resume RUN generation.workers=2``. Its rollouts (every column but created_at)
 and final weights equal an uninterrupted ``workers: 1`` run's, and run.json's history records the change with the

@@ -1,4 +1,4 @@
-"""A whole 2-stage run on S3 (issue 17): `mugrpo run` with `run.root: s3://...` on the moto server behind the
+"""A whole 2-stage run on S3: `mugrpo run` with `run.root: s3://...` on the moto server behind the
 fault-injecting proxy (tests/_faults.py), real Prefect flows on a real local Prefect server, real job subprocesses.
 
 1. The server stops in the middle of stage 0's checkpoint upload (model files sent, optimizer state not): the train

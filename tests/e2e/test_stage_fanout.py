@@ -1,4 +1,4 @@
-"""The stage flow fans generation out over ``generation.workers`` jobs (issue 19), on a real local Prefect server
+"""The stage flow fans generation out over ``generation.workers`` jobs, on a real local Prefect server
 with real job subprocesses and the tiny test model.
 
 A worker that fails past its retries fails the stage with its own error while its sibling commits; the re-run

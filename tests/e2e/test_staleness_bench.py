@@ -64,7 +64,7 @@ def test_quick_runs_every_regime_audited(tmp_path):
     assert Path(payload["heatmap_panel"]).name == "heatmaps.png" and Path(payload["heatmap_panel"]).stat().st_size > 0
     assert not (out / "runs" / runs[0]["run"]).exists()  # run folders freed once audited
     assert "reproduced" in proc.stdout and "| regime | mu | lr |" in proc.stdout
-    # the per-arm report (issue 50): every arm x lr, paired against mu-grpo, the configs differing only in arm keys
+    # the per-arm report: every arm x lr, paired against mu-grpo, the configs differing only in arm keys
     assert payload["arm_config_audit"] == []
     arms = {a["arm"]: a for a in payload["arms"]}
     assert set(arms) == set(TESTED)

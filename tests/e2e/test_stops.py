@@ -1,10 +1,10 @@
-"""Stops that stop (issue 46): Ctrl-C (SIGINT) or SIGTERM, to the CLI's process group (a terminal's foreground
+"""Stops that stop: Ctrl-C (SIGINT) or SIGTERM, to the CLI's process group (a terminal's foreground
 group, ``timeout``, ``docker stop``) or to its pid (Kubernetes), ends ``mugrpo run`` within
 ``orchestration.stop_grace_s`` with exit code 130 / 143, leaves no process behind (jobs, fork server, verifier
 pools, the temporary Prefect server), releases the run lease and prints the resume command; ``mugrpo resume`` then
 gives the rollouts and final weights of an uninterrupted run (bitwise, on CPU).
 
-A stop reads as a stop (issue 61): no "Crash detected" line of Prefect's in the output, and on the test server the
+A stop reads as a stop: no "Crash detected" line of Prefect's in the output, and on the test server the
 run's flow run ends ``Cancelled`` (not ``Crashed``) with the signal and the resume command in its message, its stage
 flow runs ``Cancelled`` or ``Completed``. The jobs get their share of the grace: a train job held inside a checkpoint
 write (it cannot exit early) is SIGKILLed only ``job_grace_s(stop_grace_s)`` after its SIGTERM, even for a SIGTERM
@@ -116,7 +116,7 @@ MOMENTS = [
         {"MUGRPO_FAULT_PAUSE": f"{CKPT_PAUSE}:60"},
         lambda run, log, pid: _paused(run / "checkpoints/stage=0/step=000002", "_COMPLETE"),
     ),
-    (  # the train job gets its SIGTERM from the CLI while update 2 of stage 1 runs: it saves it (issue 61)
+    (  # the train job gets its SIGTERM from the CLI while update 2 of stage 1 runs: it saves it
         "update-in-flight",
         signal.SIGTERM,
         "group",
@@ -253,7 +253,7 @@ def test_a_stop_ends_within_the_grace_then_resume_matches_the_uninterrupted_run(
     assert took <= GRACE_S + SLACK_S, f"{moment}: exit {took:.1f} s after {sig.name}, grace {GRACE_S} s"
     if moment == "checkpoint-write":  # the job cannot exit inside its paused commit: SIGKILLed after its share only
         assert took >= job_grace_s(GRACE_S) - 0.5, f"{moment}: the job got {took:.1f} s of {job_grace_s(GRACE_S)} s"
-    # a stop reads as a stop: none of Prefect's crash lines, and the flow run Cancelled (issue 61)
+    # a stop reads as a stop: none of Prefect's crash lines, and the flow run Cancelled
     assert "Crash detected" not in text and "Finished in state Crashed" not in text, text[-4000:]
     if not own_server:  # the test server outlives the CLI: ask it (the CLI stops its own temporary one)
         flow_run, subflows = flow_runs_of(root)

@@ -1,4 +1,4 @@
-"""A run root whose storage fails mid-run (issue 61), replayed through the real ``mugrpo`` command line, flows and jobs
+"""A run root whose storage fails mid-run, replayed through the real ``mugrpo`` command line, flows and jobs
 on the tiny policy, the root on a small tmpfs (docs/reliability.md, "Refusals"):
 
 - the root turns read-only after stage 0 committed: the run ends with one block, no traceback, and one line saying

@@ -1,4 +1,4 @@
-"""A writer frozen past its lease never changes what another writer committed (issue 42): every write and delete of a
+"""A writer frozen past its lease never changes what another writer committed: every write and delete of a
 run goes through the run lease's fence (mugrpo.coordination.lease.LeaseFence, the store's commit guard).
 
 Writer A (`mugrpo run`) is frozen with SIGSTOP, its whole process tree (flow, job fork server, jobs, verifier
@@ -136,7 +136,7 @@ def test_a_frozen_writer_changes_nothing_the_next_one_committed(
         signal_tree(a.pid, signal.SIGCONT)
         assert a.wait(timeout=600) == 3, log_a.read_text()[-3000:]  # A stops: its commits are refused
         text = log_a.read_text()
-        # one block (issue 47): taken over, by whom, and that the run is already complete; no resume advice
+        # one block: taken over, by whom, and that the run is already complete; no resume advice
         assert "Traceback" not in text and sum(line.startswith("Error:") for line in text.splitlines()) == 1, text
         assert "was taken over by" in text and "the run is complete" in text, text[-3000:]
         assert "mugrpo resume" not in text, text[-3000:]

@@ -1,4 +1,4 @@
-"""Acceptance (issue 12): warm execution is the cold algorithm run in one process.
+"""Acceptance: warm execution is the cold algorithm run in one process.
 
 - The same 3-stage config (mu = 4 updates per stage) run cold (generate, train and eval jobs as separate
   processes, stage after stage, as the stage flow launches them) and warm (one segment job) gives bitwise the same

@@ -1,4 +1,4 @@
-"""Warm execution on the vLLM engine (issue 28, tier c): one segment job runs 2 stages with one vLLM engine, the
+"""Warm execution on the vLLM engine (tier c): one segment job runs 2 stages with one vLLM engine, the
 trainer's weights loaded into it in place after each stage's updates (``collective_rpc`` + vLLM's in-place
 ``reload_weights``), compared with the cold run of the same config (a fresh engine per generate job).
 

@@ -1,4 +1,4 @@
-"""The bad-input corpus (issue 47): every refusal of docs/reliability.md's "Refusals" table and every bad input a
+"""The bad-input corpus: every refusal of docs/reliability.md's "Refusals" table and every bad input a
 hostile but fair user tried, replayed through the real ``mugrpo`` command line, one row per case.
 
 For each case: the exit code, one block (no ``Traceback``, one ``Error:``), the file, row or key the block names,

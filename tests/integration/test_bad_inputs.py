@@ -1,4 +1,4 @@
-"""Bad inputs (issue 17): each one gets a clear error naming the file, row or field, or follows a stated policy
+"""Bad inputs: each one gets a clear error naming the file, row or field, or follows a stated policy
 (the "Bad inputs" table in docs/reliability.md names the test of each row). Real files, a real tokenizer, real
 reward worker processes, real job subprocesses; nothing is mocked.
 

@@ -1,6 +1,6 @@
 """Every entry point a user types answers ``--help`` with its usage, and a usage error exits 2 with the usage.
 
-Found by a new user (issue 17): ``python -m mugrpo`` had no ``__main__`` and ``python -m mugrpo.jobs.generate --help``
+Found by a new user: ``python -m mugrpo`` had no ``__main__`` and ``python -m mugrpo.jobs.generate --help``
 answered "job spec --help does not exist". Each case runs the real interpreter on the real module.
 """
 

@@ -1,4 +1,4 @@
-"""Fan-out of a stage's generation and evaluation over N worker jobs (issue 19, mugrpo.jobs.fanout).
+"""Fan-out of a stage's generation and evaluation over N worker jobs (mugrpo.jobs.fanout).
 
 Real generate/eval job processes (``python -m mugrpo.jobs.generate SPEC``) on the tiny test model with the real
 SmolLM2 tokenizer and real Parquet: N = 1 and N = 2 workers give identical rollouts, the stage's generate manifest

@@ -1,4 +1,4 @@
-"""A preempted generation job commits the shards that are complete and never a partial one (issue 61): SIGTERM while
+"""A preempted generation job commits the shards that are complete and never a partial one: SIGTERM while
 shard 1 is being committed (the background commit paused before its rename, ``MUGRPO_FAULT_PAUSE``) and shard 2 is
 being sampled: the job exits 75 once shard 1 is committed, shard 2 is not written, and a re-run samples only what is
 missing, giving the rollouts of an uninterrupted run (per-shard seeds). Tiny policy on CPU, real job processes."""

@@ -1,4 +1,4 @@
-"""Preemption on Kubernetes (issue 61): an evicted job pod against the fake Kubernetes API (tests/_fake_k8s.py).
+"""Preemption on Kubernetes: an evicted job pod against the fake Kubernetes API (tests/_fake_k8s.py).
 
 No cluster exists here. The fake plays the Eviction API and the Job controller: an evicted pod gets the condition
 ``DisruptionTarget``, its container its SIGTERM, and, the Job's ``podFailurePolicy`` ignoring the failure of such a

@@ -299,7 +299,7 @@ def test_rbac_grants_exactly_the_verbs_the_launcher_uses(k8s):
     assert used_permissions(fake) == rbac_grants()
 
 
-# ------------------------------------------------------------------------------------ multi-node training (issue 19)
+# ------------------------------------------------------------------------------------ multi-node training
 def test_a_multi_node_train_job_gets_its_rendezvous_service_and_both_pods_are_followed(k8s):
     """settings.nodes = {train: 2}: one Indexed Job of 2 pods, then a headless Service owned by it; the launcher
     follows the logs of both pods. (A fake API: no cluster here, so nothing resolves the pods' DNS names.)"""

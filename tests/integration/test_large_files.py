@@ -1,4 +1,4 @@
-"""Large files with bounded memory (issue 17): a 256 MiB file is written to the store, read back and re-hashed with
+"""Large files with bounded memory: a 256 MiB file is written to the store, read back and re-hashed with
 peak RSS growth under 100 MiB, on the local store and on S3 (moto server; multipart: 32 parts of 8 MiB). RSS is
 measured in a separate client process (``VmHWM`` from /proc: its peak resident memory), so the moto server's own
 memory does not count. The file is 2.5x the limit: code that held the whole file, or kept its parts, fails; a

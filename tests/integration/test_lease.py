@@ -1,4 +1,4 @@
-"""Two writers (issue 17): the run lease in object storage, on the local store and on S3 (moto server).
+"""Two writers: the run lease in object storage, on the local store and on S3 (moto server).
 
 A second writer is refused naming the holder; a stale lease (expired heartbeat, or a dead process on this host) is
 taken over; of writers racing for a lease exactly one wins; a superseded writer's jobs are fenced (their commits
@@ -84,7 +84,7 @@ def test_second_writer_is_refused_naming_the_holder(store):
 
 def test_a_copied_run_folder_is_refused_naming_the_folder_the_live_writer_writes(tmp_path):
     """``cp -r`` of a run folder while its writer runs copies its live lease: the copy is refused, and the refusal
-    says which folder the writer is writing and how to run the copy (issue 61)."""
+    says which folder the writer is writing and how to run the copy."""
     import shutil
 
     original = Store(str(tmp_path / "runs"))

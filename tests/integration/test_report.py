@@ -86,7 +86,7 @@ def test_report_content(tmp_path: Path):
 @pytest.mark.parametrize("component", ["reasoning_gym_exact", "math_correctness"])
 def test_the_per_stage_correctness_reads_the_tasks_exact_component(tmp_path: Path, component: str):
     """A run rewarded by reasoning-gym's exact score (the main job's reward) or math-verify: the report's correctness
-    and correct columns are the share of exactly right rollouts per stage, not None and 0 (issue 62)."""
+    and correct columns are the share of exactly right rollouts per stage, not None and 0."""
     import pyarrow.parquet as pq
 
     write_run(Store(str(tmp_path)), "r1", correctness=component)

@@ -1,4 +1,4 @@
-"""Retention of optimizer state (issue 60, ``train.keep_optimizer_state``, docs/branching.md "Retention") and the
+"""Retention of optimizer state (``train.keep_optimizer_state``, docs/branching.md "Retention") and the
 storage figures of ``mugrpo status``.
 
 Real files, built fast: a run started with ``init_run`` (run.json with its input fingerprints, the tiny initial

@@ -1,4 +1,4 @@
-"""Reads that are not verified still name what is wrong (issue 60): a committed rollouts shard replaced by a valid
+"""Reads that are not verified still name what is wrong: a committed rollouts shard replaced by a valid
 Parquet file of another schema (the same rows, `reward` cast to a string, `advantage` dropped, a `bogus` column
 added) makes `mugrpo report` and `mugrpo sql` over its run refuse it, naming the file and what differs; over a root
 the file is skipped with a warning and the rest is served; `mugrpo status` calls the run not healthy.

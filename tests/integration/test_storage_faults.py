@@ -1,4 +1,4 @@
-"""Object storage faults (issue 17): the real S3 API (moto server) behind a fault-injecting proxy (tests/_faults.py).
+"""Object storage faults: the real S3 API (moto server) behind a fault-injecting proxy (tests/_faults.py).
 
 500, 503, SlowDown, connection resets and latency are retried by botocore within the run's retry budget
 (``run.storage_retry``); past the budget the error names the object and the cause; a failed upload (single PUT or

@@ -1,4 +1,4 @@
-"""Preemption that loses at most the update in flight (issue 61): SIGTERM to the train job at update u of a stage,
+"""Preemption that loses at most the update in flight: SIGTERM to the train job at update u of a stage,
 then a re-run, gives the uninterrupted run's final weights bitwise (CPU), with no update redone beyond the one in
 flight; a grace too short for a checkpoint falls back to the last one and says so.
 

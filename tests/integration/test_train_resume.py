@@ -1,9 +1,9 @@
-"""Acceptance (issue 4): SIGKILL the training job mid-run, re-run it, and get final weights bitwise equal to an
+"""Acceptance: SIGKILL the training job mid-run, re-run it, and get final weights bitwise equal to an
 uninterrupted run with the same seed, with exactly one train_steps row per update. Tiny policy on CPU, real
 subprocesses, real files. Marked slow (three real job processes, ~25 s on an idle 2-core machine): `make test`
 runs it, the quick `-m "not slow"` selection skips it.
 
-Weights written once (issue 29): the stage's final checkpoint shares the published policy's weight file (it holds
+Weights written once: the stage's final checkpoint shares the published policy's weight file (it holds
 a reference, no copy); the resumed run's policy and final AdamW state equal the uninterrupted run's, also when the
 kill falls between the policy's commit and the final checkpoint's."""
 
@@ -65,7 +65,7 @@ def _wait(proc: subprocess.Popen, tmp: Path, name: str) -> None:
 def test_sigkill_mid_run_then_resume_is_bitwise_equal(
     tiny_model_dir, tmp_path, mixed_precision, checkpoint_dtype, lora
 ):
-    """fp32, bf16 autocast over fp32 master weights (issue 11), checkpoints holding bf16 weights and AdamW moments
+    """fp32, bf16 autocast over fp32 master weights, checkpoints holding bf16 weights and AdamW moments
     (train.checkpoint_dtype: the live state is rounded to them at each checkpoint), and LoRA adapters (train.lora:
     only the adapters and their moments are checkpointed and published): all resume bitwise on CPU."""
     layout = RunLayout(RUN)

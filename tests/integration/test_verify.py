@@ -1,4 +1,4 @@
-"""Corruption and verification (issue 17): flipped bytes in a rollout shard, a checkpoint (weights and optimizer
+"""Corruption and verification: flipped bytes in a rollout shard, a checkpoint (weights and optimizer
 state) and a manifest are found by `mugrpo verify` (per stage intact / corrupted / missing, exit code), refused by
 the consuming job (exit 2, the file named) and by a resume (the file named and how to recover).
 

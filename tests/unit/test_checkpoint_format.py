@@ -1,4 +1,4 @@
-"""Checkpoint formats (issue 29, weights written once): a checkpoint that references the published policy's files
+"""Checkpoint formats (weights written once): a checkpoint that references the published policy's files
 instead of holding a copy reads back the policy's weights, verified against the reference; a checkpoint of format 1
 (every checkpoint with its own ``model/``, as written before) still restores; a reference that no longer matches
 the policy is refused naming the file. Real files: the tiny policy, a local store."""

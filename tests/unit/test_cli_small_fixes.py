@@ -1,4 +1,4 @@
-"""Small things a user meets (issue 30): `mugrpo sql NAME` with a bare relative run folder, `mugrpo verify` on a
+"""Small things a user meets: `mugrpo sql NAME` with a bare relative run folder, `mugrpo verify` on a
 completed run saying what its final row holds, and stage manifests that name the code version that wrote them.
 Real command line (typer's runner), real run folders."""
 

@@ -10,7 +10,7 @@ import pytest
 
 from mugrpo.data.datasets import DatasetConfig, DatasetError, load_problems, prompt_id_for
 
-#: prompt_id_for("What is 2+2?", "4"), pinned when the id was defined (issue 2): it must never change.
+#: prompt_id_for("What is 2+2?", "4"), pinned when the id was defined: it must never change.
 PINNED_PROMPT_ID = "0aac1a47b77bf866"
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"

@@ -1,4 +1,4 @@
-"""``run_eval`` directly (issue 17): k > 1 samples per problem with avg@k and pass@k in the job manifest,
+"""``run_eval`` directly: k > 1 samples per problem with avg@k and pass@k in the job manifest,
 per-benchmark resume after a job killed between two benchmarks, and a no-op re-run of a committed job.
 Tiny random policy with the real SmolLM2 tokenizer, real GSM8K rows, the real verifier pool."""
 

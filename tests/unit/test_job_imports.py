@@ -1,9 +1,10 @@
 """Job entry modules stay light to import: heavy modules a job does not need before its first useful work are
 imported on use (the job-start profile in docs/benchmarks.md, "Job start").
 
-- ``mugrpo.jobs.generate``: the verifier pool's workers are spawned, and a spawned worker re-imports the job's
-  main module (``__mp_main__``), so anything this module imports at its top is imported again by every verifier
-  worker before it can score. It must import neither torch nor transformers nor the generation library.
+- ``mugrpo.jobs.generate``, ``mugrpo.jobs.eval`` and ``mugrpo.jobs.segment`` (the jobs that run a verifier pool):
+  a pool worker, spawned or forked from the pool's forkserver, re-imports the job's main module (``__mp_main__``),
+  so anything such a module imports at its top is imported again by every verifier worker before it can score. They
+  must import neither torch nor transformers nor the libraries of generation, evaluation or the warm segment.
 - ``mugrpo.jobs.train``: torch.distributed.checkpoint's ``state_dict`` module is needed for a checkpoint, a publish,
   a resume or carried AdamW moments, not to start; it must not come with the job's imports. (The package
   ``torch.distributed.checkpoint`` itself, DTensor and transformers' masking utilities are imported by
@@ -26,6 +27,8 @@ import pytest
 #: job module -> modules that must not be in sys.modules once it is imported
 NOT_IMPORTED = {
     "mugrpo.jobs.generate": ("torch", "transformers", "mugrpo.generation", "sympy"),
+    "mugrpo.jobs.eval": ("torch", "transformers", "mugrpo.evaluation.worker", "sympy"),
+    "mugrpo.jobs.segment": ("torch", "transformers", "mugrpo.execution.warm", "mugrpo.generation", "sympy"),
     "mugrpo.jobs.train": ("torch.distributed.checkpoint.state_dict",),
 }
 
@@ -44,7 +47,12 @@ def loaded_after_import(module: str, candidates: tuple[str, ...], then: str = "p
 @pytest.mark.parametrize(
     "module",
     # The train job's module imports torch and transformers (about 3-4 s on a quiet machine): slow tier.
-    ["mugrpo.jobs.generate", pytest.param("mugrpo.jobs.train", marks=pytest.mark.slow)],
+    [
+        "mugrpo.jobs.generate",
+        "mugrpo.jobs.eval",
+        "mugrpo.jobs.segment",
+        pytest.param("mugrpo.jobs.train", marks=pytest.mark.slow),
+    ],
 )
 def test_job_module_does_not_import_what_it_needs_only_later(module):
     assert loaded_after_import(module, NOT_IMPORTED[module]) == []

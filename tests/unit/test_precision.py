@@ -1,4 +1,4 @@
-"""bf16 mixed precision (issue 11): fp32 log-probs and loss under autocast, fp32 master weights and AdamW moments,
+"""bf16 mixed precision: fp32 log-probs and loss under autocast, fp32 master weights and AdamW moments,
 a bf16 tiny-model run end to end (generate, train, eval) with the update-1 ratio at 1, and the ratio statistics.
 
 Training jobs with bf16 run in their own process: accelerate's AcceleratorState is a per-process singleton whose

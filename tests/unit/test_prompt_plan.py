@@ -1,4 +1,4 @@
-"""Prompt plans (issue 30): a stage's prompts are recorded once and followed by every resume, whatever the training
+"""Prompt plans: a stage's prompts are recorded once and followed by every resume, whatever the training
 file's order now; a new plan that would schedule a prompt twice in one epoch, or that is drawn from a training set
 that changed since the run started, is refused; rollouts outside the plan are refused at the generation commit.
 
@@ -188,7 +188,7 @@ def test_the_generation_job_writes_and_follows_the_plan(tmp_path, train, tiny_mo
 
 
 def test_an_edit_that_keeps_size_and_mtime_is_refused_at_the_next_plan(tmp_path, train):
-    """Issues 42 and 47: a same-size edit with its mtime set back is refused by the next stage's plan (the file is
+    """A same-size edit with its mtime set back is refused by the next stage's plan (the file is
     re-read in full against run.json's sha256), naming the training set and both sha256. Nothing is written."""
     import os
 
@@ -220,7 +220,7 @@ def test_an_edit_that_keeps_size_and_mtime_is_refused_at_the_next_plan(tmp_path,
 
 
 def test_the_first_plan_checks_the_problems_it_read_against_the_record_at_the_start(tmp_path, train):
-    """Issue 47: run.json exists, no plan yet, two lines of the training file swapped (same size) and its mtime set
+    """Run.json exists, no plan yet, two lines of the training file swapped (same size) and its mtime set
     back. Stage 0's plan, the first, is refused: the bytes and the problems it read are not those recorded."""
     import os
 

@@ -1,4 +1,4 @@
-"""Resume cannot silently change what a run trains on (issue 30): run.json fingerprints every input a run reads
+"""Resume cannot silently change what a run trains on: run.json fingerprints every input a run reads
 (training set, eval sets, the initial policy's weights and tokenizer); a resume with a changed or missing input,
 or a changed semantic config key, is refused before anything is written, in one block printed once with exit
 code 2; operational changes are accepted and recorded in run.json's history.
@@ -101,7 +101,7 @@ def test_a_new_run_records_every_input(inputs):
 
 
 def test_size_and_mtime_never_decide_that_a_file_is_unchanged(tmp_path):
-    """Issue 47: a same-size edit with its mtime set back is caught: every check reads every byte."""
+    """A same-size edit with its mtime set back is caught: every check reads every byte."""
     f = tmp_path / "a.jsonl"
     f.write_text('{"question": "1+1?", "answer": "#### 2"}\n')
     first = stamp_file(str(f))

@@ -1,4 +1,4 @@
-"""Fidelity of the correctness reward: the seven fault kinds of issue 10 in both directions (the right answer
+"""Fidelity of the correctness reward: the seven fault kinds in both directions (the right answer
 scores 1, a near miss scores 0), and a table of our own cases across answer formats.
 
 Every case goes through the product path: the gold through :func:`mugrpo.data.answers.extract_gold` (as the dataset
@@ -343,7 +343,7 @@ def test_table(gold, response, expected):
     assert score(gold, response) == float(expected)
 
 
-# --- issue 25: three false-negative kinds, both directions ----------------------------------------------------------
+# --- three false-negative kinds, both directions ----------------------------------------------------------
 
 
 @pytest.mark.parametrize(

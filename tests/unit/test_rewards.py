@@ -175,7 +175,7 @@ def test_timeout_error_and_crash_never_stop_the_scorer() -> None:
 
 
 def test_a_worker_killed_from_outside_does_not_change_the_reward(tmp_path, monkeypatch) -> None:
-    """Regression (chaos harness, issue 17): SIGKILL of a verifier worker mid-item used to commit reward 0 with
+    """Regression (chaos harness): SIGKILL of a verifier worker mid-item used to commit reward 0 with
     status "error: WorkerDied" for that rollout, so a run whose verifier was killed trained on other rewards than
     an uninterrupted one. The item is now run again on a fresh worker and gets its real reward."""
     import signal

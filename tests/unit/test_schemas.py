@@ -258,7 +258,7 @@ def test_train_steps_version_3_reads_with_a_null_health_panel_in_python_sql_and_
 
 
 def test_map_columns_are_written_in_one_key_order():
-    """Issue 42: a config read back from run.json lists reward components in another order than its YAML, so a
+    """A config read back from run.json lists reward components in another order than its YAML, so a
     resumed run built its reward_components maps in another key order. Maps are written sorted by key: the rows of a
     resumed run equal an uninterrupted run's, byte for byte."""
     import io

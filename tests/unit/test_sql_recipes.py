@@ -1,4 +1,4 @@
-"""Every recipe of docs/sql.md runs against runs whose stages were written by two schema versions (issue 30): stage
+"""Every recipe of docs/sql.md runs against runs whose stages were written by two schema versions: stage
 0's rollouts and train steps in the oldest versions kept in ``schemas.OLDER_SCHEMAS``, stage 1's in the current
 ones, as a run started by an older mugrpo and resumed by this one holds. The recipes are read from the page itself
 (so what a user copies is what runs): the `mugrpo sql` command lines, the Python API block, every SQL query, the

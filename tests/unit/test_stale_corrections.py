@@ -1,4 +1,4 @@
-"""The stale-data corrections (issue 50) against independent float64 references written from their equations:
+"""The stale-data corrections against independent float64 references written from their equations:
 the loss value, its gradient with respect to the policy log-probs and the correction metrics (masked / clipped
 fraction, ESS), each to 1e-6. The references are plain Python loops over tokens, never the library's helpers."""
 

@@ -1,4 +1,4 @@
-"""The training job's refusal paths (issue 17): bad rollout rows, an uncommitted generation job and a checkpoint
+"""The training job's refusal paths: bad rollout rows, an uncommitted generation job and a checkpoint
 made for other rollouts each stop the job with exit code 2 (a refusal, not retried) and a message naming the file
 and the rollout, before any update, checkpoint or policy is written. Real committed files, the real job entry
 point (``mugrpo.jobs.train.main``) on a tiny random policy."""

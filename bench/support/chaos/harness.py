@@ -777,7 +777,7 @@ def _saved(records: list[str]) -> str:
     return f"; {'; '.join(records)}" if records else ""
 
 
-#: Processes that handle a preemption notice (issue 61: :mod:`mugrpo.common.preemption`): on SIGTERM they save what
+#: Processes that handle a preemption notice (:mod:`mugrpo.common.preemption`): on SIGTERM they save what
 #: fits in their grace and exit 75 (0 when their work ended first). The segment job (warm execution) does not yet: its
 #: SIGTERM ends it at once, as a SIGKILL does, and its eviction is reported, not held against it.
 NOTICE_ROLES = ("generate", "train", "eval")
