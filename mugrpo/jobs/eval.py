@@ -20,9 +20,8 @@ lease, 75 preempted (SIGTERM).
 
 from __future__ import annotations
 
-from mugrpo.common.preemption import PreemptionInterrupt
+from mugrpo.common.preemption import PreemptionInterrupt, PreemptionNotice
 from mugrpo.coordination.start_gate import StartGate
-from mugrpo.evaluation.worker import EvalSpec, run_eval
 from mugrpo.jobs.common import (
     PROCESS_START,
     install_notice,
@@ -36,10 +35,22 @@ from mugrpo.jobs.common import (
 
 def main(argv: list[str] | None = None) -> None:
     """CLI entry point: ``python -m mugrpo.jobs.eval SPEC``."""
-    spec = load_spec(spec_argument(argv, "mugrpo.jobs.eval", EvalSpec, __doc__), EvalSpec)
-    prepare_process()
-    notice = install_notice(f"eval stage {spec.stage}")
+    notice = install_notice("eval")  # first of all: a SIGTERM from the job's first moment gets its preemption line
     try:
+        _evaluate(argv, notice)
+    except PreemptionInterrupt:
+        preempted(f"eval: stopped by {notice.signal_name} while it started; nothing evaluated yet", notice)
+
+
+def _evaluate(argv: list[str] | None, notice: PreemptionNotice) -> None:
+    # Imported here, not at the top: the verifier pool's workers re-import the job's main module (``__mp_main__``),
+    # and at the top this import made each of them import torch and transformers (1.2 s of CPU per worker) before
+    # it could score; tests/unit/test_job_imports.py keeps the module light.
+    from mugrpo.evaluation.worker import EvalSpec, run_eval
+
+    spec = load_spec(spec_argument(argv, "mugrpo.jobs.eval", EvalSpec, __doc__), EvalSpec)
+    try:
+        prepare_process()
         with refuse_untrusted("eval", spec.stage):
             run_eval(spec, origin=PROCESS_START, gate=StartGate(spec))
     except PreemptionInterrupt:

@@ -16,13 +16,8 @@ Exit codes: 0 done, 1 generation failed, 2 bad spec or bad rollouts, 3 NaN/inf l
 
 from __future__ import annotations
 
-from transformers.utils import logging as hf_logging
-
-from mugrpo.commits.tables import SchemaError
 from mugrpo.common.exit_codes import exit_code_of
-from mugrpo.common.preemption import PreemptionInterrupt
-from mugrpo.execution.warm import SegmentSpec, run_segment
-from mugrpo.generation import GenerationError
+from mugrpo.common.preemption import PreemptionInterrupt, PreemptionNotice
 from mugrpo.jobs.common import (
     PROCESS_START,
     fail,
@@ -33,17 +28,35 @@ from mugrpo.jobs.common import (
     refuse_untrusted,
     spec_argument,
 )
-from mugrpo.trainer.data import RolloutDataError
-from mugrpo.trainer.step import NonFiniteError
 
 
 def main(argv: list[str] | None = None) -> None:
     """CLI entry point: ``python -m mugrpo.jobs.segment SPEC``."""
-    spec = load_spec(spec_argument(argv, "mugrpo.jobs.segment", SegmentSpec, __doc__), SegmentSpec)
-    prepare_process()
-    hf_logging.disable_progress_bar()  # in a terminal too: the jobs draw their own progress bars
-    notice = install_notice(f"segment from stage {spec.stage}")
+    # First of all: from the job's first moment a SIGTERM gets its preemption line and exit 75 (the fork server's
+    # child starts with SIGTERM's default action, which ends a process with no word).
+    notice = install_notice("segment")
     try:
+        _segment(argv, notice)
+    except PreemptionInterrupt:
+        preempted(f"segment: stopped by {notice.signal_name} while it started; nothing committed yet", notice)
+
+
+def _segment(argv: list[str] | None, notice: PreemptionNotice) -> None:
+    # Imported here, not at the top: the verifier pools' workers re-import the job's main module (``__mp_main__``),
+    # and at the top these imports made each of them import torch and transformers before it could score
+    # (tests/unit/test_job_imports.py keeps the module light).
+    from transformers.utils import logging as hf_logging
+
+    from mugrpo.commits.tables import SchemaError
+    from mugrpo.execution.warm import SegmentSpec, run_segment
+    from mugrpo.generation import GenerationError
+    from mugrpo.trainer.data import RolloutDataError
+    from mugrpo.trainer.step import NonFiniteError
+
+    spec = load_spec(spec_argument(argv, "mugrpo.jobs.segment", SegmentSpec, __doc__), SegmentSpec)
+    try:
+        prepare_process()
+        hf_logging.disable_progress_bar()  # in a terminal too: the jobs draw their own progress bars
         with refuse_untrusted("segment", spec.stage):
             run_segment(spec, origin=PROCESS_START)
     except PreemptionInterrupt:
