@@ -8,7 +8,8 @@ What is checked, per stage k (and "final", the evaluation of the final policy at
   ``_COMPLETE`` marker lists must exist with the marker's sha256;
 - the published policy files a checkpoint references instead of holding its own weights (``policy.ref.json``,
   :class:`mugrpo.commits.policies.PolicyRef`): each must exist with the reference's sha256. A corrupted shared weight
-  file is thus reported from both sides: under the policy's stage and under the checkpoint's.
+  file is thus reported from both sides: under the policy's stage and under the checkpoint's. One check reads it
+  once: the stages of a :func:`verify_run` share what they read, and judge it against each one's sha256.
 
 Files are streamed and hashed on the fly (:meth:`mugrpo.storage.store.Store.hash_file`). A manifest that no longer
 parses counts as corrupted. Limitation: a manifest is not hashed by anything above it, so a change that keeps it valid
@@ -58,7 +59,7 @@ class StageCheck:
     intact: list[str] = field(default_factory=list)
     corrupted: dict[str, str] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
-    bytes: int = 0  # bytes of the files checked, hashed or not
+    bytes: int = 0  # bytes of the files checked, hashed or not (a file an earlier stage of the check read: there)
     hashed_bytes: int = 0  # bytes read and hashed
     trusted: int = 0  # files the store vouched for without a read (quick mode)
 
@@ -87,7 +88,8 @@ class VerifyReport:
 
     @property
     def total_files(self) -> int:
-        return sum(s.files for s in self.stages)
+        """Files checked, each once (a file two stages reach is listed under both)."""
+        return len({p for s in self.stages for p in (*s.intact, *s.corrupted, *s.missing)})
 
     @property
     def total_bytes(self) -> int:
@@ -143,6 +145,10 @@ class _Mode:
     quick: bool = False
     hashed_folders: tuple[str, ...] = ()
     markers: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: run-relative path -> (sha256, bytes) of each file read so far, None if it was missing: shared by the stages of
+    #: one :func:`verify_run`, so a file two stages reach (a policy: its own stage's, and the checkpoint before it
+    #: references it) is read once and judged against each reference's sha256.
+    reads: dict[str, tuple[str, int] | None] = field(default_factory=dict)
 
     def hashes(self, run_rel: str) -> bool:
         return not self.quick or any(run_rel.startswith(f"{d}/") for d in self.hashed_folders)
@@ -188,13 +194,20 @@ def _check_file(
             else:
                 out.corrupted[run_rel] = verdict
             return
-    try:
-        actual, size = store.hash_file(rel)
-    except FileNotFoundError:
+    reads = mode.reads if mode is not None else {}
+    first_read = run_rel not in reads
+    if first_read:
+        try:
+            reads[run_rel] = store.hash_file(rel)
+        except FileNotFoundError:
+            reads[run_rel] = None
+    if reads[run_rel] is None:
         out.missing.append(run_rel if via is None else f"{run_rel} (referenced by {via})")
         return
-    out.bytes += size
-    out.hashed_bytes += size
+    actual, size = reads[run_rel]
+    if first_read:  # bytes read: counted where the file was read
+        out.bytes += size
+        out.hashed_bytes += size
     if actual == sha256:
         out.intact.append(run_rel)
     else:
@@ -275,12 +288,15 @@ def verify_stage(
     *,
     quick: bool = False,
     hash_checkpoints: bool = False,
+    reads: dict[str, tuple[str, int] | None] | None = None,
 ) -> StageCheck:
     """Check stage ``stage`` of ``run_id`` (see the module docstring); ``layout``: the run's, when it is a fork (its
     parent's folders below the fork stage are checked as the fork's, shown as ``../PARENT/...``). ``quick``: check
-    files by the store's word (module docstring), except the checkpoints with ``hash_checkpoints``."""
+    files by the store's word (module docstring), except the checkpoints with ``hash_checkpoints``. ``reads``: the
+    files earlier stages of the same check read (``_Mode.reads``), updated; None: this stage alone."""
     layout = layout or RunLayout(run_id)
-    mode = _Mode(quick, (layout.rel(layout.checkpoints_dir(stage)),) if hash_checkpoints else ())
+    folders = (layout.rel(layout.checkpoints_dir(stage)),) if hash_checkpoints else ()
+    mode = _Mode(quick, folders, reads=reads if reads is not None else {})
     out = StageCheck(stage=stage, label=label or str(stage))
     _check_manifest(store, layout, layout.stage_manifest(stage), StageManifest, out, mode)
     for job in JOBS:
@@ -307,13 +323,15 @@ def verify_run(
     word (module docstring)."""
     layout = layout or RunLayout(run_id)
     first = open_stage(store, layout, num_stages)
+    reads: dict[str, tuple[str, int] | None] = {}  # each file is read once, whichever stages reach it
 
     def check(k: int, label: str | None = None) -> StageCheck:
         if not quick or k == first:
-            return verify_stage(store, run_id, k, label, layout)
+            return verify_stage(store, run_id, k, label, layout, reads=reads)
         return verify_stage(
-            store, run_id, k, label, layout, quick=True, hash_checkpoints=k == first - 1 and first < num_stages
-        )
+            store, run_id, k, label, layout, quick=True, hash_checkpoints=k == first - 1 and first < num_stages,
+            reads=reads,
+        )  # fmt: skip
 
     stages = [check(k) for k in range(num_stages)]
     final = check(num_stages, "final")  # stage K has no stage manifest, only these:

@@ -77,7 +77,7 @@ def test_intact_run_verifies_every_committed_file(run_copy):
     assert "policies/stage=1/model.safetensors" in names  # checked through the train manifest and the reference
     assert "policies/stage=0/model.safetensors" in names
     assert report.stages[1].label == "final" and "policies/stage=1/model.safetensors" in report.stages[1].intact
-    assert report.total_bytes == sum((run / n).stat().st_size for s in report.stages for n in s.intact)
+    assert report.total_bytes == sum((run / n).stat().st_size for n in {n for s in report.stages for n in s.intact})
 
 
 @pytest.mark.parametrize(
@@ -112,6 +112,22 @@ def test_a_corrupted_shared_weight_file_is_reported_from_the_policy_and_the_chec
     assert list(report.stages[0].corrupted) == [SHARED]  # the checkpoint's stage (its train manifest lists it too)
     with pytest.raises(CorruptedRunError, match=rf"stage 0: corrupted .*{SHARED}"):
         refuse_corrupted(store, RUN, 1)
+
+
+def test_a_file_two_stages_reach_is_read_once(run_copy, monkeypatch):
+    """The published policy is reached from stage 0 (its train manifest, its final checkpoint's reference) and from
+    "final" (the policy's own marker): one check lists it under both, reads it once and counts its bytes once."""
+    store, run = run_copy
+    reads = []
+    hash_file = Store.hash_file
+    monkeypatch.setattr(Store, "hash_file", lambda self, rel: reads.append(rel) or hash_file(self, rel))
+    report = verify_run(store, RUN, num_stages=1)
+    assert report.ok
+    assert SHARED in report.stages[0].intact and SHARED in report.stages[1].intact
+    assert sum(r.endswith(SHARED) for r in reads) == 1 and len(reads) == len(set(reads))
+    files = {n for s in report.stages for n in s.intact}
+    assert report.total_files == len(files) < sum(s.files for s in report.stages)
+    assert report.total_bytes == sum((run / n).stat().st_size for n in files)
 
 
 def test_the_checkpoint_alone_detects_a_corrupted_shared_weight_file(run_copy):
