@@ -164,14 +164,19 @@ class GenerationWorker(VerifierPoolOwner):
             self.start_verifier_pool(spec.reward)
             reuse = spec.reuse_rollouts_of is not None  # a fork re-scoring its parent's responses (docs/branching.md)
             own_engine = self._engine is None or reuse
-            if self.progress is not None:
-                self.progress.set_phase(f"loading the policy ({spec.engine}, {spec.dtype})")
             if reuse:
+                said = f"re-scoring the stored responses of {spec.reuse_rollouts_of} (no sampling)"
+                console.print(f"generate stage {spec.stage}: {said}")
+                if self.progress is not None:
+                    self.progress.set_phase(said)
                 engine = StoredResponses(store, spec.reuse_rollouts_of, spec.stage)
-            elif own_engine:
-                engine = make_engine(spec.engine, policy, dtype=spec.dtype, seed=spec.seed, **spec.engine_kwargs)
             else:
-                engine = self._engine
+                if self.progress is not None:
+                    self.progress.set_phase(f"loading the policy ({spec.engine}, {spec.dtype})")
+                if own_engine:
+                    engine = make_engine(spec.engine, policy, dtype=spec.dtype, seed=spec.seed, **spec.engine_kwargs)
+                else:
+                    engine = self._engine
             try:
                 scorer = self.verifier_pool(spec.reward)
                 t_switch = time.monotonic() - origin  # (process start, imports,) engine start and weight load

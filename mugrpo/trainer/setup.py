@@ -148,10 +148,9 @@ def load_stage_data(spec: TrainSpec, accelerator: Accelerator) -> RolloutSet:
         row_inputs=row_inputs(spec.loss),
     )
     if accelerator.is_main_process:
-        console.print(
-            f"train stage {spec.stage}: rollouts {data.counts}; {accelerator.num_processes} process(es) "
-            f"({accelerator.distributed_type.value}) on {accelerator.device}"
-        )
+        n = accelerator.num_processes
+        how = "not distributed" if n == 1 else f"{n} processes, {accelerator.distributed_type.value}"
+        console.print(f"train stage {spec.stage}: rollouts {data.counts}; {how}, on {accelerator.device}")
     return data
 
 

@@ -152,6 +152,11 @@ def test_reuse_with_another_reward_rescored_as_a_fresh_scoring(parent_root, tmp_
     assert [c.key for c in plan.changes] == ["reward.components"]
     assert not plan.eval_inherited  # the reward scores the evaluation too
     run_stages(cfg, tmp_path / "strict.log", first=K)
+    # the generate job says it re-scores, and what: no sampling
+    assert (
+        f"generate stage {K}: re-scoring the stored responses of {PARENT} (no sampling)"
+        in (tmp_path / "strict.log").read_text()
+    )
     parent_rows, rows = _rows(parent_root, PARENT, K), _rows(parent_root, "strict", K)
     assert [r["response_token_ids"] for r in rows] == [r["response_token_ids"] for r in parent_rows]
     assert [r["behavior_logprobs"] for r in rows] == [r["behavior_logprobs"] for r in parent_rows]

@@ -64,7 +64,7 @@ def test_two_nodes_of_one_process_give_the_policy_of_one_process(tiny_model_dir,
     outs = [n.communicate(timeout=600)[0] for n in nodes]
     for rank, (n, out) in enumerate(zip(nodes, outs, strict=True)):
         assert n.returncode == 0, f"node {rank}:\n{out[-3000:]}"
-    assert "2 process(es) (MULTI_CPU)" in outs[0]
+    assert "2 processes, MULTI_CPU, on cpu" in outs[0]
 
     layout = RunLayout(RUN)
     w0 = policy_weights(Store(str(tmp_path / "one")), layout.policy_dir(0))

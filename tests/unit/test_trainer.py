@@ -223,7 +223,7 @@ def test_two_data_parallel_processes_give_the_update_of_one(tiny_model_dir, tmp_
         store = Store(str(tmp_path / name))
         weights[name] = policy_weights(store, RunLayout(RUN).policy_dir(1))
         steps[name] = pq.read_table(store.local_path(RunLayout(RUN).train_steps_dir(0))).sort_by("stage_update")
-    assert "1 process(es) (NO)" in out["one"] and "2 process(es) (MULTI_CPU)" in out["two"]
+    assert "not distributed, on cpu" in out["one"] and "2 processes, MULTI_CPU, on cpu" in out["two"]
     one, two = steps["one"].to_pydict(), steps["two"].to_pydict()
     assert one["stage_update"] == two["stage_update"] == [1, 2, 3, 4]  # rank 0 alone writes the table
     assert two["num_sequences"] == [8] * 4  # metrics are reduced over both ranks
