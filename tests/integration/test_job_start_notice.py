@@ -34,11 +34,15 @@ def test_a_sigterm_before_the_spec_is_read_gives_the_preemption_line_and_exit_75
     os.mkfifo(spec)  # opening it for reading blocks until a writer comes: none does
     log = tmp_path / f"{job}.log"
     proc = start_job(job, spec, log, env=job_env(**{GRACE_ENV: "20"}))
-    deadline = time.monotonic() + 120  # the train job imports torch and transformers first
-    while not catches(proc.pid, signal.SIGTERM):
-        assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
-        assert time.monotonic() < deadline, f"{job} never installed its SIGTERM handler"
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == PREEMPTED_EXIT_CODE, log.read_text(errors="replace")[-3000:]
+    try:
+        deadline = time.monotonic() + 120  # the train job imports torch and transformers first
+        while not catches(proc.pid, signal.SIGTERM):
+            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, f"{job} never installed its SIGTERM handler"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == PREEMPTED_EXIT_CODE, log.read_text(errors="replace")[-3000:]
+    finally:  # a job that failed the check still waits on the pipe: never leave it behind
+        proc.kill()
+        proc.wait()
     assert f"preempted: {job}: stopped by SIGTERM" in log.read_text(errors="replace")
