@@ -25,32 +25,35 @@ $(STAMP): pyproject.toml
 # Test tiers (README, "Tests"; tests/conftest.py): tests/unit, tests/integration, tests/e2e. `make test` is what a
 # newcomer runs to trust the install: lint, the unit tier and one tiny `mugrpo run` (the smoke test), i.e. every test
 # not marked slow, on TEST_WORKERS pytest-xdist workers (0: in one process); `make test-fast` is the same without
-# lint. `make test-all` runs every tier: `make test-main` (lint, then every test but the `vllm` ones on
-# TEST_MAIN_WORKERS workers, listing the 30 slowest) and `make test-vllm` (builds or reuses the vLLM virtualenv, then
-# the `vllm` tests with MUGRPO_VLLM_PYTHON set). .ci/run calls the two halves itself, side by side (the vLLM half
-# niced, in the background). test-main hands out whole test modules (--dist loadfile: a module's fixtures, such as
-# the uninterrupted reference run its resume tests compare against, are built once) in collection order: those
-# marked `waits` first (their idle core goes to the niced vLLM half), then the heaviest tier first
-# (tests/conftest.py; --no-loadscope-reorder: xdist would otherwise hand out the modules with the most
-# tests first, the many-case unit modules, and leave the long whole-run ones for the end). Test processes get one
-# OpenMP thread (TEST_THREADS): two workers on two cores, and torch's spinning threads slow everything down when
-# oversubscribed. The vLLM tests leave it unset for the engine (its CPU worker binds its own threads; VLLMEngine's
-# docstring).
+# lint. `make test-all` runs every test once, in three selections: `make test-main` (lint, then every test but the
+# `vllm` and `waits` ones on TEST_MAIN_WORKERS workers, listing the 30 slowest), `make test-waits` (the modules that
+# mostly wait on a clock: a lease that must expire, a retry's backoff, a time limit; one process, since they leave
+# the CPU idle) and `make test-vllm` (builds or reuses the vLLM virtualenv, then the `vllm` tests with
+# MUGRPO_VLLM_PYTHON set). .ci/run runs the three side by side: test-waits and the niced vLLM half in the background.
+# test-main hands out whole test modules (--dist loadfile: a module's fixtures, such as the uninterrupted reference
+# run its resume tests compare against, are built once) in collection order, the heaviest tier first
+# (tests/conftest.py; --no-loadscope-reorder: xdist would otherwise hand out the modules with the most tests first,
+# the many-case unit modules, and leave the long whole-run ones for the end). Test processes get one OpenMP thread
+# (TEST_THREADS): two workers on two cores, and torch's spinning threads slow everything down when oversubscribed.
+# The vLLM tests leave it unset for the engine (its CPU worker binds its own threads; VLLMEngine's docstring).
 TEST_WORKERS ?= 2
 TEST_MAIN_WORKERS ?= 2
 TEST_THREADS ?= OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 VLLM_VENV ?= .venv-vllm
-.PHONY: test-all test-main test-vllm
+.PHONY: test-all test-main test-waits test-vllm
 test: lint
 	$(TEST_THREADS) $(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) $(ARGS)
 
 test-fast: $(STAMP)
 	$(TEST_THREADS) $(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) $(ARGS)
 
-test-all: test-main test-vllm
+test-all: test-main test-waits test-vllm
 
 test-main: lint
-	$(TEST_THREADS) $(PY) -m pytest -q -m "not vllm" -n $(TEST_MAIN_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 $(ARGS)
+	$(TEST_THREADS) $(PY) -m pytest -q -m "not vllm and not waits" -n $(TEST_MAIN_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 $(ARGS)
+
+test-waits: $(STAMP)
+	$(TEST_THREADS) $(PY) -m pytest -q -m "waits and not vllm" -n 0 --durations=10 $(ARGS)
 
 test-vllm: vllm-venv
 	MUGRPO_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) -m pytest -q -m vllm --durations=30 $(ARGS)

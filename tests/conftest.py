@@ -9,9 +9,10 @@ Tiers (README, "Tests"): a test's tier is the folder it sits in, set as a marker
 
 ``make test`` runs ``-m "not slow"``: the unit tier and the ``smoke`` e2e test (one tiny ``mugrpo run``); every
 integration and e2e test but the smoke one is marked ``slow`` here, as is a heavy test of the unit tier by hand.
-``make test-all`` runs everything: ``make test-main`` (every test but the ``vllm`` ones) then ``make test-vllm``
-(builds or reuses the vLLM virtualenv, then ``-m vllm`` with ``MUGRPO_VLLM_PYTHON`` set). A ``vllm`` test is
-skipped without ``MUGRPO_VLLM_PYTHON`` on a developer machine and fails under ``CI``.
+``make test-all`` runs everything, each test once: ``make test-main`` (every test but the ``vllm`` and ``waits``
+ones), ``make test-waits`` (the modules marked ``waits``, which mostly wait on a clock, in one process) and ``make
+test-vllm`` (builds or reuses the vLLM virtualenv, then ``-m vllm`` with ``MUGRPO_VLLM_PYTHON`` set). A ``vllm`` test
+is skipped without ``MUGRPO_VLLM_PYTHON`` on a developer machine and fails under ``CI``.
 
 Fixtures: policies on disk.
 
@@ -99,11 +100,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     stable sort). Serially this changes nothing but the order. On pytest-xdist workers (``make test-main``:
     ``--dist loadfile --no-loadscope-reorder``, a module per worker at a time, handed out in this order):
 
+    - the long whole-run modules start first, and the many short unit modules fill the end, so neither worker idles
+      while the other finishes a 5-minute module;
     - a ``waits`` module spends most of its wall time waiting on a clock (a lease that must expire, a retry's
-      backoff, a time limit), its core idle. First, that idle core goes to the niced vLLM half that .ci/run runs
-      beside this one in its first minutes; at the end of the run it would be lost.
-    - then the long whole-run modules start, and the many short unit modules fill the end, so neither worker idles
-      while the other finishes a 5-minute module.
+      backoff, a time limit), its core idle. ``make test-main`` leaves them to ``make test-waits``, which .ci/run
+      runs in one process beside it; a selection that holds them anyway (``make test``, a plain ``pytest -n 2``)
+      runs them first, where their idle core is not left at the end.
     """
     rank = {tier: i for i, tier in enumerate(reversed(TIERS))}  # e2e 0, integration 1, unit 2
     tiers = [_tier(item) for item in items]

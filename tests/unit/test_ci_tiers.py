@@ -1,6 +1,6 @@
-"""CI's two halves select every test exactly once: `make test-main` (-m "not vllm") and `make test-vllm` (-m vllm with
-MUGRPO_VLLM_PYTHON set), both in `make test-all` and in .ci/run, which runs the vLLM half (build, then tests) beside
-the main one."""
+"""CI's three selections take every test exactly once: `make test-main` (-m "not vllm and not waits"), `make
+test-waits` (-m "waits and not vllm") and `make test-vllm` (-m vllm with MUGRPO_VLLM_PYTHON set), both in `make
+test-all` and in .ci/run, which runs the waiting tests and the vLLM half (build, then tests) beside the main one."""
 
 from __future__ import annotations
 
@@ -22,9 +22,10 @@ def _recipe(target: str) -> tuple[str, str]:
     return match.group(1).strip(), match.group(2)
 
 
-def test_make_test_all_is_the_main_half_then_the_vllm_half():
-    assert _recipe("test-all")[0].split() == ["test-main", "test-vllm"]
-    assert '-m "not vllm"' in _recipe("test-main")[1]
+def test_make_test_all_is_the_main_half_the_waiting_tests_and_the_vllm_half():
+    assert _recipe("test-all")[0].split() == ["test-main", "test-waits", "test-vllm"]
+    assert '-m "not vllm and not waits"' in _recipe("test-main")[1]
+    assert '-m "waits and not vllm"' in _recipe("test-waits")[1]
     prereqs, recipe = _recipe("test-vllm")
     assert prereqs == "vllm-venv"
     assert "-m vllm" in recipe
@@ -37,7 +38,7 @@ def test_make_test_all_is_the_main_half_then_the_vllm_half():
 FAKE_MAKE = """#!/usr/bin/env bash
 # Stands in for make: records "start TARGET" / "end TARGET" in $CALLS, sleeps, exits as $FAIL_TARGET says.
 echo "start $1" >> "$CALLS"
-case "$1" in test-main) sleep 0.8 ;; *) sleep 0.1 ;; esac
+case "$1" in test-main) sleep 0.8 ;; test-waits) sleep 0.3 ;; *) sleep 0.1 ;; esac
 echo "end $1" >> "$CALLS"
 [ "$1" != "${FAIL_TARGET:-}" ]
 """
@@ -65,15 +66,18 @@ def test_ci_run_runs_the_vllm_tier_beside_the_main_half_and_fails_on_either(tmp_
     proc, calls = _run_ci(tmp_path)
     assert proc.returncode == 0 and "every tier passed" in proc.stdout, proc.stdout + proc.stderr
     assert calls[:2] == ["start install", "end install"]  # before either half
-    # the vLLM half (build, then its tests) runs while test-main runs
+    # the vLLM half (build, then its tests) and the waiting tests run while test-main runs
     assert calls.index("end vllm-venv") < calls.index("start test-vllm") < calls.index("end test-main")
     assert calls.index("start test-main") < calls.index("end vllm-venv")
+    assert calls.index("start test-waits") < calls.index("end test-main")
+    assert calls.index("start test-main") < calls.index("end test-waits")
     assert "end test-vllm" in calls and "vLLM tier (build or reuse, then the tests) took" in proc.stdout
-    for target in ("test-main", "vllm-venv", "test-vllm"):
+    assert "the waiting tests took" in proc.stdout
+    for target in ("test-main", "test-waits", "vllm-venv", "test-vllm"):
         proc, calls = _run_ci(tmp_path / target, fail=target)
         assert proc.returncode == 1, (target, proc.stdout)
         assert "FAILED" in proc.stderr and "every tier passed" not in proc.stdout, target
-        assert "end test-main" in calls  # one half failing never stops the other
+        assert "end test-main" in calls  # one selection failing never stops the others
         if target == "vllm-venv":
             assert "start test-vllm" not in calls  # a failed build runs no vLLM test
 
