@@ -144,9 +144,9 @@ def test_sigkill_at_six_points_then_resume_matches_uninterrupted(tmp_path, tiny_
     # (what, file condition, extra env, the jobs that must be running when it fires, what must be committed after)
     kill_points = [
         (
-            "during generation",
+            "during generation",  # shard 1's write held open: the kill lands before the job commits
             lambda: (run / "rollouts/stage=0/shard=00000.parquet").exists(),
-            {},
+            {"MUGRPO_FAULT_PAUSE": "rollouts/stage=0/shard=00001:60"},
             {("generate", 0)},
             set(),
         ),
@@ -165,9 +165,9 @@ def test_sigkill_at_six_points_then_resume_matches_uninterrupted(tmp_path, tiny_
             {"generate@0", "train@0", "stage=0"},
         ),
         (
-            "during stage-1 generation",
+            "during stage-1 generation",  # shard 1's write held open: the kill lands before the job commits
             lambda: (run / "rollouts/stage=1/shard=00000.parquet").exists(),
-            {},
+            {"MUGRPO_FAULT_PAUSE": "rollouts/stage=1/shard=00001:60"},
             {("generate", 1)},
             {"generate@0", "train@0", "stage=0"},
         ),

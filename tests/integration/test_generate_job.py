@@ -20,6 +20,7 @@ from transformers import AutoTokenizer
 
 from mugrpo.commits.manifest import read_job_manifest, verify_manifest
 from mugrpo.commits.tables import read_table
+from mugrpo.common.faults import FAULT_ENV
 from mugrpo.data.datasets import load_problems
 from mugrpo.data.prompts import encode_prompt, render_prompt
 from mugrpo.engines.base import ROLLOUT_ENGINES
@@ -47,8 +48,9 @@ def all_rollouts(root: Path, stage: int = 0) -> pa.Table:
     return pa.concat_tables(tables).sort_by([("prompt_id", "ascending"), ("sample_idx", "ascending")])
 
 
-def launch(spec: GenerateSpec, tmp: Path) -> subprocess.Popen:
-    return _tiny.start_job("generate", _tiny.write_spec(spec, tmp / f"spec-{time.monotonic_ns()}.json"))
+def launch(spec: GenerateSpec, tmp: Path, **env: str) -> subprocess.Popen:
+    spec_path = _tiny.write_spec(spec, tmp / f"spec-{time.monotonic_ns()}.json")
+    return _tiny.start_job("generate", spec_path, env=_tiny.job_env(**env))
 
 
 @pytest.mark.slow
@@ -62,7 +64,9 @@ def test_sigkill_mid_shard_then_rerun_gives_each_rollout_exactly_once(tmp_path, 
 
     root = with_policy(tmp_path / "killed", tiny_model_dir)
     spec = make_spec(root)
-    proc = launch(spec, tmp_path)
+    # shard 1's write is held open (between its temporary file and the rename) for 60 s, so the SIGKILL that
+    # follows shard 0's commit lands mid-shard for sure, however late this process gets to send it
+    proc = launch(spec, tmp_path, **{FAULT_ENV: "rollouts/stage=0/shard=00001:60"})
     first_shard = root / RunLayout("gen").rollout_shard(0, 0)
     deadline = time.monotonic() + 600
     while not first_shard.exists():
@@ -73,7 +77,7 @@ def test_sigkill_mid_shard_then_rerun_gives_each_rollout_exactly_once(tmp_path, 
     proc.wait(timeout=60)
     assert read_job_manifest(Store(str(root)), "gen", 0, "generate") is None
     written_before = sorted(p.name for p in first_shard.parent.glob("shard=*.parquet"))
-    assert len(written_before) < 3
+    assert "shard=00001.parquet" not in written_before and len(written_before) < 3
 
     proc = launch(spec, tmp_path)
     out, _ = proc.communicate(timeout=600)
