@@ -264,7 +264,11 @@ def test_sigkill_inside_the_checkpoint_overlap_then_resume_matches_the_sequentia
     held = {"MUGRPO_FAULT_PAUSE": "checkpoints/stage=0/step=000003/:120"}  # stage 0's final checkpoint, held open
     policy_1 = lambda: (run / "policies/stage=1/_COMPLETE").exists()  # noqa: E731
     ckpt_open = lambda: not (run / "checkpoints/stage=0/step=000003/_COMPLETE").exists()  # noqa: E731
-    # (what, condition, the jobs running when it fires, kill the whole tree (else the train job only), committed)
+    # stage 1's second shard, held open too where the kill must land while stage 1's generation still runs: a shard
+    # of the tiny policy takes milliseconds, less than the test's look at the running jobs
+    shard_1 = {"MUGRPO_FAULT_PAUSE": f"{held['MUGRPO_FAULT_PAUSE']};rollouts/stage=1/shard=00001:120"}
+    # (what, condition, the jobs running when it fires, kill the whole tree (else the train job only), committed,
+    # what is held open)
     kill_points = [
         (
             "as stage 1's generation starts beside the checkpoint",
@@ -272,6 +276,7 @@ def test_sigkill_inside_the_checkpoint_overlap_then_resume_matches_the_sequentia
             {("train", 0), ("generate", 1)},
             True,
             {"generate@0"},
+            held,
         ),
         (
             "after stage 1's first shard, the checkpoint still open",
@@ -279,6 +284,7 @@ def test_sigkill_inside_the_checkpoint_overlap_then_resume_matches_the_sequentia
             {("train", 0), ("generate", 1)},
             True,
             {"generate@0"},
+            shard_1,
         ),
         (
             "the train job alone, stage 1's generation committed, the checkpoint still open",
@@ -286,11 +292,12 @@ def test_sigkill_inside_the_checkpoint_overlap_then_resume_matches_the_sequentia
             {("train", 0)},
             False,
             {"generate@0", "generate@1"},
+            held,
         ),
     ]
     log = tmp_path / "killed.log"
-    for what, cond, jobs, tree, done in kill_points:
-        proc = start_run(cfg, {**env, **held}, log)
+    for what, cond, jobs, tree, done, hold in kill_points:
+        proc = start_run(cfg, {**env, **hold}, log)
         running = wait_for_kill_point(proc, cond, jobs, what, log)
         if tree:
             kill_tree(proc)
