@@ -18,6 +18,8 @@ Like a real job it imports neither mugrpo nor Prefect and reads one JSON spec; t
     fail_attempts: int  ... and exit with exit_code only on the first fail_attempts attempts, then 0
     grandchild: bool    spawn a grandchild that ignores SIGTERM and sleeps (same process group)
     ignore_term: bool   ignore SIGTERM in the job itself (only SIGKILL ends it)
+    term_file: str      on SIGTERM, write this file and exit 75 (a job that saved its work: only a SIGTERM, not a
+                        SIGKILL, leaves the file)
     pid_file: str       write {"job": pid, "grandchild": pid} here once started
     print_threads: bool print "torch threads N" (imports torch: the fork server's preload may hold it)
     print_gc: bool      print "gc frozen N collected M": the objects kept out of collections (gc.freeze) and what a
@@ -39,6 +41,13 @@ def main(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     if spec.get("ignore_term"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if spec.get("term_file"):
+
+        def saved(signum: int, frame: object) -> None:
+            Path(spec["term_file"]).write_text("SIGTERM")
+            os._exit(75)
+
+        signal.signal(signal.SIGTERM, saved)
     attempt = 1
     if spec.get("counter_file"):
         counter = Path(spec["counter_file"])

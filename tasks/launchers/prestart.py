@@ -11,8 +11,9 @@ from tasks.launchers.processes import PROCESSES
 
 
 def discard_prestarted(labels: Mapping[str, str] | None = None) -> int:
-    """SIGKILL this process's pre-started subprocess jobs not followed yet whose labels include ``labels`` (all when
-    None); returns how many (:meth:`tasks.launchers.processes.ProcessTable.discard_prestarted`)."""
+    """Stop this process's pre-started subprocess jobs not followed yet whose labels include ``labels`` (all when
+    None): SIGTERM, SIGKILL after 10 s; returns how many
+    (:meth:`tasks.launchers.processes.ProcessTable.discard_prestarted`)."""
     return PROCESSES.discard_prestarted(labels)
 
 

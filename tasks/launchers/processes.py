@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import IO
@@ -152,10 +153,17 @@ class ProcessTable:
         with self._lock:
             return self._prestarted.pop(identity, None)
 
-    def discard_prestarted(self, labels: Mapping[str, str] | None = None) -> int:
-        """SIGKILL the pre-started jobs not followed yet whose labels include ``labels`` (all when None). Returns how
-        many were stopped. A waiting job has read nothing of the run and written nothing, so stopping it loses no
-        work."""
+    def discard_prestarted(self, labels: Mapping[str, str] | None = None, grace_s: float = 10.0) -> int:
+        """Stop the pre-started jobs not followed yet whose labels include ``labels`` (all when None) as a running
+        job is stopped: SIGTERM, then SIGKILL after ``grace_s`` seconds (during a stop, at the stop's deadline for
+        the jobs). Returns how many; each is stopped on a thread of its own and stays tracked until it is gone, so a
+        stop's wait (:func:`tasks.stops.kill_jobs`) still sees it.
+
+        A job still at its start gate exits at once on the SIGTERM: it has read nothing of the run and written
+        nothing. But a job may pass its gate before the run follows it (its inputs were committed), e.g. a train job
+        inside a checkpoint commit when a stop unwinds the flow; the SIGTERM lets it save within its grace, where a
+        SIGKILL would throw its work away.
+        """
         with self._lock:
             doomed = [
                 key
@@ -164,13 +172,25 @@ class ProcessTable:
             ]
             jobs = [self._prestarted.pop(key) for key in doomed]
         for job in jobs:
-            signal_group(job.pgid, signal.SIGKILL)
+            threading.Thread(target=self._stop, args=(job, grace_s), name=f"job-{job.pgid}-stop", daemon=True).start()
+        return len(jobs)
+
+    def _stop(self, job: JobProcess, grace_s: float) -> None:
+        """A discarded pre-started job's thread: SIGTERM its group, SIGKILL it after ``grace_s`` seconds (during a
+        stop, at the stop's own deadline for the jobs instead: :func:`tasks.stops.kill_jobs` SIGKILLs every tracked
+        group then), then stop tracking it."""
+        try:
+            signal_group(job.pgid, signal.SIGTERM)
+            end = time.monotonic() + grace_s
+            while job.proc.poll() is None and (time.monotonic() < end or self.stopping.is_set()):
+                time.sleep(0.05)
+            signal_group(job.pgid, signal.SIGKILL)  # the job if it is still there, and whatever it left in its group
             job.proc.wait()
+        finally:
             self.release(job.pgid)
             if job.proc.stdout is not None:
                 with contextlib.suppress(OSError, ValueError):
                     job.proc.stdout.close()
-        return len(jobs)
 
     def on_prestarter(self, fn: Callable, *args):
         """``fn(*args)`` on the one long-lived thread that starts pre-started jobs (and the fork servers), from any

@@ -130,7 +130,7 @@ class SubprocessLauncher(Launcher):
         return True
 
     def discard_prestarted(self, labels: Mapping[str, str] | None = None) -> int:
-        return PROCESSES.discard_prestarted(labels)
+        return PROCESSES.discard_prestarted(labels, grace_s=self.kill_grace_s)
 
     def run(self, request: JobRequest, on_line: LineSink) -> LaunchOutcome:
         job = PROCESSES.follow(request.identity)

@@ -2,7 +2,8 @@
 with real processes: the stand-in job of tests/jobs_fixture.py, launched ahead of its run, then followed.
 
 - A pre-started job is followed by the run of an equal request: one process, its early lines delivered, its
-  outcome (even one it reached before the run) reported; jobs nobody follows are stopped by label.
+  outcome (even one it reached before the run) reported; jobs nobody follows are stopped by label as running jobs
+  are (SIGTERM, then SIGKILL after the grace: one may be at work already), tracked until they are gone.
 - While it waits it runs at a lower priority (its session's too, where the kernel groups by session), and is
   set back once followed.
 - A forked job is a child of the fork server with its own command line and session, and takes its thread count
@@ -24,6 +25,7 @@ from test_launchers import FORK_ENV, JOB_ENV, alive, launcher, standin, wait_gon
 
 from tasks.launchers.errors import JobFailedError
 from tasks.launchers.prestart import autogroup_nice, can_raise_priority, discard_prestarted
+from tasks.launchers.processes import PROCESSES
 from tasks.launchers.protocol import launch_job
 from tasks.launchers.subprocess_launcher import SubprocessLauncher
 
@@ -99,6 +101,58 @@ def test_unfollowed_prestarted_jobs_are_stopped_by_label(start, tmp_path):
     assert wait_gone([pids["a"]]) == [] and alive(pids["b"])
     assert discard_prestarted() == 1
     assert wait_gone([pids["b"]]) == []
+
+
+def test_a_discarded_prestarted_job_gets_sigterm_and_stays_tracked_until_it_is_gone(start, tmp_path):
+    """A pre-started job may pass its start gate (its inputs were committed) before the run follows it, e.g. a train
+    job that reached a checkpoint commit when a stop unwinds the flow, which discards the jobs no run followed. It
+    gets SIGTERM, as a running job does, not SIGKILL, so it can save; and its group stays tracked until it is gone,
+    so the stop's wait sees it (tasks/stops.py gives the tracked groups the jobs' share of the grace)."""
+    term, pids = tmp_path / "term", tmp_path / "pids.json"
+    spec = write_spec(tmp_path / "spec.json", pid_file=str(pids), sleep_s=600, term_file=str(term))
+    launcher(start).prestart(standin(spec))
+    job = wait_for(pids)["job"]
+    assert discard_prestarted() == 1
+    assert discard_prestarted() == 0  # no longer held as pre-started
+    assert wait_gone([job], timeout_s=30) == []
+    assert term.read_text() == "SIGTERM"  # it saw the SIGTERM (a SIGKILL leaves no file)
+    deadline = time.monotonic() + 30
+    while job in PROCESSES.groups():  # released once its stop is over
+        assert time.monotonic() < deadline, "the stopped job's group is still tracked"
+        time.sleep(0.05)
+
+
+def test_a_discarded_prestarted_job_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
+    pids = tmp_path / "pids.json"
+    spec = write_spec(tmp_path / "spec.json", pid_file=str(pids), sleep_s=600, ignore_term=True)
+    SubprocessLauncher(kill_grace_s=0.5).prestart(standin(spec))
+    job = wait_for(pids)["job"]
+    assert SubprocessLauncher(kill_grace_s=0.5).discard_prestarted() == 1
+    assert alive(job)  # SIGTERM ignored: still there within the grace
+    assert job in PROCESSES.groups()
+    assert wait_gone([job], timeout_s=30) == []  # SIGKILLed after it
+
+
+def test_during_a_stop_a_discarded_prestarted_job_waits_for_the_stops_deadline(tmp_path):
+    """During a stop the stop's own deadline for the jobs decides their SIGKILL (tasks/stops.py), not the launcher's
+    grace: a discarded job still there after that grace is left to it, tracked."""
+    pids = tmp_path / "pids.json"
+    spec = write_spec(tmp_path / "spec.json", pid_file=str(pids), sleep_s=600, ignore_term=True)
+    SubprocessLauncher(kill_grace_s=0.2).prestart(standin(spec))
+    job = wait_for(pids)["job"]
+    PROCESSES.stopping.set()
+    try:
+        assert SubprocessLauncher(kill_grace_s=0.2).discard_prestarted() == 1
+        time.sleep(1.0)
+        assert alive(job) and job in PROCESSES.groups()  # past the launcher's grace, still there: the stop decides
+        os.killpg(job, 9)  # the stop's SIGKILL at its deadline
+        assert wait_gone([job], timeout_s=30) == []
+        deadline = time.monotonic() + 30
+        while job in PROCESSES.groups():
+            assert time.monotonic() < deadline, "the killed job's group is still tracked"
+            time.sleep(0.05)
+    finally:
+        PROCESSES.stopping.clear()
 
 
 @pytest.mark.skipif(not can_raise_priority(), reason="needs CAP_SYS_NICE to raise the priority back")
