@@ -53,7 +53,7 @@ from transformers.utils import logging as hf_logging
 
 from mugrpo.commits.tables import SchemaError
 from mugrpo.common.exit_codes import exit_code_of
-from mugrpo.common.preemption import PreemptionInterrupt
+from mugrpo.common.preemption import PreemptionInterrupt, PreemptionNotice
 from mugrpo.coordination.start_gate import StartGate
 from mugrpo.jobs.common import (
     PROCESS_START,
@@ -74,16 +74,25 @@ from mugrpo.trainer.step import NonFiniteError
 
 def main(argv: list[str] | None = None) -> None:
     """CLI entry point: ``python -m mugrpo.jobs.train SPEC``."""
-    spec = load_spec(spec_argument(argv, "mugrpo.jobs.train", TrainSpec, __doc__), TrainSpec)
-    prepare_process()
-    hf_logging.disable_progress_bar()  # in a terminal too: the job draws its own progress bar
-    # CPU: flush subnormal floats to zero. Softmax probabilities below 1.2e-38 (common over a 49k-152k vocabulary)
-    # are subnormal, and x86 arithmetic on them is 10-100x slower; as zeros they change no log-prob (those are
-    # computed in log space) and no gradient measurably. Deterministic, so resume stays bitwise exact.
-    torch.set_flush_denormal(True)
-    # until the update loop starts, a notice stops the job at once: nothing to save
-    notice = install_notice(f"train stage {spec.stage}")
+    # First of all: from the job's first moment a SIGTERM gets its preemption line and exit 75 (the fork server's
+    # child starts with SIGTERM's default action, which ends a process with no word). Until the update loop starts,
+    # a notice stops the job at once: nothing to save.
+    notice = install_notice("train")
     try:
+        _train(argv, notice)
+    except PreemptionInterrupt:
+        preempted(f"train: stopped by {notice.signal_name} while it started; nothing to save", notice)
+
+
+def _train(argv: list[str] | None, notice: PreemptionNotice) -> None:
+    spec = load_spec(spec_argument(argv, "mugrpo.jobs.train", TrainSpec, __doc__), TrainSpec)
+    try:
+        prepare_process()
+        hf_logging.disable_progress_bar()  # in a terminal too: the job draws its own progress bar
+        # CPU: flush subnormal floats to zero. Softmax probabilities below 1.2e-38 (common over a 49k-152k
+        # vocabulary) are subnormal, and x86 arithmetic on them is 10-100x slower; as zeros they change no log-prob
+        # (those are computed in log space) and no gradient measurably. Deterministic, so resume stays bitwise exact.
+        torch.set_flush_denormal(True)
         with refuse_untrusted("train", spec.stage):  # tampered checkpoint/optimizer/rollouts: exit 2, file named
             run_training(spec, origin=PROCESS_START, gate=StartGate(spec), notice=notice)
     except Preempted as stop:

@@ -1,7 +1,7 @@
-"""A job stopped in its first moments still stops as a preempted job: the generate, eval and segment jobs install their
-preemption notice before they read their spec, so a SIGTERM that lands while one starts (the flow or Kubernetes
-stopping it as it comes up) ends it with its ``preempted:`` line and exit 75, the answer a launcher retries, instead of
-the signal's default death with no word (a fork server's child starts with SIGTERM's default action).
+"""A job stopped in its first moments still stops as a preempted job: each job installs its preemption notice before
+it reads its spec, so a SIGTERM that lands while it starts (the flow or Kubernetes stopping it as it comes up) ends
+it with its ``preempted:`` line and exit 75, the answer a launcher retries, instead of the signal's default death with
+no word (a fork server's child starts with SIGTERM's default action).
 
 Each job is started on a spec path that is a named pipe nobody writes: its spec read blocks there, so the SIGTERM is
 sent at a known point, once ``/proc/PID/status`` shows the job catching SIGTERM, and before the spec is read.
@@ -28,17 +28,14 @@ def catches(pid: int, sig: signal.Signals) -> bool:
     return False
 
 
-# The train job installs its notice after its setup (its spec, the process settings): installed first, a SIGTERM to
-# the train job paused inside a checkpoint commit ended it at once (tests/e2e/test_stops.py, checkpoint-write), a
-# cause not yet found; its first moments keep the race.
-@pytest.mark.parametrize("job", ["generate", "eval", "segment"])
+@pytest.mark.parametrize("job", ["generate", "train", "eval", "segment"])
 def test_a_sigterm_before_the_spec_is_read_gives_the_preemption_line_and_exit_75(job, tmp_path):
     spec = tmp_path / f"{job}.spec.json"
     os.mkfifo(spec)  # opening it for reading blocks until a writer comes: none does
     log = tmp_path / f"{job}.log"
     proc = start_job(job, spec, log, env=job_env(**{GRACE_ENV: "20"}))
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 120  # the train job imports torch and transformers first
         while not catches(proc.pid, signal.SIGTERM):
             assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
             assert time.monotonic() < deadline, f"{job} never installed its SIGTERM handler"

@@ -778,8 +778,9 @@ def _saved(records: list[str]) -> str:
 
 
 #: Processes that handle a preemption notice (:mod:`mugrpo.common.preemption`): on SIGTERM they save what
-#: fits in their grace and exit 75 (0 when their work ended first). The segment job (warm execution) does not yet: its
-#: SIGTERM ends it at once, as a SIGKILL does, and its eviction is reported, not held against it.
+#: fits in their grace and exit 75 (0 when their work ended first). The segment job (warm execution) saves nothing in
+#: flight: its SIGTERM ends it at once with its ``preempted:`` line and exit 75, what it committed kept, so its eviction
+#: is reported with the work it lost, not held against it.
 NOTICE_ROLES = ("generate", "train", "eval")
 #: How the launcher's line about a failed job reads (:func:`tasks.launchers.protocol.launch_job`).
 _FAILED = re.compile(r"failed after [\d.]+ s: ([^;'\"]+)")
