@@ -44,6 +44,14 @@ def wait_for(path: Path, timeout_s: float = 60.0) -> dict:
     return json.loads(path.read_text())
 
 
+def wait_untracked(pgid: int, timeout_s: float = 30.0) -> None:
+    """Wait until the process table no longer tracks job group ``pgid`` (its stop is over)."""
+    deadline = time.monotonic() + timeout_s
+    while pgid in PROCESSES.groups():
+        assert time.monotonic() < deadline, f"job group {pgid} is still tracked {timeout_s:.0f} s on"
+        time.sleep(0.05)
+
+
 def proc_nice(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
 
@@ -116,10 +124,7 @@ def test_a_discarded_prestarted_job_gets_sigterm_and_stays_tracked_until_it_is_g
     assert discard_prestarted() == 0  # no longer held as pre-started
     assert wait_gone([job], timeout_s=30) == []
     assert term.read_text() == "SIGTERM"  # it saw the SIGTERM (a SIGKILL leaves no file)
-    deadline = time.monotonic() + 30
-    while job in PROCESSES.groups():  # released once its stop is over
-        assert time.monotonic() < deadline, "the stopped job's group is still tracked"
-        time.sleep(0.05)
+    wait_untracked(job)  # released once its stop is over
 
 
 def test_a_discarded_prestarted_job_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
@@ -147,10 +152,7 @@ def test_during_a_stop_a_discarded_prestarted_job_waits_for_the_stops_deadline(t
         assert alive(job) and job in PROCESSES.groups()  # past the launcher's grace, still there: the stop decides
         os.killpg(job, 9)  # the stop's SIGKILL at its deadline
         assert wait_gone([job], timeout_s=30) == []
-        deadline = time.monotonic() + 30
-        while job in PROCESSES.groups():
-            assert time.monotonic() < deadline, "the killed job's group is still tracked"
-            time.sleep(0.05)
+        wait_untracked(job)
     finally:
         PROCESSES.stopping.clear()
 
