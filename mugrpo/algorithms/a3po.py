@@ -26,13 +26,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from mugrpo.algorithms.base import Algorithm
 from mugrpo.algorithms.contracts import Settings
 from mugrpo.algorithms.registry import ALGORITHMS
 from mugrpo.algorithms.training import TrainHooks, UpdateInputs, UpdateRows
+from mugrpo.common.lazy import torch
 from mugrpo.losses import (
     POLICY_LOSSES,
     LossContext,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
+from mugrpo.common.lazy import torch
 
 AUTO = "auto"
 #: Where ``auto`` is resolved, for the errors below.

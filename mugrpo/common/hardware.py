@@ -30,7 +30,7 @@ import platform
 import time
 from dataclasses import asdict, dataclass, field
 
-import torch
+from mugrpo.common.lazy import torch
 
 #: Side of the square matrices the probe multiplies (a 256x256 fp32 matmul is ~0.4 ms on one AVX2 core).
 PROBE_SIZE = 256
@@ -173,10 +173,18 @@ def bf16_verdict() -> Bf16Verdict:
     return Bf16Verdict("cpu", capability, units, fp32, bf16, native, reason, overrides)
 
 
-def auto_choice(verdict: Bf16Verdict | None = None) -> tuple[str, str]:
-    """("bf16" | "fp32", reason): what ``auto`` precision picks on this machine (``MUGRPO_AUTO_PRECISION`` pins it)."""
+def pinned_choice() -> str | None:
+    """ "fp32" or "bf16" when ``MUGRPO_AUTO_PRECISION`` pins what ``auto`` picks, else None (the hardware decides).
+    Reads only the environment: no probe, no torch."""
     pinned = os.environ.get(PIN_ENV, "").strip().lower()
-    if pinned in ("fp32", "bf16"):
+    return pinned if pinned in ("fp32", "bf16") else None
+
+
+def auto_choice(verdict: Bf16Verdict | None = None) -> tuple[str, str]:
+    """("bf16" | "fp32", reason): what ``auto`` precision picks on this machine (``MUGRPO_AUTO_PRECISION`` pins it;
+    then ``verdict`` is not needed and no probe runs)."""
+    pinned = pinned_choice()
+    if pinned is not None:
         return pinned, f"{PIN_ENV}={pinned} pins auto precision"
     verdict = verdict or bf16_verdict()
     return ("bf16" if verdict.native else "fp32"), verdict.reason

@@ -29,7 +29,9 @@ Were each ``auto`` key to ask the hardware on its own, a lab config (``model.dty
 units and not on one without; tests/e2e/test_precision_machines.py runs one as both machines and compares the weights.
 
 A new run resolves with this machine's verdict (:func:`resolve_precision`); its run.json records the resolved config
-and a ``precision`` block with the source of each key, the reason and the probe figures. A resumed run keeps what it
+and a ``precision`` block with the source of each key, the reason and the probe figures (none when
+``MUGRPO_AUTO_PRECISION`` pins the choice and no bf16 runs: the hardware decides nothing, and the command line then
+imports no torch). A resumed run keeps what it
 recorded: ``auto`` takes the stored value, whatever the resuming machine would pick; an explicit value that differs is
 a semantic change and is refused like any other (:mod:`mugrpo.orchestration.resume`). A bf16 run on a machine that
 emulates bf16, started explicitly or resumed there, runs with one loud warning that gives the measured slowdown
@@ -83,7 +85,7 @@ class ResolvedPrecision:
         config: the concrete config (no ``auto`` left in :data:`CHOICES`' keys).
         record: ``{"model.dtype": ..., "train.mixed_precision": ..., "train.checkpoint_dtype": ..., "requested":
             {key: value as written}, "source": {key: "auto" | "config" | "recorded" | "model.dtype"}, "reason": str,
-            "hardware": Bf16Verdict.to_json() or None}``.
+            "hardware": Bf16Verdict.to_json(), or None where no probe ran}``.
         warning: the loud warning to print once (bf16 on a machine that emulates it), or None.
     """
 
@@ -128,7 +130,7 @@ def resolve_precision(cfg: Config, stored: Config | None = None, verdict=None) -
     Returns:
         The concrete config, the record for run.json, and the emulation warning if bf16 runs where it is emulated.
     """
-    from mugrpo.common.hardware import auto_choice, bf16_verdict
+    from mugrpo.common.hardware import auto_choice, bf16_verdict, pinned_choice
 
     requested = {key: _get(cfg, key) for key in CHOICES}
     values: dict[str, str] = {}
@@ -144,7 +146,10 @@ def resolve_precision(cfg: Config, stored: Config | None = None, verdict=None) -
             values[key], source[key] = value, "model.dtype"
     autos = [k for k in requested if k not in values]
     uses_bf16 = any(v in BF16_VALUES for v in values.values())
-    probe = autos or uses_bf16 or stored is not None  # a resume records the resuming machine's verdict
+    # The hardware is probed where it decides (an auto key, unless MUGRPO_AUTO_PRECISION pins the choice), where bf16
+    # runs (the emulation warning), and on a resume (it records the resuming machine's verdict, unless pinned).
+    hardware_decides = pinned_choice() is None
+    probe = (autos and hardware_decides) or uses_bf16 or (stored is not None and hardware_decides)
     hardware = verdict if verdict is not None else (bf16_verdict() if probe else None)
     parts = [_REASONS[kind] for kind in _REASONS if kind in source.values()]
     followed = [k for k in CHOICES if source.get(k) == "model.dtype"]

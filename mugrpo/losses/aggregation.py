@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
-
+from mugrpo.common.lazy import torch
 from mugrpo.losses.interface import LossContext
 
 # (values [B, T] zero outside the mask, response_mask [B, T] bool, context) -> (scalar, used global counts?)
-AggregationFn = Callable[[torch.Tensor, torch.Tensor, LossContext], tuple[torch.Tensor, bool]]
+AggregationFn = Callable[["torch.Tensor", "torch.Tensor", LossContext], "tuple[torch.Tensor, bool]"]
 AGGREGATIONS: dict[str, AggregationFn] = {}
 
 

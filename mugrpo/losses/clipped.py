@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import torch
-
+from mugrpo.common.lazy import torch
 from mugrpo.losses.config import PolicyLossConfig
 from mugrpo.losses.interface import LossContext, LossOutput
 from mugrpo.losses.pipeline import TokenSurrogate, apply_veto, finalize_loss, importance_ratio, prepare_batch

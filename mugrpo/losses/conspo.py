@@ -23,9 +23,9 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-import torch
 from pydantic import Field, model_validator
 
+from mugrpo.common.lazy import torch
 from mugrpo.losses.config import LossSection, PolicyLossConfig, loss_section
 from mugrpo.losses.inputs import ROLLOUT_INPUTS, RolloutInput
 from mugrpo.losses.interface import LossContext, LossOutput
@@ -216,7 +216,7 @@ POSITIVE = "positive"
 NUM_VALID_GROUPS = "num_valid_groups"
 ROLLOUT_INPUTS.register(POSITIVE)(
     RolloutInput(
-        dtype=torch.bool,
+        dtype="bool",
         columns=("reward", "reward_components"),
         make=positive_labeler_of,
         update_stats={NUM_VALID_GROUPS: lambda labels, groups, nonempty: count_valid_groups(groups, labels, nonempty)},

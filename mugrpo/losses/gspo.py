@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import torch
-
+from mugrpo.common.lazy import torch
 from mugrpo.losses.clipped import clipped_surrogate
 from mugrpo.losses.config import PolicyLossConfig
 from mugrpo.losses.interface import LossContext, LossOutput

@@ -20,8 +20,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import torch
-
+from mugrpo.common.lazy import torch
 from mugrpo.common.registry import Registry
 from mugrpo.losses.config import PolicyLossConfig
 
@@ -52,7 +51,8 @@ class RolloutInput:
     """A per-rollout loss input computed from each rollout row when the trainer loads it.
 
     Attributes:
-        dtype: the [B] tensor's dtype in ``TokenBatch.inputs`` and ``LossContext.inputs``.
+        dtype: the name of the [B] tensor's torch dtype in ``TokenBatch.inputs`` and ``LossContext.inputs`` ("bool",
+            "int64", "float32").
         columns: the rollout columns ``make(config)`` reads (the trainer loads them).
         make: ``make(loss_config) -> RowFn``, the row function of a run's loss settings.
         update_stats: statistic name (a ``LossContext.inputs`` key, a float) -> its :data:`UpdateStatFn`.
@@ -60,7 +60,7 @@ class RolloutInput:
             ValueError (naming the config keys) when the run's rewards cannot give the input; None: no check.
     """
 
-    dtype: torch.dtype
+    dtype: str
     columns: tuple[str, ...]
     make: Callable[[PolicyLossConfig], RowFn]
     update_stats: Mapping[str, UpdateStatFn] = field(default_factory=dict)
@@ -81,7 +81,7 @@ def input_tensor(values: Sequence[Any], name: str) -> torch.Tensor:
     if any(v is None for v in values):
         raise ValueError(f"loss input {name!r} has no value for some rollouts of the batch")
     if name in ROLLOUT_INPUTS:
-        return torch.tensor(list(values), dtype=ROLLOUT_INPUTS[name].dtype)
+        return torch.tensor(list(values), dtype=getattr(torch, ROLLOUT_INPUTS[name].dtype))
     if all(isinstance(v, bool) for v in values):
         return torch.tensor(list(values), dtype=torch.bool)
     return torch.tensor([float(v) for v in values], dtype=torch.float32)

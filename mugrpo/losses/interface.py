@@ -6,8 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import torch
-
+from mugrpo.common.lazy import torch
 from mugrpo.losses.config import PolicyLossConfig
 from mugrpo.losses.metrics import MetricStat, merge_stats
 

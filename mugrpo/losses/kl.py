@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
+from mugrpo.common.lazy import torch
 
 # Bound on |log r| before exp: r in [2.1e-9, 4.9e8] (verl uses the same bound); keeps fp32 finite.
 LOG_RATIO_CLAMP = 20.0
 
-KLEstimatorFn = Callable[[torch.Tensor], torch.Tensor]
+KLEstimatorFn = Callable[["torch.Tensor"], "torch.Tensor"]
 KL_ESTIMATORS: dict[str, KLEstimatorFn] = {}
 
 

@@ -7,10 +7,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-import torch
+from mugrpo.common.lazy import torch
 
 Reduction = Literal["mean", "sum", "max"]
-_STAT_DTYPE = torch.float64
 
 
 @dataclass(frozen=True)
@@ -33,27 +32,27 @@ class MetricStat:
     @classmethod
     def masked_mean(cls, values: torch.Tensor, mask: torch.Tensor) -> MetricStat:
         """Mean of ``values`` over the True entries of ``mask`` (same shape)."""
-        values = values.detach().to(_STAT_DTYPE)
-        return cls(torch.where(mask, values, 0.0).sum(), mask.sum().to(_STAT_DTYPE), "mean")
+        values = values.detach().to(torch.float64)
+        return cls(torch.where(mask, values, 0.0).sum(), mask.sum().to(torch.float64), "mean")
 
     @classmethod
     def masked_max(cls, values: torch.Tensor, mask: torch.Tensor) -> MetricStat:
         """Maximum of ``values`` over the True entries of ``mask`` (same shape)."""
-        values = values.detach().to(_STAT_DTYPE)
+        values = values.detach().to(torch.float64)
         total = torch.where(mask, values, float("-inf")).amax() if values.numel() else _scalar(-torch.inf, values)
-        return cls(total, mask.sum().to(_STAT_DTYPE), "max")
+        return cls(total, mask.sum().to(torch.float64), "max")
 
     @classmethod
     def fraction(cls, flags: torch.Tensor, mask: torch.Tensor) -> MetricStat:
         """Fraction of the True entries of ``mask`` where ``flags`` is True."""
-        return cls.masked_mean(flags.to(_STAT_DTYPE), mask)
+        return cls.masked_mean(flags.to(torch.float64), mask)
 
     @classmethod
     def scalar(
         cls, value: torch.Tensor | float, reduction: Reduction = "mean", like: torch.Tensor | None = None
     ) -> MetricStat:
         """A single value (``mean``: averaged over calls; ``sum``: added over calls)."""
-        total = value.detach().to(_STAT_DTYPE) if isinstance(value, torch.Tensor) else _scalar(value, like)
+        total = value.detach().to(torch.float64) if isinstance(value, torch.Tensor) else _scalar(value, like)
         return cls(total, torch.ones_like(total), reduction)
 
     def merge(self, other: MetricStat) -> MetricStat:
@@ -75,7 +74,7 @@ class MetricStat:
 
 def _scalar(value: float, like: torch.Tensor | None) -> torch.Tensor:
     device = like.device if like is not None else None
-    return torch.tensor(value, dtype=_STAT_DTYPE, device=device)
+    return torch.tensor(value, dtype=torch.float64, device=device)
 
 
 def merge_stats(stats: Iterable[dict[str, MetricStat]]) -> dict[str, MetricStat]:

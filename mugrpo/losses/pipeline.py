@@ -9,8 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import torch
-
+from mugrpo.common.lazy import torch
 from mugrpo.losses.aggregation import aggregate_token_values
 from mugrpo.losses.config import PolicyLossConfig
 from mugrpo.losses.interface import LossContext, LossOutput

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
-import torch
-
+from mugrpo.common.lazy import torch
 from mugrpo.common.registry import Registry
 from mugrpo.losses.config import PolicyLossConfig
 from mugrpo.losses.inputs import ROLLOUT_INPUTS, RowFn

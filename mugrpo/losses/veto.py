@@ -21,10 +21,10 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
+from mugrpo.common.lazy import torch
 
 # (trigger [B, T], after_kappa [B, T], response_mask [B, T]) -> vetoed [B, T]; all bool
-VetoScopeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+VetoScopeFn = Callable[["torch.Tensor", "torch.Tensor", "torch.Tensor"], "torch.Tensor"]
 VETO_SCOPES: dict[str, VetoScopeFn] = {}
 
 
@@ -80,7 +80,6 @@ def _first_true_position(flags: torch.Tensor) -> torch.Tensor:
     return torch.where(flags.any(dim=-1), first, -1)
 
 
-@torch.no_grad()
 def negative_advantage_veto_mask(
     log_ratio: torch.Tensor,
     advantages: torch.Tensor,
@@ -114,12 +113,13 @@ def negative_advantage_veto_mask(
         raise ValueError(f"veto delta must be in (0, 1), got {delta}")
     if log_ratio.shape != response_mask.shape:
         raise ValueError(f"log_ratio {tuple(log_ratio.shape)} and response_mask {tuple(response_mask.shape)} differ")
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(-1)
-    mask = response_mask.bool()
-    trigger = mask & (advantages < 0) & (log_ratio < math.log(delta))
-    triggers_so_far = trigger.cumsum(dim=-1)
-    after_kappa = (triggers_so_far - trigger.long()) > 0  # a trigger occurred strictly before t
-    first_trigger = _first_true_position(trigger)
-    vetoed = scope_fn(trigger, after_kappa, mask)
-    return mask & ~vetoed, VetoInfo(trigger, first_trigger, vetoed)
+    with torch.no_grad():  # a mask: no gradient flows through it
+        if advantages.dim() == 1:
+            advantages = advantages.unsqueeze(-1)
+        mask = response_mask.bool()
+        trigger = mask & (advantages < 0) & (log_ratio < math.log(delta))
+        triggers_so_far = trigger.cumsum(dim=-1)
+        after_kappa = (triggers_so_far - trigger.long()) > 0  # a trigger occurred strictly before t
+        first_trigger = _first_true_position(trigger)
+        vetoed = scope_fn(trigger, after_kappa, mask)
+        return mask & ~vetoed, VetoInfo(trigger, first_trigger, vetoed)

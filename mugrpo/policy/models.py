@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
+from mugrpo.common.dtypes import torch_dtype
+from mugrpo.common.lazy import torch
 
 if TYPE_CHECKING:  # transformers is imported where a model or a tokenizer is built: copying an HF folder needs none
     from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
@@ -61,7 +62,7 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
 
 
 def load_policy(
-    path: str | Path, *, dtype: torch.dtype = torch.float32
+    path: str | Path, *, dtype: torch.dtype | str = "float32"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal-LM policy and its tokenizer from an HF model dir or a ``.gguf`` file.
 
@@ -70,7 +71,7 @@ def load_policy(
 
     Args:
         path: HF model directory (``config.json`` + safetensors) or a ``.gguf`` file.
-        dtype: parameter dtype (float32 for the CPU engines and the log-prob tests).
+        dtype: parameter dtype, a torch dtype or its name (float32 for the CPU engines and the log-prob tests).
 
     Raises:
         FileNotFoundError: ``path`` does not exist or is a directory without ``config.json``.
@@ -80,7 +81,7 @@ def load_policy(
     return load_model(path, dtype=dtype), tokenizer
 
 
-def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+def load_model(path: str | Path, *, dtype: torch.dtype | str = "float32") -> PreTrainedModel:
     """The causal LM of :func:`load_policy` without its tokenizer (for a caller that has the tokenizer already or
     only needs the weights: reading a tokenizer again costs a file read and a parse per call). Eval mode, CPU.
 
@@ -90,7 +91,7 @@ def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32) -> PreTr
     """
     from transformers import AutoModelForCausalLM
 
-    path = Path(path)
+    path, dtype = Path(path), torch_dtype(dtype)
     _require_exists(path)
     if _is_gguf(path):
         _require_gguf_package()
@@ -181,7 +182,7 @@ def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dest
     return _write_dir_atomically(Path(dest_dir), lambda tmp_dir: _write_policy(model, tokenizer, tmp_dir))
 
 
-def convert_to_hf_dir(source: str | Path, dest_dir: str | Path, *, dtype: torch.dtype = torch.float32) -> Path:
+def convert_to_hf_dir(source: str | Path, dest_dir: str | Path, *, dtype: torch.dtype | str = "float32") -> Path:
     """Make ``dest_dir`` an HF model dir (safetensors + tokenizer + generation config) holding ``source``'s policy.
 
     A ``.gguf`` file is loaded and dequantized to ``dtype``, then saved; an HF dir is copied as is (``dtype``
@@ -202,6 +203,8 @@ def convert_to_hf_dir(source: str | Path, dest_dir: str | Path, *, dtype: torch.
     if _is_gguf(source):
         _require_gguf_package()
         from mugrpo.storage.cache import cached
+
+        dtype = torch_dtype(dtype)
 
         def build(folder: Path) -> None:
             model, tokenizer = load_policy(source, dtype=dtype)

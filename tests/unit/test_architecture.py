@@ -251,3 +251,34 @@ def test_loss_sections_read_the_flat_keys_of_earlier_run_configs():
     assert PolicyLossConfig.model_validate(old.model_dump(mode="json")) == old
     with pytest.raises(ValueError, match="loss.icepop_lo is not a loss key"):
         PolicyLossConfig.model_validate({"icepop_lo": 0.3})
+
+
+def test_loading_a_config_and_the_command_line_imports_no_torch():
+    """The losses and the algorithms hold tensor code yet register their names, needs and sections at import, so
+    their modules take torch lazily (:mod:`mugrpo.common.lazy`): a fresh interpreter that imports the command line,
+    loads a config and resolves its precision (the pinned choice decides: no hardware probe) has not imported torch.
+    A module-level ``import torch`` or a torch attribute read at import on that path fails this, naming the importer."""
+    import os
+    import subprocess
+    import sys
+
+    script = """
+import builtins, sys, traceback
+real_import = builtins.__import__
+def watch(name, *args, **kwargs):
+    if name.split(".")[0] == "torch" and "torch" not in sys.modules:
+        sys.stderr.write("torch imported from:\\n" + "".join(traceback.format_stack(limit=6)[:-1]))
+    return real_import(name, *args, **kwargs)
+builtins.__import__ = watch
+import mugrpo.cli.app
+from mugrpo.config import load_config
+from mugrpo.config.precision import resolve_precision
+resolved = resolve_precision(load_config("configs/gsm8k-smollm2-quick.yaml"))
+assert resolved.config.model.dtype == "float32" and resolved.record["hardware"] is None, resolved.record
+sys.exit(3 if "torch" in sys.modules else 0)
+"""
+    env = {**__import__("os").environ, "MUGRPO_AUTO_PRECISION": "fp32"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -12,8 +12,7 @@ KL machinery (``kl_coef``, ``kl_estimator``, ``kl_agg_mode``): the released code
 
 from __future__ import annotations
 
-import torch
-
+from mugrpo.common.lazy import torch
 from mugrpo.losses.clipped import clipped_surrogate
 from mugrpo.losses.config import PolicyLossConfig
 from mugrpo.losses.interface import LossContext, LossOutput

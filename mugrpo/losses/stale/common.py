@@ -13,8 +13,7 @@ units (tokens or responses, as each loss's docstring says):
 
 from __future__ import annotations
 
-import torch
-
+from mugrpo.common.lazy import torch
 from mugrpo.losses.kl import LOG_RATIO_CLAMP
 from mugrpo.losses.metrics import MetricStat
 from mugrpo.losses.pipeline import TokenSurrogate, importance_ratio

@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import torch
 from pydantic import Field
 
+from mugrpo.common.lazy import torch
 from mugrpo.losses.config import LossSection, PolicyLossConfig, loss_section
 from mugrpo.losses.interface import LossContext, LossOutput
 from mugrpo.losses.pipeline import finalize_loss, importance_ratio, prepare_batch

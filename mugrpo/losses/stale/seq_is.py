@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import math
 
-import torch
 from pydantic import Field
 
+from mugrpo.common.lazy import torch
 from mugrpo.losses.config import LossSection, PolicyLossConfig, loss_section
 from mugrpo.losses.interface import LossContext, LossOutput
 from mugrpo.losses.kl import LOG_RATIO_CLAMP
