@@ -16,9 +16,9 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import fsspec
 from pydantic import ValidationError
@@ -26,6 +26,9 @@ from pydantic import ValidationError
 from mugrpo.common.exit_codes import ExitCode, exit_code_of
 from mugrpo.common.progress import console
 from mugrpo.coordination.jobspec import JobSpec
+
+if TYPE_CHECKING:
+    from mugrpo.common.preemption import PreemptionNotice
 
 #: Process start as seen by the job (set at import of this module, i.e. right after the interpreter started).
 PROCESS_START = time.monotonic()
@@ -129,6 +132,23 @@ def install_notice(what: str, *, interrupt: bool = True):
         return PreemptionNotice.from_env().install(interrupt=interrupt)
     except ValueError as e:
         fail(f"{what}: {e}", ExitCode.ASKED_WRONG)
+
+
+def run_noticed(what: str, body: Callable[[PreemptionNotice], None], stopped: str) -> None:
+    """Run a job's ``body(notice)`` with its preemption notice installed first of all (:func:`install_notice`).
+
+    From the job's first moment a SIGTERM gets its ``preempted:`` line and exit 75: the fork server's child starts
+    with SIGTERM's default action, which ends a process with no word. A notice that arrives before the body has taken
+    over its handling (e.g. while the job imports and loads) ends the job at once with
+    ``preempted: {stopped}``, ``{signal}`` in ``stopped`` replaced by the signal's name.
+    """
+    from mugrpo.common.preemption import PreemptionInterrupt
+
+    notice = install_notice(what)
+    try:
+        body(notice)
+    except PreemptionInterrupt:
+        preempted(stopped.format(signal=notice.signal_name), notice)
 
 
 def preempted(message: str, notice=None) -> None:

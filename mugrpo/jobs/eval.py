@@ -24,22 +24,22 @@ from mugrpo.common.preemption import PreemptionInterrupt, PreemptionNotice
 from mugrpo.coordination.start_gate import StartGate
 from mugrpo.jobs.common import (
     PROCESS_START,
-    install_notice,
     load_spec,
     preempted,
     prepare_process,
     refuse_untrusted,
+    run_noticed,
     spec_argument,
 )
 
 
 def main(argv: list[str] | None = None) -> None:
     """CLI entry point: ``python -m mugrpo.jobs.eval SPEC``."""
-    notice = install_notice("eval")  # first of all: a SIGTERM from the job's first moment gets its preemption line
-    try:
-        _evaluate(argv, notice)
-    except PreemptionInterrupt:
-        preempted(f"eval: stopped by {notice.signal_name} while it started; nothing evaluated yet", notice)
+    run_noticed(
+        "eval",
+        lambda notice: _evaluate(argv, notice),
+        "eval: stopped by {signal} while it started; nothing evaluated yet",
+    )
 
 
 def _evaluate(argv: list[str] | None, notice: PreemptionNotice) -> None:

@@ -31,17 +31,15 @@ from __future__ import annotations
 import os
 
 from mugrpo.common.exit_codes import exit_code_of
-from mugrpo.common.preemption import PreemptionInterrupt
 from mugrpo.common.progress import console
 from mugrpo.coordination.start_gate import StartGate
 from mugrpo.jobs.common import (
     PROCESS_START,
     fail,
-    install_notice,
     load_spec,
-    preempted,
     prepare_process,
     refuse_untrusted,
+    run_noticed,
     spec_argument,
 )
 
@@ -49,15 +47,12 @@ from mugrpo.jobs.common import (
 def main(argv: list[str] | None = None) -> None:
     """CLI entry point: ``python -m mugrpo.jobs.generate SPEC``."""
     console.print(f"generate: job started (pid {os.getpid()}); importing the engine")  # a line within seconds
-    notice = install_notice("generate")
-    try:
-        _generate(argv)
-    except PreemptionInterrupt:
-        preempted(
-            f"generate: stopped by {notice.signal_name}; the shards complete by then are committed, the one being "
-            "sampled is dropped (a re-run samples it again)",
-            notice,
-        )
+    run_noticed(
+        "generate",
+        lambda notice: _generate(argv),
+        "generate: stopped by {signal}; the shards complete by then are committed, the one being sampled is dropped "
+        "(a re-run samples it again)",
+    )
 
 
 def _generate(argv: list[str] | None) -> None:

@@ -21,24 +21,22 @@ from mugrpo.common.preemption import PreemptionInterrupt, PreemptionNotice
 from mugrpo.jobs.common import (
     PROCESS_START,
     fail,
-    install_notice,
     load_spec,
     preempted,
     prepare_process,
     refuse_untrusted,
+    run_noticed,
     spec_argument,
 )
 
 
 def main(argv: list[str] | None = None) -> None:
     """CLI entry point: ``python -m mugrpo.jobs.segment SPEC``."""
-    # First of all: from the job's first moment a SIGTERM gets its preemption line and exit 75 (the fork server's
-    # child starts with SIGTERM's default action, which ends a process with no word).
-    notice = install_notice("segment")
-    try:
-        _segment(argv, notice)
-    except PreemptionInterrupt:
-        preempted(f"segment: stopped by {notice.signal_name} while it started; nothing committed yet", notice)
+    run_noticed(
+        "segment",
+        lambda notice: _segment(argv, notice),
+        "segment: stopped by {signal} while it started; nothing committed yet",
+    )
 
 
 def _segment(argv: list[str] | None, notice: PreemptionNotice) -> None:

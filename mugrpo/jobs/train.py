@@ -58,11 +58,11 @@ from mugrpo.coordination.start_gate import StartGate
 from mugrpo.jobs.common import (
     PROCESS_START,
     fail,
-    install_notice,
     load_spec,
     preempted,
     prepare_process,
     refuse_untrusted,
+    run_noticed,
     spec_argument,
 )
 from mugrpo.trainer.data import RolloutDataError
@@ -74,14 +74,10 @@ from mugrpo.trainer.step import NonFiniteError
 
 def main(argv: list[str] | None = None) -> None:
     """CLI entry point: ``python -m mugrpo.jobs.train SPEC``."""
-    # First of all: from the job's first moment a SIGTERM gets its preemption line and exit 75 (the fork server's
-    # child starts with SIGTERM's default action, which ends a process with no word). Until the update loop starts,
-    # a notice stops the job at once: nothing to save.
-    notice = install_notice("train")
-    try:
-        _train(argv, notice)
-    except PreemptionInterrupt:
-        preempted(f"train: stopped by {notice.signal_name} while it started; nothing to save", notice)
+    # Until the update loop starts, a notice stops the job at once: nothing to save.
+    run_noticed(
+        "train", lambda notice: _train(argv, notice), "train: stopped by {signal} while it started; nothing to save"
+    )
 
 
 def _train(argv: list[str] | None, notice: PreemptionNotice) -> None:
