@@ -162,6 +162,11 @@ class RunLayout:
         """A job's failure report, e.g. ``train.nonfinite.json`` (the prompt ids of a NaN/inf update)."""
         return self._p("jobs", f"stage={stage}", f"{job}.{kind}.json")
 
+    def preemption_record(self, stage: int) -> str:
+        """What a train job stopped on a preemption notice saved (``jobs/stage=k/train.preempted.json``; written by
+        :func:`mugrpo.trainer.preemption.write_preemption_record`, read by ``mugrpo status``)."""
+        return self.job_error(stage, "train", "preempted")
+
     def job_manifest(self, stage: int, job: str) -> str:
         """Written last by a job: the files it committed with their sha256. The next job verifies through it."""
         return self._p("jobs", f"stage={stage}", f"{job}.manifest.json")

@@ -107,7 +107,7 @@ class Preempted(Exception):
 
 def preemption_record_path(layout: RunLayout, stage: int) -> str:
     """Where a preempted train job records what it saved (``jobs/stage=k/train.preempted.json``)."""
-    return layout.job_error(stage, "train", "preempted")
+    return layout.preemption_record(stage)
 
 
 def write_preemption_record(store: Store, layout: RunLayout, stop: Preempted) -> None:

@@ -81,6 +81,22 @@ def test_new_run_status_and_a_refused_config_change(tmp_path, tiny_model_dir):
         init_run(cfg)
 
 
+def test_status_shows_what_a_preempted_train_job_saved(tmp_path, tiny_model_dir):
+    """The record the train job writes on a preemption notice (mugrpo.trainer.preemption) is where status reads it."""
+    from mugrpo.storage.store import Store
+    from mugrpo.trainer.preemption import Preempted, write_preemption_record
+
+    cfg = load_config(
+        "configs/gsm8k-smollm2-quick.yaml", [f"run.root={tmp_path}", "run.id=p1", f"model.source={tiny_model_dir}"]
+    )
+    init_run(cfg)
+    stop = Preempted(stage=0, done=3, saved=2, total=6, dropped=False, checkpoint=None)
+    write_preemption_record(Store(str(tmp_path)), cfg.layout, stop)
+    result = runner.invoke(app, ["status", str(tmp_path / "p1")])
+    assert result.exit_code == 0, result.output
+    assert "preempted" in result.output and f"preempted: {stop}" in " ".join(result.output.split())
+
+
 def test_report_and_status_on_wrong_paths(tmp_path, tiny_model_dir):
     result = runner.invoke(app, ["report", str(tmp_path / "nope")])
     assert result.exit_code == 2 and "does not exist" in result.output
