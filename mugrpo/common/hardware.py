@@ -174,8 +174,8 @@ def bf16_verdict() -> Bf16Verdict:
 
 
 def pinned_choice() -> str | None:
-    """ "fp32" or "bf16" when ``MUGRPO_AUTO_PRECISION`` pins what ``auto`` picks, else None (the hardware decides).
-    Reads only the environment: no probe, no torch."""
+    """What ``auto`` is pinned to by ``MUGRPO_AUTO_PRECISION`` ("fp32" or "bf16"), or None where the hardware
+    decides. Reads only the environment: no probe, no torch."""
     pinned = os.environ.get(PIN_ENV, "").strip().lower()
     return pinned if pinned in ("fp32", "bf16") else None
 
