@@ -277,8 +277,6 @@ resolved = resolve_precision(load_config("configs/gsm8k-smollm2-quick.yaml"))
 assert resolved.config.model.dtype == "float32" and resolved.record["hardware"] is None, resolved.record
 sys.exit(3 if "torch" in sys.modules else 0)
 """
-    env = {**__import__("os").environ, "MUGRPO_AUTO_PRECISION": "fp32"}
-    done = subprocess.run(
-        [sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
-    )
+    env = {**os.environ, "MUGRPO_AUTO_PRECISION": "fp32"}
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=99)
     assert done.returncode == 0, done.stderr[-3000:]
