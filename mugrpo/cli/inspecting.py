@@ -23,6 +23,7 @@ def status_cmd(
     with the total projected for its configured stages."""
     from rich.table import Table
 
+    from mugrpo.commits.manifest import read_preemption_record
     from mugrpo.inspection.storage_use import storage_use
     from mugrpo.orchestration.runs import health_line, open_store, run_status
     from mugrpo.sql.schema_check import unhealthy
@@ -33,9 +34,9 @@ def status_cmd(
         use = storage_use(open_store(cfg), cfg, [s.stage for s in st.stages if s.committed])  # one listing
         not_healthy = unhealthy(open_store(cfg), cfg.run.id)  # table files that do not fit their schema (footers)
         preempted = {  # a train job stopped on SIGTERM and not yet re-run to its commit: what it saved
-            s.stage: open_store(cfg).read_json(rel)
+            s.stage: record
             for s in st.stages
-            if not s.jobs["train"] and open_store(cfg).exists(rel := cfg.layout.preemption_record(s.stage))
+            if not s.jobs["train"] and (record := read_preemption_record(open_store(cfg), cfg.layout, s.stage))
         }
     table = Table(title=f"run {st.run_id} ({st.uri}), {cfg.orchestration.execution} execution")
     for col in (

@@ -59,6 +59,13 @@ def read_job_manifest(store: Store, run_id: str, stage: int, job: str) -> JobMan
     return JobManifest.model_validate_json(store.read_bytes(rel))
 
 
+def read_preemption_record(store: Store, layout: RunLayout, stage: int) -> dict | None:
+    """The record a train job of ``stage`` stopped on a preemption notice left (what it saved:
+    :func:`mugrpo.trainer.preemption.write_preemption_record`), or None."""
+    rel = layout.preemption_record(stage)
+    return store.read_json(rel) if store.exists(rel) else None
+
+
 def verify_manifest(store: Store, manifest: StageManifest | JobManifest) -> None:
     """Check the sha256 of every file the manifest lists. Raises ChecksumError or FileNotFoundError naming the file."""
     layout = RunLayout(manifest.run_id)

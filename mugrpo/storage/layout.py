@@ -164,7 +164,8 @@ class RunLayout:
 
     def preemption_record(self, stage: int) -> str:
         """What a train job stopped on a preemption notice saved (``jobs/stage=k/train.preempted.json``; written by
-        :func:`mugrpo.trainer.preemption.write_preemption_record`, read by ``mugrpo status``)."""
+        :func:`mugrpo.trainer.preemption.write_preemption_record`, read by
+        :func:`mugrpo.commits.manifest.read_preemption_record`)."""
         return self.job_error(stage, "train", "preempted")
 
     def job_manifest(self, stage: int, job: str) -> str:

@@ -105,20 +105,10 @@ class Preempted(Exception):
         }
 
 
-def preemption_record_path(layout: RunLayout, stage: int) -> str:
-    """Where a preempted train job records what it saved (``jobs/stage=k/train.preempted.json``)."""
-    return layout.preemption_record(stage)
-
-
 def write_preemption_record(store: Store, layout: RunLayout, stop: Preempted) -> None:
-    """Write :func:`preemption_record_path` (a small JSON file: one PUT)."""
-    store.write_json(preemption_record_path(layout, stop.stage), stop.record())
-
-
-def read_preemption_record(store: Store, layout: RunLayout, stage: int) -> dict | None:
-    """The record a preempted train job of ``stage`` left, or None."""
-    rel = preemption_record_path(layout, stage)
-    return store.read_json(rel) if store.exists(rel) else None
+    """Write what the stopped job saved to ``jobs/stage=k/train.preempted.json`` (:meth:`RunLayout.preemption_record`;
+    a small JSON file: one PUT), which :func:`mugrpo.commits.manifest.read_preemption_record` reads back."""
+    store.write_json(layout.preemption_record(stop.stage), stop.record())
 
 
 def checkpoint_times_path(layout: RunLayout, stage: int) -> str:

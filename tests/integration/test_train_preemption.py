@@ -17,12 +17,12 @@ import torch
 from _tiny import job_env, policy_weights, start_job, train_spec, write_spec
 
 from bench.support.synthetic import commit_synthetic_stage
-from mugrpo.commits.manifest import checkpoint_steps, latest_checkpoint, read_job_manifest
+from mugrpo.commits.manifest import checkpoint_steps, latest_checkpoint, read_job_manifest, read_preemption_record
 from mugrpo.common.faults import FAULT_ENV
 from mugrpo.common.preemption import GRACE_ENV, PREEMPTED_EXIT_CODE
 from mugrpo.storage.layout import RunLayout
 from mugrpo.storage.store import Store
-from mugrpo.trainer.preemption import checkpoint_times_path, read_preemption_record
+from mugrpo.trainer.preemption import checkpoint_times_path
 
 pytestmark = pytest.mark.slow
 
